@@ -1,0 +1,274 @@
+# -*- test-case-name: iop.test.config.test_edge_config -*-
+"""
+Frozen, typed configuration objects for ``iop-edge`` (edge.yaml) and ``iop-node`` (node.yaml).
+
+The loaders in :mod:`iop.config.edge` and :mod:`iop.config.node` build these from YAML, apply
+defaults, resolve secret references and validate; nothing else constructs them from raw data.
+Secrets are held in :class:`Secret`, whose ``repr`` never shows the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+from enum import Enum
+
+ADAPTER_TYPES = frozenset({"openai_compat", "vllm", "ollama", "cli"})
+PROVIDER_CATEGORIES = frozenset({"api", "cli", "local_inference"})
+PROFILE_DRIVERS = frozenset({"openai_chat", "openai_responses", "anthropic_messages"})
+
+DEFAULT_HEARTBEAT_INTERVAL_SEC = 2.0
+DEFAULT_HEARTBEAT_TIMEOUT_SEC = 5.0
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+DEFAULT_RECONNECT_MAX_ATTEMPTS = 10
+DEFAULT_RECONNECT_INTERVAL_SEC = 10.0
+DEFAULT_STORE_PATH = "file:iop.db?cache=shared&mode=rwc"
+
+
+class Secret:
+    """
+    A secret string (token, API key). ``repr``/``str`` never reveal it; compare with
+    :meth:`matches`, which is constant-time.
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def matches(self, candidate: str) -> bool:
+        return hmac.compare_digest(self._value.encode(), candidate.encode())
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    __str__ = __repr__
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and hmac.compare_digest(
+            self._value.encode(), other._value.encode()
+        )
+
+    def __hash__(self) -> int:
+        return hash(("Secret", hashlib.sha256(self._value.encode()).digest()))
+
+
+@dataclass(frozen=True)
+class NodeToken:
+    """
+    How the Edge recognises a node's token: the sha256 digest of the token (the only form
+    kept in memory), computed from a plaintext token, ``token_file`` or ``token_sha256``.
+    """
+
+    sha256: bytes = field(repr=False)
+
+    @classmethod
+    def fromPlaintext(cls, token: str) -> NodeToken:
+        return cls(hashlib.sha256(token.encode()).digest())
+
+    def matches(self, token: str) -> bool:
+        """Constant-time check of a presented token."""
+        return hmac.compare_digest(self.sha256, hashlib.sha256(token.encode()).digest())
+
+    def __repr__(self) -> str:
+        return "NodeToken(sha256='***')"
+
+
+# ---------------------------------------------------------------------------------------------
+# TLS
+
+
+@dataclass(frozen=True)
+class ServerTLS:
+    """Edge listener TLS material (PEM files)."""
+
+    cert_file: str
+    key_file: str
+    # Client-certificate CA for managed mode (mTLS); unused until then.
+    client_ca_file: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientTLS:
+    """How a node verifies its Edge."""
+
+    ca_file: str
+    # The workload name the Edge's certificate must carry (DNS-ID), e.g. "edge.iop.internal".
+    server_name: str
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge
+
+
+@dataclass(frozen=True)
+class HeartbeatConfig:
+    interval_sec: float = DEFAULT_HEARTBEAT_INTERVAL_SEC
+    timeout_sec: float = DEFAULT_HEARTBEAT_TIMEOUT_SEC
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A protocol profile from the top-level ``protocol_profiles`` catalog."""
+
+    name: str
+    driver: str
+    operations: tuple[tuple[str, str], ...] = ()
+    capabilities: tuple[str, ...] = ()
+    extensions: tuple[tuple[str, bool], ...] = ()
+    auth_header: str = ""
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """
+    One named adapter instance on a node. A legacy single-instance adapter (configured by type)
+    is normalized at load to an instance whose ``name`` is its ``type``.
+    """
+
+    name: str
+    type: str
+    enabled: bool = True
+    base_url: str = ""
+    headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    request_timeout_ms: int = 0
+    idle_timeout_ms: int = 0
+    max_concurrency: int = 1
+    command: str = ""
+    args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    workspace: str = ""
+    mode: str = ""
+    resume_args: tuple[str, ...] = ()
+    output_format: str = ""
+    prompt_placement: str = ""
+    context_size: int = 0
+    settings: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """A provider (resource) under a node: ``nodes[].providers[]``."""
+
+    id: str
+    adapter: str
+    category: str
+    # The adapter instance ``adapter`` resolved to (exact instance name, or the one enabled
+    # instance of a legacy type name). Empty for a disabled provider whose reference was not
+    # checked.
+    adapter_instance: str
+    type: str
+    models: tuple[str, ...]
+    enabled: bool = True
+    priority: int = 0
+    capacity: int = 1
+    long_context_threshold: int = 0
+    long_capacity: int = 0
+    max_queue: int = 0
+    queue_timeout_sec: float = 0.0
+    profile: str = ""
+    usage_attribution: str = ""
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One configured node: ``nodes[]``."""
+
+    id: str
+    token: NodeToken
+    alias: str = ""
+    agent_kind: str = ""
+    concurrency: int = 0
+    adapters: tuple[AdapterConfig, ...] = ()
+    providers: tuple[ProviderConfig, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelProviderRef:
+    provider_id: str
+    # The served target on that provider for this model key.
+    target: str
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A canonical routing key: ``models[]``."""
+
+    id: str
+    providers: tuple[ModelProviderRef, ...]
+    display_name: str = ""
+    default_max_tokens: int | None = None
+    min_max_tokens: int | None = None
+    default_thinking_token_budget: int | None = None
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """The whole edge.yaml."""
+
+    id: str
+    node_listen: str
+    admin_listen: str
+    tls: ServerTLS | None
+    # True only when explicitly configured and the node listener is loopback.
+    plaintext_nodes: bool
+    heartbeat: HeartbeatConfig
+    max_frame_bytes: int
+    register_timeout_sec: float
+    nodes: tuple[NodeConfig, ...]
+    models: tuple[ModelConfig, ...] = ()
+    protocol_profiles: tuple[ProfileConfig, ...] = ()
+    source_path: str = ""
+
+    def node(self, node_id: str) -> NodeConfig | None:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Node
+
+
+class ReconnectMode(Enum):
+    FINITE = "finite"
+    UNLIMITED = "unlimited"
+
+
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """
+    ``reconnect.max_attempts``: omitted = 10, 0 = unlimited until local shutdown, positive =
+    exact limit of consecutive failed attempts. ``interval_sec`` between attempts (default 10).
+    """
+
+    max_attempts: int = DEFAULT_RECONNECT_MAX_ATTEMPTS
+    interval_sec: float = DEFAULT_RECONNECT_INTERVAL_SEC
+
+    @property
+    def unlimited(self) -> bool:
+        return self.max_attempts == 0
+
+
+@dataclass(frozen=True)
+class NodeDaemonConfig:
+    """The whole node.yaml: only what a node needs to find and prove itself to its Edge."""
+
+    edge_host: str
+    edge_port: int
+    token: Secret
+    tls: ClientTLS | None
+    # True only when explicitly configured and the edge host is loopback.
+    plaintext: bool
+    reconnect: ReconnectPolicy
+    store_path: str = DEFAULT_STORE_PATH
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    handshake_timeout_sec: float = 10.0
+    source_path: str = ""

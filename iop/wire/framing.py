@@ -1,0 +1,97 @@
+# -*- test-case-name: iop.test.wire.test_framing -*-
+"""
+Int32-length-prefixed protobuf ``Envelope`` framing shared by both ends of a node socket.
+
+The protocol only frames: it decodes one envelope and hands it to ``envelopeReceived``.
+An oversized, truncated or undecodable frame closes *this* connection with a logged reason.
+"""
+
+from __future__ import annotations
+
+from google.protobuf.message import DecodeError
+from twisted.internet.interfaces import ITransport
+from twisted.logger import Logger
+from twisted.protocols.basic import Int32StringReceiver
+from twisted.python.failure import Failure
+
+from iop.wire.runtime_pb2 import Envelope
+
+DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+
+
+class FrameTooLarge(ValueError):
+    """An outbound envelope is larger than the connection's frame limit."""
+
+
+class EnvelopeProtocol(Int32StringReceiver):
+    """
+    Base protocol for node sockets: length-prefixed ``Envelope`` frames, at most
+    ``maxFrameBytes`` each. Subclasses implement :meth:`envelopeReceived`.
+    """
+
+    log = Logger()
+
+    def __init__(self, maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if maxFrameBytes <= 0:
+            raise ValueError("maxFrameBytes must be positive")
+        self.MAX_LENGTH = maxFrameBytes
+        self.closeReason: str | None = None
+
+    # -- inbound -----------------------------------------------------------------------------
+
+    def stringReceived(self, string: bytes) -> None:
+        envelope = Envelope()
+        try:
+            envelope.ParseFromString(string)
+        except DecodeError as e:
+            self.dropConnection("undecodable frame", detail=str(e), size=len(string))
+            return
+        if envelope.WhichOneof("message") is None:
+            self.dropConnection("envelope carries no known message", size=len(string))
+            return
+        self.envelopeReceived(envelope)
+
+    def lengthLimitExceeded(self, length: int) -> None:
+        self.dropConnection("frame exceeds limit", size=length, limit=self.MAX_LENGTH)
+
+    def envelopeReceived(self, envelope: Envelope) -> None:
+        raise NotImplementedError
+
+    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+        pending = len(self._unprocessed) if self._unprocessed else 0
+        if pending and self.closeReason is None:
+            self.closeReason = "truncated frame"
+            self.log.warn(
+                "connection closed inside a frame ({pending} bytes unprocessed)",
+                pending=pending,
+            )
+
+    # -- outbound ----------------------------------------------------------------------------
+
+    def sendEnvelope(self, envelope: Envelope) -> None:
+        data = envelope.SerializeToString()
+        if len(data) > self.MAX_LENGTH:
+            raise FrameTooLarge(f"envelope of {len(data)} bytes exceeds {self.MAX_LENGTH}")
+        self.sendString(data)
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def dropConnection(self, reason: str, **fields: object) -> None:
+        """
+        Abort this connection because of bad input, logging why. Idempotent.
+        """
+        if self.closeReason is None:
+            self.closeReason = reason
+            self.log.warn(
+                "closing node connection: {reason}", reason=reason, peer=self._peer(), **fields
+            )
+        self.paused = True
+        transport: ITransport | None = self.transport
+        if transport is not None:
+            transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _peer(self) -> str:
+        try:
+            return str(self.transport.getPeer())  # type: ignore[union-attr]
+        except Exception:
+            return "?"

@@ -1,0 +1,67 @@
+# -*- test-case-name: iop.test.wire.test_heartbeat -*-
+"""
+Liveness for one node socket, used identically by both ends.
+
+Every ``interval`` seconds the owner sends a heartbeat; every frame received from the peer counts
+as proof of life. When nothing has arrived for ``timeout`` seconds the peer is declared dead
+(``onTimeout``): the fallback for power loss and network cuts, where no FIN ever arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        interval: float,
+        timeout: float,
+        send: Callable[[int], None],
+        onTimeout: Callable[[], None],
+    ) -> None:
+        if interval <= 0 or timeout <= 0:
+            raise ValueError("heartbeat interval and timeout must be positive")
+        self._clock = clock
+        self._interval = interval
+        self._timeout = timeout
+        self._send = send
+        self._onTimeout = onTimeout
+        self._sequence = 0
+        self._tick: IDelayedCall | None = None
+        self._deadline: IDelayedCall | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._deadline is not None
+
+    def start(self) -> None:
+        """Begin sending and watching. Idempotent."""
+        if self._deadline is not None:
+            return
+        self._deadline = self._clock.callLater(self._timeout, self._expired)
+        self._tick = self._clock.callLater(self._interval, self._beat)
+
+    def received(self) -> None:
+        """The peer sent something: push the deadline out."""
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.reset(self._timeout)
+
+    def stop(self) -> None:
+        """Stop sending and watching. Idempotent."""
+        for call in (self._tick, self._deadline):
+            if call is not None and call.active():
+                call.cancel()
+        self._tick = self._deadline = None
+
+    def _beat(self) -> None:
+        self._sequence += 1
+        self._tick = self._clock.callLater(self._interval, self._beat)
+        self._send(self._sequence)
+
+    def _expired(self) -> None:
+        self.stop()
+        self._onTimeout()
