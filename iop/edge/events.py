@@ -1,0 +1,94 @@
+# -*- test-case-name: iop.test.edge.test_events -*-
+"""
+In-process fanout of node lifecycle events to observers.
+
+Observers only: nothing that must happen (lease return, fencing, queue settlement) rides this
+bus. Each subscriber gets its own bounded queue drained on a later reactor turn, so a slow or
+failing subscriber never runs inside the transport's call stack and never affects the others;
+when a subscriber falls ``maxPending`` events behind, new events for it are dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+
+class NodeEventKind(Enum):
+    REGISTERED = "node.registered"
+    REJECTED = "node.rejected"
+    CONNECTED = "node.connected"
+    DISCONNECTED = "node.disconnected"
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    kind: NodeEventKind
+    # Empty for a rejection whose token matched no node.
+    node_id: str
+    reason: str = ""
+    at: float = 0.0
+
+
+Subscriber = Callable[[NodeEvent], object]
+
+
+@dataclass
+class _Subscription:
+    callback: Subscriber
+    pending: deque[NodeEvent] = field(default_factory=deque)
+    dropped: int = 0
+    scheduled: IDelayedCall | None = None
+    active: bool = True
+
+
+class EventBus:
+    log = Logger()
+
+    def __init__(self, clock: IReactorTime, maxPending: int = 1000) -> None:
+        self._clock = clock
+        self._maxPending = maxPending
+        self._subscriptions: list[_Subscription] = []
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Add an observer; returns a function that removes it."""
+        sub = _Subscription(callback)
+        self._subscriptions.append(sub)
+
+        def unsubscribe() -> None:
+            sub.active = False
+            sub.pending.clear()
+            if sub.scheduled is not None and sub.scheduled.active():
+                sub.scheduled.cancel()
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
+        return unsubscribe
+
+    def publish(self, event: NodeEvent) -> None:
+        for sub in self._subscriptions:
+            if len(sub.pending) >= self._maxPending:
+                sub.dropped += 1
+                continue
+            sub.pending.append(event)
+            if sub.scheduled is None:
+                sub.scheduled = self._clock.callLater(0, self._drain, sub)
+
+    def dropped(self) -> int:
+        return sum(s.dropped for s in self._subscriptions)
+
+    def _drain(self, sub: _Subscription) -> None:
+        sub.scheduled = None
+        while sub.active and sub.pending:
+            event = sub.pending.popleft()
+            try:
+                sub.callback(event)
+            except Exception:
+                self.log.failure(
+                    "event subscriber failed on {kind}", kind=event.kind.value
+                )

@@ -1,0 +1,71 @@
+# -*- test-case-name: iop.test.edge.test_payload -*-
+"""
+Build the ``NodeConfigPayload`` the Edge sends a node on registration: its whole runtime config.
+
+Each adapter instance carries the resolved protocol profile of the (first enabled) provider that
+references it, so the node never needs the Edge's ``protocol_profiles`` catalog.
+"""
+
+from __future__ import annotations
+
+from iop.config.model import AdapterConfig, EdgeConfig, NodeConfig, ProfileConfig
+from iop.wire import runtime_pb2 as pb
+
+
+def build_node_payload(config: EdgeConfig, node: NodeConfig) -> pb.NodeConfigPayload:
+    profiles = {p.name: p for p in config.protocol_profiles}
+    payload = pb.NodeConfigPayload(
+        node_id=node.id,
+        alias=node.alias,
+        runtime=pb.NodeRuntimeConfig(concurrency=node.concurrency, agent_kind=node.agent_kind),
+    )
+    for adapter in node.adapters:
+        message = _adapter_message(adapter)
+        profile_name = next(
+            (
+                p.profile
+                for p in node.providers
+                if p.enabled and p.profile and p.adapter_instance == adapter.name
+            ),
+            "",
+        )
+        if profile_name:
+            message.profile.CopyFrom(_profile_message(profiles[profile_name]))
+        payload.adapters.append(message)
+    return payload
+
+
+def _adapter_message(a: AdapterConfig) -> pb.AdapterConfig:
+    m = pb.AdapterConfig(
+        name=a.name,
+        type=a.type,
+        enabled=a.enabled,
+        base_url=a.base_url,
+        request_timeout_ms=a.request_timeout_ms,
+        idle_timeout_ms=a.idle_timeout_ms,
+        max_concurrency=a.max_concurrency,
+        command=a.command,
+        args=list(a.args),
+        workspace=a.workspace,
+        mode=a.mode,
+        resume_args=list(a.resume_args),
+        output_format=a.output_format,
+        prompt_placement=a.prompt_placement,
+        context_size=a.context_size,
+    )
+    m.headers.update(dict(a.headers))
+    m.env.update(dict(a.env))
+    m.settings.update(dict(a.settings))
+    return m
+
+
+def _profile_message(p: ProfileConfig) -> pb.RuntimeProfile:
+    m = pb.RuntimeProfile(
+        name=p.name,
+        driver=p.driver,
+        capabilities=list(p.capabilities),
+        auth_header=p.auth_header,
+    )
+    m.operations.update(dict(p.operations))
+    m.extensions.update(dict(p.extensions))
+    return m

@@ -1,0 +1,100 @@
+# -*- test-case-name: iop.test.edge.test_status -*-
+"""
+The status snapshot: the configured catalog joined with live state.
+
+Configured nodes and providers never vanish from it. A node is ``connected`` only when
+dispatch-ready; a pending or disconnected node's enabled providers show ``status=unavailable``,
+``health=offline`` and zero capacity and counters; a disabled provider shows ``status=disabled``,
+``health=disabled``, ``capacity=0`` wherever its node is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from iop.config.model import EdgeConfig, ProviderConfig
+
+
+class ILiveNodes(Protocol):
+    def isReady(self, node_id: str) -> bool: ...
+
+    def state(self, node_id: str) -> str: ...
+
+
+class ProviderCounters(Protocol):
+    """Live lease and queue occupancy; the provider pool provides it."""
+
+    def counters(self, node_id: str, provider_id: str) -> dict[str, int]: ...
+
+
+_ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
+
+
+class NoDispatchCounters:
+    """Counters before dispatch exists: all zero."""
+
+    def counters(self, node_id: str, provider_id: str) -> dict[str, int]:
+        return dict(_ZERO)
+
+
+def snapshot(
+    config: EdgeConfig, nodes: ILiveNodes, counters: ProviderCounters | None = None
+) -> dict[str, Any]:
+    live = counters or NoDispatchCounters()
+    node_entries: list[dict[str, Any]] = []
+    provider_entries: list[dict[str, Any]] = []
+    for node in config.nodes:
+        ready = nodes.isReady(node.id)
+        node_entries.append(
+            {
+                "id": node.id,
+                "alias": node.alias,
+                "connected": ready,
+                "state": nodes.state(node.id),
+                "providers": [p.id for p in node.providers],
+            }
+        )
+        for provider in node.providers:
+            provider_entries.append(_provider_entry(node.id, provider, ready, live))
+    return {
+        "edge": {"id": config.id},
+        "nodes": node_entries,
+        "providers": provider_entries,
+        "models": [
+            {
+                "id": m.id,
+                "providers": [
+                    {"provider_id": ref.provider_id, "target": ref.target} for ref in m.providers
+                ],
+            }
+            for m in config.models
+        ],
+    }
+
+
+def _provider_entry(
+    node_id: str, p: ProviderConfig, ready: bool, live: ProviderCounters
+) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "id": p.id,
+        "node_id": node_id,
+        "adapter": p.adapter_instance or p.adapter,
+        "type": p.type,
+        "category": p.category,
+        "models": list(p.models),
+        "enabled": p.enabled,
+        "priority": p.priority,
+    }
+    if not p.enabled:
+        entry.update(status="disabled", health="disabled", capacity=0, long_capacity=0, **_ZERO)
+    elif not ready:
+        entry.update(status="unavailable", health="offline", capacity=0, long_capacity=0, **_ZERO)
+    else:
+        entry.update(
+            status="available",
+            health="healthy",
+            capacity=p.capacity,
+            long_capacity=p.long_capacity,
+            **live.counters(node_id, p.id),
+        )
+    return entry

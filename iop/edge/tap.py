@@ -1,0 +1,94 @@
+# -*- test-case-name: iop.test.edge.test_tap -*-
+"""
+``twistd iop-edge``: options and the service tree.
+
+``makeService(options, reactor=...)`` wires config → registry → node listener (TLS unless the
+config explicitly asks for loopback plaintext) and the Klein admin listener into a MultiService.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IService, MultiService
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IReactorTime
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python import usage
+from twisted.web.server import Site
+
+from iop.config import ConfigError, load_edge_config
+from iop.config.model import EdgeConfig
+from iop.edge.admin import AdminApp
+from iop.edge.events import EventBus
+from iop.edge.payload import build_node_payload
+from iop.edge.registry import NodeRegistry
+from iop.edge.status import snapshot
+from iop.edge.transport import NodeConnectionFactory
+from iop.security.tls import TLSConfigError, server_context_factory
+
+
+class Options(usage.Options):
+    synopsis = "--config PATH"
+    longdesc = "Run the IOP Edge: node listener (TLS) and admin HTTP surface."
+    optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."]]
+
+    def postOptions(self) -> None:
+        try:
+            self.edgeConfig: EdgeConfig = load_edge_config(self["config"])
+        except ConfigError as e:
+            raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
+
+
+class EdgeService(MultiService):
+    """The Edge's service tree; its parts are attributes for tests and later wiring."""
+
+    def __init__(self, config: EdgeConfig, reactor: Any) -> None:
+        super().__init__()
+        self.config = config
+        self.bus = EventBus(reactor)
+        self.registry = NodeRegistry(
+            config, lambda node: build_node_payload(config, node), self.bus, reactor
+        )
+        self.nodeFactory = NodeConnectionFactory(
+            self.registry,
+            reactor,
+            heartbeatInterval=config.heartbeat.interval_sec,
+            heartbeatTimeout=config.heartbeat.timeout_sec,
+            registerTimeout=config.register_timeout_sec,
+            maxFrameBytes=config.max_frame_bytes,
+        )
+        self.admin = AdminApp(self.snapshot)
+
+    def snapshot(self) -> dict[str, Any]:
+        return snapshot(self.config, self.registry)
+
+
+def makeService(options: Options, reactor: IReactorTime | None = None) -> IService:
+    if reactor is None:
+        from twisted.internet import reactor as _reactor
+
+        reactor = _reactor  # type: ignore[assignment]
+    config = options.edgeConfig
+    edge = EdgeService(config, reactor)
+
+    nodeFactory: Any = edge.nodeFactory
+    if config.tls is not None and not config.plaintext_nodes:
+        try:
+            contextFactory = server_context_factory(config.tls)
+        except TLSConfigError as e:
+            raise usage.UsageError(str(e)) from None
+        nodeFactory = TLSMemoryBIOFactory(contextFactory, False, edge.nodeFactory)
+    nodes = StreamServerEndpointService(serverFromString(reactor, config.node_listen), nodeFactory)
+    nodes._raiseSynchronously = True
+    nodes.setName("nodes")
+    nodes.setServiceParent(edge)
+
+    admin = StreamServerEndpointService(
+        serverFromString(reactor, config.admin_listen), Site(edge.admin.resource())
+    )
+    admin._raiseSynchronously = True
+    admin.setName("admin")
+    admin.setServiceParent(edge)
+    return edge

@@ -1,0 +1,1 @@
+"""Unit tests (trial): deterministic, no real network."""

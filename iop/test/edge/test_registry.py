@@ -1,0 +1,203 @@
+"""The node registry: pending → ready → closed and the generation fence, without sockets."""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+
+from iop.config.model import NodeConfig
+from iop.edge.events import EventBus, NodeEvent, NodeEventKind
+from iop.edge.payload import build_node_payload
+from iop.edge.registry import (
+    INodeLifecycleObserver,
+    NodeRegistry,
+    RegisterAccepted,
+    RegisterRejected,
+)
+from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.wire import runtime_pb2 as pb
+from iop.wire.runtime_pb2 import RegisterRejectCode
+
+
+@implementer(INodeLifecycleObserver)
+class Observer:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, int]] = []
+
+    def nodeReady(self, node_id: str, generation: int) -> None:
+        self.calls.append(("ready", node_id, generation))
+
+    def nodeFenced(self, node_id: str, generation: int) -> None:
+        self.calls.append(("fenced", node_id, generation))
+
+
+class RegistryTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.config = edge_config()
+        self.bus = EventBus(self.clock)
+        self.events: list[NodeEvent] = []
+        self.bus.subscribe(self.events.append)
+        self.observer = Observer()
+        self.registry = NodeRegistry(
+            self.config,
+            lambda node: build_node_payload(self.config, node),
+            self.bus,
+            self.clock,
+            [self.observer],
+        )
+
+    def kinds(self) -> list[tuple[NodeEventKind, str]]:
+        self.clock.advance(0)
+        return [(e.kind, e.node_id) for e in self.events]
+
+    def accept(self, conn: object, node_id: str = "node-a") -> RegisterAccepted:
+        outcome = self.registry.register(TOKENS[node_id], conn)
+        assert isinstance(outcome, RegisterAccepted), outcome
+        return outcome
+
+    def test_register_claims_pending_with_payload(self) -> None:
+        conn = object()
+        outcome = self.accept(conn)
+        self.assertEqual(outcome.node_id, "node-a")
+        self.assertEqual(outcome.payload.node_id, "node-a")
+        self.assertEqual([a.name for a in outcome.payload.adapters], ["fake"])
+        self.assertEqual(self.registry.state("node-a"), "pending")
+        self.assertFalse(self.registry.isReady("node-a"))
+        self.assertIsNone(self.registry.readyConnection("node-a"))
+        self.assertEqual(self.observer.calls, [])
+        self.assertEqual(self.kinds(), [(NodeEventKind.REGISTERED, "node-a")])
+
+    def test_unknown_token(self) -> None:
+        outcome = self.registry.register("nope", object())
+        assert isinstance(outcome, RegisterRejected)
+        self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_UNKNOWN_TOKEN)
+        self.assertEqual(outcome.node_id, "")
+        self.assertNotIn("nope", outcome.reason)
+        self.assertEqual(self.kinds(), [(NodeEventKind.REJECTED, "")])
+
+    def test_duplicate_connection_rejected_while_pending_or_ready(self) -> None:
+        first = object()
+        self.accept(first)
+        outcome = self.registry.register(TOKENS["node-a"], object())
+        assert isinstance(outcome, RegisterRejected)
+        self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION)
+        self.assertTrue(self.registry.ready("node-a", first).ready)
+        outcome = self.registry.register(TOKENS["node-a"], object())
+        assert isinstance(outcome, RegisterRejected)
+        self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION)
+        self.assertIs(self.registry.readyConnection("node-a"), first)
+
+    def test_same_connection_registering_twice(self) -> None:
+        conn = object()
+        self.accept(conn)
+        outcome = self.registry.register(TOKENS["node-b"], conn)
+        assert isinstance(outcome, RegisterRejected)
+        self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_OTHER)
+        self.assertEqual(self.registry.state("node-b"), "disconnected")
+
+    def test_payload_failure(self) -> None:
+        def broken(node: NodeConfig) -> pb.NodeConfigPayload:
+            raise RuntimeError("boom")
+
+        registry = NodeRegistry(self.config, broken, self.bus, self.clock)
+        outcome = registry.register(TOKENS["node-a"], object())
+        assert isinstance(outcome, RegisterRejected)
+        self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_CONFIG_PAYLOAD)
+        self.assertEqual(outcome.node_id, "node-a")
+        self.assertEqual(registry.state("node-a"), "disconnected")
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_ready_before_register(self) -> None:
+        outcome = self.registry.ready("node-a", object())
+        self.assertFalse(outcome.ready)
+        self.assertIn("not registered", outcome.reason)
+        self.assertEqual(self.observer.calls, [])
+
+    def test_ready_after_register(self) -> None:
+        conn = object()
+        self.accept(conn)
+        self.assertTrue(self.registry.ready("node-a", conn).ready)
+        self.assertTrue(self.registry.isReady("node-a"))
+        self.assertIs(self.registry.readyConnection("node-a"), conn)
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
+        self.assertEqual(
+            self.kinds(),
+            [(NodeEventKind.REGISTERED, "node-a"), (NodeEventKind.CONNECTED, "node-a")],
+        )
+
+    def test_duplicate_ready_is_idempotent(self) -> None:
+        conn = object()
+        self.accept(conn)
+        self.assertTrue(self.registry.ready("node-a", conn).ready)
+        self.assertTrue(self.registry.ready("node-a", conn).ready)
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
+        self.assertEqual(
+            [k for k, _ in self.kinds()].count(NodeEventKind.CONNECTED), 1
+        )
+
+    def test_ready_for_another_nodes_id(self) -> None:
+        a, b = object(), object()
+        self.accept(a, "node-a")
+        self.accept(b, "node-b")
+        outcome = self.registry.ready("node-b", a)
+        self.assertFalse(outcome.ready)
+        self.assertFalse(self.registry.isReady("node-b"))
+
+    def test_stale_ready_from_superseded_connection(self) -> None:
+        old, new = object(), object()
+        self.accept(old)
+        self.registry.disconnected(old)
+        self.accept(new)
+        outcome = self.registry.ready("node-a", old)
+        self.assertFalse(outcome.ready)
+        self.assertFalse(self.registry.isReady("node-a"))
+        self.assertEqual(self.observer.calls, [])
+        self.assertTrue(self.registry.ready("node-a", new).ready)
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 2)])
+
+    def test_ready_owner_disconnect_fences_its_generation_once(self) -> None:
+        conn = object()
+        self.accept(conn)
+        self.registry.ready("node-a", conn)
+        self.registry.disconnected(conn, "heartbeat timeout")
+        self.registry.disconnected(conn, "again")
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1), ("fenced", "node-a", 1)])
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+        self.clock.advance(0)
+        self.assertEqual(
+            [(e.kind, e.reason) for e in self.events][-1],
+            (NodeEventKind.DISCONNECTED, "heartbeat timeout"),
+        )
+
+    def test_stale_disconnect_changes_nothing(self) -> None:
+        """A rejected duplicate's close leaves the ready owner alone."""
+        owner, dup = object(), object()
+        self.accept(owner)
+        self.registry.ready("node-a", owner)
+        self.registry.register(TOKENS["node-a"], dup)
+        self.registry.disconnected(dup)
+        self.registry.disconnected(object())
+        self.assertTrue(self.registry.isReady("node-a"))
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
+
+    def test_pending_disconnect_is_not_a_fence(self) -> None:
+        conn = object()
+        self.accept(conn)
+        self.registry.disconnected(conn)
+        self.assertEqual(self.observer.calls, [])
+        self.assertNotIn(NodeEventKind.DISCONNECTED, [k for k, _ in self.kinds()])
+        self.accept(object())
+
+    def test_reconnect_gets_new_generation(self) -> None:
+        first, second = object(), object()
+        self.accept(first)
+        self.registry.ready("node-a", first)
+        self.registry.disconnected(first)
+        self.accept(second)
+        self.registry.ready("node-a", second)
+        self.assertEqual(
+            self.observer.calls,
+            [("ready", "node-a", 1), ("fenced", "node-a", 1), ("ready", "node-a", 2)],
+        )

@@ -1,0 +1,193 @@
+"""The Edge's node socket protocol over in-memory connections (iosim)."""
+
+from __future__ import annotations
+
+import struct
+
+from twisted.internet.task import Clock
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.events import EventBus
+from iop.edge.payload import build_node_payload
+from iop.edge.registry import NodeRegistry
+from iop.edge.transport import NodeConnection, NodeConnectionFactory
+from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.wire import runtime_pb2 as pb
+from iop.wire.framing import EnvelopeProtocol
+
+
+class ScriptedNode(EnvelopeProtocol):
+    """A node stand-in that records what the Edge sends and notes its disconnect."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.received: list[pb.Envelope] = []
+        self.lost = False
+
+    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+        self.received.append(envelope)
+
+    def connectionLost(self, reason: object = None) -> None:
+        self.lost = True
+
+    def kinds(self) -> list[str | None]:
+        return [e.WhichOneof("message") for e in self.received if not e.HasField("heartbeat")]
+
+    def register(self, node_id: str) -> None:
+        self.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token=TOKENS[node_id])))
+
+    def ready(self, node_id: str) -> None:
+        self.sendEnvelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=node_id)))
+
+
+class EdgeTransportTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.config = edge_config()
+        self.registry = NodeRegistry(
+            self.config,
+            lambda node: build_node_payload(self.config, node),
+            EventBus(self.clock),
+            self.clock,
+        )
+        self.factory = NodeConnectionFactory(
+            self.registry, self.clock, heartbeatInterval=2.0, heartbeatTimeout=5.0,
+            registerTimeout=10.0, maxFrameBytes=64 * 1024,
+        )
+
+    def connect(self) -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
+        return iosim.connectedServerAndClient(
+            lambda: self.factory.buildProtocol(None),  # type: ignore[arg-type]
+            ScriptedNode,
+            clock=self.clock,
+        )
+
+    def handshake(self, node_id: str = "node-a") -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
+        node, edge, pump = self.connect()
+        node.register(node_id)
+        pump.flush()
+        node.ready(node_id)
+        pump.flush()
+        return node, edge, pump
+
+    def test_register_then_ready(self) -> None:
+        node, edge, pump = self.connect()
+        node.register("node-a")
+        pump.flush()
+        self.assertEqual(node.kinds(), ["register_response"])
+        response = node.received[-1].register_response
+        self.assertTrue(response.accepted)
+        self.assertEqual(response.node_id, "node-a")
+        self.assertEqual(response.config.node_id, "node-a")
+        self.assertEqual((response.heartbeat_interval_ms, response.heartbeat_timeout_ms), (2000, 5000))
+        self.assertEqual(self.registry.state("node-a"), "pending")
+        node.ready("node-a")
+        pump.flush()
+        self.assertEqual(node.kinds(), ["register_response", "node_ready_response"])
+        self.assertTrue(node.received[-1].node_ready_response.ready)
+        self.assertTrue(self.registry.isReady("node-a"))
+        self.assertIs(self.registry.readyConnection("node-a"), edge)
+
+    def test_unknown_token_rejected_and_closed(self) -> None:
+        node, edge, pump = self.connect()
+        node.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
+        pump.flush()
+        response = node.received[-1].register_response
+        self.assertFalse(response.accepted)
+        self.assertEqual(response.reject_code, pb.REGISTER_REJECT_UNKNOWN_TOKEN)
+        self.assertTrue(node.lost)
+
+    def test_duplicate_connection_rejected_owner_untouched(self) -> None:
+        first, _, _ = self.handshake()
+        second, _, pump2 = self.connect()
+        second.register("node-a")
+        pump2.flush()
+        self.assertEqual(
+            second.received[-1].register_response.reject_code,
+            pb.REGISTER_REJECT_DUPLICATE_CONNECTION,
+        )
+        self.assertTrue(second.lost)
+        self.assertFalse(first.lost)
+        self.assertTrue(self.registry.isReady("node-a"))
+
+    def test_ready_before_register_rejected(self) -> None:
+        node, _, pump = self.connect()
+        node.ready("node-a")
+        pump.flush()
+        self.assertFalse(node.received[-1].node_ready_response.ready)
+        self.assertTrue(node.lost)
+        self.assertFalse(self.registry.isReady("node-a"))
+
+    def test_clean_close_fences_at_once(self) -> None:
+        node, _, pump = self.handshake()
+        node.transport.loseConnection()  # type: ignore[union-attr]
+        pump.flush()
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_heartbeats_flow_and_keep_connection(self) -> None:
+        node, _, pump = self.handshake()
+        for i in range(1, 6):
+            node.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=i)))
+            self.clock.advance(2)
+            pump.flush()
+        self.assertTrue(self.registry.isReady("node-a"))
+        beats = [e for e in node.received if e.HasField("heartbeat")]
+        self.assertGreaterEqual(len(beats), 4)
+
+    def test_heartbeat_timeout_fences_only_current_generation(self) -> None:
+        """A silent ready node is fenced after the wait; a live one is untouched."""
+        silent, _, silentPump = self.handshake("node-a")
+        live, _, livePump = self.handshake("node-b")
+        for _ in range(3):
+            self.clock.advance(2)
+            live.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
+            livePump.flush()
+            silentPump.flush(advanceClock=False)
+        self.assertTrue(silent.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+        self.assertTrue(self.registry.isReady("node-b"))
+        self.assertFalse(live.lost)
+
+    def test_no_register_in_time(self) -> None:
+        node, _, pump = self.connect()
+        for _ in range(6):
+            node.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
+            self.clock.advance(2)
+            pump.flush(advanceClock=False)
+        self.assertTrue(node.lost)
+
+    def test_message_before_ready_closes(self) -> None:
+        node, _, pump = self.connect()
+        node.register("node-a")
+        pump.flush()
+        node.sendEnvelope(pb.Envelope(run_event=pb.RunEvent(run_id="r", type="delta")))
+        pump.flush()
+        self.assertTrue(node.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_edge_only_message_from_node_closes(self) -> None:
+        node, _, pump = self.handshake()
+        node.sendEnvelope(pb.Envelope(run_request=pb.RunRequest(run_id="r")))
+        pump.flush()
+        self.assertTrue(node.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_malformed_frame_closes_one_connection_only(self) -> None:
+        bad, _, badPump = self.handshake("node-a")
+        good, _, goodPump = self.handshake("node-b")
+        bad.transport.write(struct.pack("!I", 64 * 1024 + 1))  # type: ignore[union-attr]
+        badPump.flush()
+        goodPump.flush()
+        self.assertTrue(bad.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+        self.assertFalse(good.lost)
+        self.assertTrue(self.registry.isReady("node-b"))
+
+    def test_reconnect_after_close(self) -> None:
+        node, _, pump = self.handshake()
+        node.transport.loseConnection()  # type: ignore[union-attr]
+        pump.flush()
+        again, edge, _ = self.handshake()
+        self.assertTrue(self.registry.isReady("node-a"))
+        self.assertIs(self.registry.readyConnection("node-a"), edge)
