@@ -1,0 +1,3 @@
+"""
+Fakes and fixtures shared by tests, bench and the demo.
+"""
