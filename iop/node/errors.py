@@ -1,0 +1,29 @@
+# -*- test-case-name: iop.test.node.test_supervisor -*-
+"""
+The two kinds of failure a Node can meet while dialling and registering with its Edge.
+
+The supervisor's policy hangs on this split: a :class:`RetryableError` costs one attempt of the
+reconnect budget, a :class:`FatalError` ends the daemon with exit code 1 at once.
+"""
+
+from __future__ import annotations
+
+
+class NodeError(Exception):
+    """Base class for Node connection failures. Messages never carry a secret."""
+
+
+class FatalError(NodeError):
+    """
+    A local configuration or credential error that retrying cannot fix: a missing or unreadable
+    token, bad local TLS material, or the Edge rejecting our token
+    (``REGISTER_REJECT_UNKNOWN_TOKEN``).
+    """
+
+
+class RetryableError(NodeError):
+    """
+    A remote failure that may heal by itself: refused connection, duplicate-connection or
+    payload-build rejection, ``ready=false``, handshake timeout, a config payload that does not
+    apply (the Edge's config may be fixed), or the connection lost during the handshake.
+    """

@@ -1,0 +1,485 @@
+"""The Node end of the Edge socket: lifecycle, handshake, heartbeat and post-ready replies."""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent
+from twisted.python.failure import Failure
+from twisted.test import iosim
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop import __version__
+from iop.node.errors import FatalError, RetryableError
+from iop.node.transport import (
+    COMMAND_UNAVAILABLE,
+    RUN_UNAVAILABLE,
+    EdgeConnectionFactory,
+    EdgeConnectionProtocol,
+    IllegalTransition,
+    NodeLifecycle,
+    NodeSession,
+    NodeState,
+)
+from iop.test.node.fakes import (
+    NODE_ID,
+    TOKEN,
+    FakeEdge,
+    accepted,
+    adapter,
+    captureEvents,
+    drain,
+    frame,
+    kinds,
+    payload,
+    readyResponse,
+    rejected,
+)
+from iop.wire import runtime_pb2 as pb
+
+
+class NodeLifecycleTests(SynchronousTestCase):
+    def test_forward(self) -> None:
+        lifecycle = NodeLifecycle()
+        self.assertIs(lifecycle.state, NodeState.DIALING)
+        for state in (NodeState.REGISTERING, NodeState.APPLYING, NodeState.READY):
+            lifecycle.advance(state)
+            self.assertIs(lifecycle.state, state)
+        self.assertTrue(lifecycle.close())
+        self.assertIs(lifecycle.state, NodeState.CLOSED)
+        self.assertFalse(lifecycle.close())
+
+    def test_closeFromEveryOpenState(self) -> None:
+        path = [NodeState.REGISTERING, NodeState.APPLYING, NodeState.READY]
+        for steps in range(len(path) + 1):
+            lifecycle = NodeLifecycle()
+            for state in path[:steps]:
+                lifecycle.advance(state)
+            self.assertTrue(lifecycle.close())
+
+    def test_illegalTransitionsAreImpossible(self) -> None:
+        lifecycle = NodeLifecycle()
+        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.READY)
+        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.APPLYING)
+        self.assertIs(lifecycle.state, NodeState.DIALING)
+        lifecycle.advance(NodeState.REGISTERING)
+        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.REGISTERING)
+        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.READY)
+        lifecycle.close()
+        for state in NodeState:
+            self.assertRaises(IllegalTransition, lifecycle.advance, state)
+        self.assertIs(lifecycle.state, NodeState.CLOSED)
+
+
+class TransportTestCase(SynchronousTestCase):
+    """One protocol on a StringTransport; the cleanup asserts that no timer outlives it."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.connections: list[tuple[EdgeConnectionProtocol, Deferred[None]]] = []
+        self.addCleanup(self.closeAll)
+        self.transport, self.protocol, self.lost = self.connect()
+
+    def closeAll(self) -> None:
+        for protocol, lost in self.connections:
+            if not lost.called:
+                protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def connect(
+        self, heartbeatInterval: float = 2.0, heartbeatTimeout: float = 5.0
+    ) -> tuple[StringTransport, EdgeConnectionProtocol, Deferred[None]]:
+        factory = EdgeConnectionFactory(
+            self.clock,
+            heartbeatInterval=heartbeatInterval,
+            heartbeatTimeout=heartbeatTimeout,
+            hostname="node-host",
+        )
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        lost = protocol.whenDisconnected()
+        self.connections.append((protocol, lost))
+        return transport, protocol, lost
+
+    def deliver(
+        self, envelope: pb.Envelope, protocol: EdgeConnectionProtocol | None = None
+    ) -> None:
+        (protocol or self.protocol).dataReceived(frame(envelope))
+
+    def sent(self, transport: StringTransport | None = None) -> list[pb.Envelope]:
+        return drain(transport or self.transport)
+
+    def loseConnection(self, protocol: EdgeConnectionProtocol | None = None) -> None:
+        (protocol or self.protocol).connectionLost(Failure(ConnectionDone()))
+
+    def handshakeToReady(self) -> NodeSession:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.deliver(readyResponse())
+        self.sent()
+        return self.successResultOf(d)
+
+
+class HandshakeTests(TransportTestCase):
+    def test_happyPath(self) -> None:
+        """register → apply → ready, in that order on the wire, then a ready session."""
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        [register] = self.sent()
+        self.assertEqual(register.WhichOneof("message"), "register_request")
+        self.assertEqual(register.register_request.token, TOKEN)
+        self.assertEqual(register.register_request.node_version, __version__)
+        self.assertEqual(register.register_request.hostname, "node-host")
+        self.assertIs(self.protocol.state, NodeState.REGISTERING)
+        self.assertNoResult(d)
+
+        config = payload(adapter("gpu", "vllm", max_concurrency=3), adapter("", "ollama"))
+        self.deliver(accepted(config))
+        [ready] = self.sent()
+        self.assertEqual(ready.WhichOneof("message"), "node_ready_request")
+        self.assertEqual(ready.node_ready_request.node_id, NODE_ID)
+        self.assertIs(self.protocol.state, NodeState.APPLYING)
+        self.assertIsNone(self.protocol.session)
+        self.assertNoResult(d)
+
+        self.deliver(readyResponse())
+        session = self.successResultOf(d)
+        self.assertIs(self.protocol.state, NodeState.READY)
+        self.assertIs(self.protocol.session, session)
+        self.assertEqual(session.node_id, NODE_ID)
+        self.assertEqual(session.config.config_revision, 7)
+        self.assertEqual(session.registry.get("gpu").max_concurrency, 3)
+        self.assertEqual(session.registry.get("ollama").type, "ollama")
+        self.assertEqual(
+            session.describe(),
+            {
+                "node_id": NODE_ID,
+                "alias": "lab",
+                "config_revision": 7,
+                "adapters": session.registry.describe(),
+            },
+        )
+        self.assertFalse(self.transport.disconnecting)
+        self.assertEqual(self.sent(), [])
+
+    def test_overInMemoryConnection(self) -> None:
+        """The same handshake against a fake Edge over an iosim connection."""
+        protocol = EdgeConnectionFactory(self.clock, hostname="h").buildProtocol(None)
+        edge = FakeEdge(accepted(), readyResponse())
+        pump = iosim.connect(
+            edge,
+            iosim.makeFakeServer(edge),
+            protocol,
+            iosim.makeFakeClient(protocol),
+            greet=False,
+            clock=self.clock,
+        )
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        pump.flush()
+        self.assertEqual(self.successResultOf(d).node_id, NODE_ID)
+        self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
+        edge.transport.loseConnection()  # type: ignore[union-attr]
+        pump.flush()
+        self.assertIs(protocol.state, NodeState.CLOSED)
+        self.assertTrue(edge.lost)
+
+    def test_rejectCodes(self) -> None:
+        """Unknown token is fatal; every other rejection is retryable. Both abort first."""
+        cases = [
+            (pb.REGISTER_REJECT_UNKNOWN_TOKEN, FatalError),
+            (pb.REGISTER_REJECT_DUPLICATE_CONNECTION, RetryableError),
+            (pb.REGISTER_REJECT_CONFIG_PAYLOAD, RetryableError),
+            (pb.REGISTER_REJECT_OTHER, RetryableError),
+            (pb.REGISTER_REJECT_UNSPECIFIED, RetryableError),
+        ]
+        for code, errorClass in cases:
+            transport, protocol, lost = self.connect()
+            seen: list[bool] = []
+
+            def note(
+                f: Failure, t: StringTransport = transport, seen: list[bool] = seen
+            ) -> Failure:
+                seen.append(t.disconnecting)
+                return f
+
+            d = protocol.handshake(TOKEN, self.clock, 10)
+            d.addErrback(note)
+            self.deliver(rejected(code, "nope"), protocol)
+            failure = self.failureResultOf(d, errorClass)
+            self.assertEqual(seen, [True], "transport aborted before the errback")
+            self.assertIn("nope", failure.getErrorMessage())
+            self.assertIn(pb.RegisterRejectCode.Name(code), failure.getErrorMessage())
+            self.assertIs(protocol.state, NodeState.CLOSED)
+            self.assertEqual(kinds(self.sent(transport)), ["register_request"])
+            self.loseConnection(protocol)
+            self.assertIsNone(self.successResultOf(lost))
+
+    def test_readyFalse(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.deliver(readyResponse(False, "superseded by a newer connection"))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("superseded by a newer connection", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+        self.assertIsNone(self.protocol.session)
+
+    def test_unknownAdapterType(self) -> None:
+        """A payload that does not apply: no ready request, aborted, retryable."""
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.sent()
+        self.deliver(accepted(payload(adapter("x", "y"))))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("adapter 'x': unknown type 'y'", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.sent(), [])
+
+    def test_duplicateAdapterNames(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted(payload(adapter("x", "vllm"), adapter("x", "cli"))))
+        self.failureResultOf(d, RetryableError)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_acceptedWithoutNodeId(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted(node_id=""))
+        self.failureResultOf(d, RetryableError)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_timeout(self) -> None:
+        """The whole handshake is bounded, even while the Edge keeps heartbeating."""
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        for _ in range(4):
+            self.clock.advance(2)
+            self.deliver(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
+        self.assertNoResult(d)
+        self.clock.advance(2)
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("timed out after 10 s", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+
+    def test_timeoutWhileApplying(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 3)
+        self.deliver(accepted())
+        self.clock.advance(3)
+        self.failureResultOf(d, RetryableError)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_connectionLostWhileRegistering(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.protocol.connectionLost(Failure(ConnectionLost("cable cut")))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("connection lost", failure.getErrorMessage())
+        self.assertIsNone(self.successResultOf(self.lost))
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+
+    def test_connectionLostWhileApplying(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.loseConnection()
+        self.failureResultOf(d, RetryableError)
+
+    def test_connectionLostBeforeHandshake(self) -> None:
+        self.loseConnection()
+        self.failureResultOf(self.protocol.handshake(TOKEN, self.clock, 10), RetryableError)
+
+    def test_unexpectedEnvelopeWhileRegistering(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(pb.Envelope(run_request=pb.RunRequest(run_id="r1")))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("unexpected run_request while registering", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(kinds(self.sent()), ["register_request"])
+
+    def test_unexpectedEnvelopeWhileApplying(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.deliver(accepted())
+        self.failureResultOf(d, RetryableError)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_unexpectedEnvelopeBeforeHandshake(self) -> None:
+        self.deliver(readyResponse())
+        self.assertTrue(self.transport.disconnecting)
+        self.failureResultOf(self.protocol.handshake(TOKEN, self.clock, 10), RetryableError)
+
+    def test_secondHandshakeRefused(self) -> None:
+        first = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.failureResultOf(self.protocol.handshake(TOKEN, self.clock, 10), IllegalTransition)
+        self.assertTrue(self.transport.disconnecting)
+        self.loseConnection()
+        self.failureResultOf(first, RetryableError)
+
+    def test_tokenNeverLogged(self) -> None:
+        events = captureEvents(self)
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(rejected(pb.REGISTER_REJECT_UNKNOWN_TOKEN))
+        self.failureResultOf(d, FatalError)
+        self.loseConnection()
+        self.assertTrue(len(events) > 0)
+        for event in events:
+            self.assertNotIn(TOKEN, formatEvent(event))
+            self.assertNotIn(TOKEN, repr(event))
+
+
+class HeartbeatTests(TransportTestCase):
+    def test_sendsOnTheClock(self) -> None:
+        self.clock.advance(2)
+        [beat] = self.sent()
+        self.assertEqual(beat.heartbeat.sequence, 1)
+        self.assertEqual(beat.heartbeat.sent_unix_ms, 2000)
+        self.clock.advance(2)
+        [beat] = self.sent()
+        self.assertEqual(beat.heartbeat.sequence, 2)
+
+    def test_silenceAborts(self) -> None:
+        events = captureEvents(self)
+        self.clock.advance(4.9)
+        self.assertFalse(self.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(self.transport.disconnecting)
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+        self.assertTrue(any("heartbeat timeout" in formatEvent(e) for e in events))
+        self.loseConnection()
+
+    def test_anyFramePushesTheDeadline(self) -> None:
+        self.clock.advance(4)
+        self.deliver(pb.Envelope(heartbeat=pb.Heartbeat(sequence=9)))
+        self.clock.advance(4.9)
+        self.assertFalse(self.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_silenceDuringHandshakeFailsIt(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 30)
+        self.clock.advance(5)
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("heartbeat", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_adoptsEdgeCadence(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted(interval_ms=1000, timeout_ms=3000))
+        self.deliver(readyResponse())
+        self.successResultOf(d)
+        self.sent()
+        self.clock.advance(1)
+        [beat] = self.sent()
+        self.assertEqual(beat.WhichOneof("message"), "heartbeat")
+        self.clock.advance(1.9)
+        self.assertFalse(self.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_zeroCadenceKeepsDefaults(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted(interval_ms=0, timeout_ms=0))
+        self.deliver(readyResponse())
+        self.successResultOf(d)
+        self.sent()
+        self.clock.advance(2)
+        self.assertEqual(kinds(self.sent(), heartbeats=True), ["heartbeat"])
+        self.clock.advance(2.9)
+        self.assertFalse(self.transport.disconnecting)
+        self.clock.advance(0.1)
+        self.assertTrue(self.transport.disconnecting)
+
+    def test_stopsOnConnectionLost(self) -> None:
+        self.loseConnection()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+
+class ReadySessionTests(TransportTestCase):
+    def setUp(self) -> None:
+        super().setUp()
+        self.session = self.handshakeToReady()
+
+    def reply(self, envelope: pb.Envelope) -> pb.Envelope:
+        self.deliver(envelope)
+        [response] = self.sent()
+        self.assertFalse(self.transport.disconnecting)
+        return response
+
+    def test_runRequest(self) -> None:
+        response = self.reply(
+            pb.Envelope(run_request=pb.RunRequest(run_id="r1", adapter="gpu", session_id="s1"))
+        )
+        self.assertEqual(response.WhichOneof("message"), "run_event")
+        event = response.run_event
+        self.assertEqual((event.run_id, event.type, event.session_id), ("r1", "error", "s1"))
+        self.assertEqual(event.error, RUN_UNAVAILABLE)
+
+    def test_cancelRequest(self) -> None:
+        response = self.reply(
+            pb.Envelope(cancel_request=pb.CancelRequest(kind=pb.CANCEL_RUN, run_id="r1"))
+        )
+        cancel = response.cancel_response
+        self.assertEqual((cancel.kind, cancel.run_id, cancel.ok), (pb.CANCEL_RUN, "r1", False))
+        self.assertTrue(cancel.reason)
+
+    def test_providerTunnelRequest(self) -> None:
+        response = self.reply(
+            pb.Envelope(provider_tunnel_request=pb.ProviderTunnelRequest(run_id="t1"))
+        )
+        tunnel = response.provider_tunnel_frame
+        self.assertEqual((tunnel.run_id, tunnel.kind), ("t1", pb.ERROR))
+        self.assertTrue(tunnel.error)
+
+    def test_nodeCommandRequest(self) -> None:
+        response = self.reply(
+            pb.Envelope(
+                node_command_request=pb.NodeCommandRequest(
+                    request_id="c1", type=pb.NODE_COMMAND_CAPABILITIES
+                )
+            )
+        )
+        command = response.node_command_response
+        self.assertEqual(
+            (command.request_id, command.type, command.ok, command.error),
+            ("c1", pb.NODE_COMMAND_CAPABILITIES, False, COMMAND_UNAVAILABLE),
+        )
+
+    def test_configRefreshRequest(self) -> None:
+        response = self.reply(
+            pb.Envelope(
+                node_config_refresh_request=pb.NodeConfigRefreshRequest(
+                    request_id="f1", config=payload()
+                )
+            )
+        )
+        refresh = response.node_config_refresh_response
+        self.assertEqual((refresh.request_id, refresh.outcome), ("f1", pb.REFRESH_RESTART_REQUIRED))
+        self.assertTrue(refresh.reason)
+
+    def test_installedHandlerReplacesDefault(self) -> None:
+        seen: list[str] = []
+        self.session.install("run_request", lambda e: seen.append(e.run_request.run_id))
+        self.deliver(pb.Envelope(run_request=pb.RunRequest(run_id="r9")))
+        self.assertEqual(seen, ["r9"])
+        self.assertEqual(self.sent(), [])
+        self.assertRaises(ValueError, self.session.install, "register_response", seen.append)
+
+    def test_messageEdgeMayNotSend(self) -> None:
+        self.deliver(accepted())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+
+    def test_disconnectNotifiesEachCaller(self) -> None:
+        first, second = self.protocol.whenDisconnected(), self.protocol.whenDisconnected()
+        self.assertIsNot(first, second)
+        self.assertNoResult(first)
+        self.loseConnection()
+        self.assertIsNone(self.successResultOf(first))
+        self.assertIsNone(self.successResultOf(second))
+        self.assertIsNone(self.successResultOf(self.protocol.whenDisconnected()))
+        self.assertTrue(self.session.closed)
+        self.assertIsNone(self.protocol.session)
+        self.assertIs(self.protocol.state, NodeState.CLOSED)
+
+    def test_noSendAfterClose(self) -> None:
+        self.loseConnection()
+        self.session.send(pb.Envelope(run_event=pb.RunEvent(run_id="late")))
+        self.assertEqual(self.sent(), [])
