@@ -89,6 +89,4 @@ class EventBus:
             try:
                 sub.callback(event)
             except Exception:
-                self.log.failure(
-                    "event subscriber failed on {kind}", kind=event.kind.value
-                )
+                self.log.failure("event subscriber failed on {kind}", kind=event.kind.value)

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 
 from iop.edge.registry import NodeRegistry, RegisterAccepted
 from iop.wire import runtime_pb2 as pb
-from iop.wire.framing import EnvelopeProtocol
+from iop.wire.framing import _CONNECTION_DONE, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
 
 # Messages a node may send once it is ready; their handlers arrive with execution, tunnel,
@@ -59,7 +59,7 @@ class NodeConnection(EnvelopeProtocol):
             self.factory.registerTimeout, self._registerExpired
         )
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         super().connectionLost(reason)
         self._heartbeat.stop()
         if self._registerTimer is not None and self._registerTimer.active():

@@ -1,1 +1,1 @@
-"""The Edge–Node wire: generated protobuf messages and length-prefixed framing."""
+"""The Edge-Node wire: generated protobuf messages and length-prefixed framing."""

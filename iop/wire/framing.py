@@ -9,6 +9,7 @@ An oversized, truncated or undecodable frame closes *this* connection with a log
 from __future__ import annotations
 
 from google.protobuf.message import DecodeError
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import ITransport
 from twisted.logger import Logger
 from twisted.protocols.basic import Int32StringReceiver
@@ -17,6 +18,7 @@ from twisted.python.failure import Failure
 from iop.wire.runtime_pb2 import Envelope
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
+_CONNECTION_DONE = Failure(ConnectionDone())
 
 
 class FrameTooLarge(ValueError):
@@ -57,7 +59,7 @@ class EnvelopeProtocol(Int32StringReceiver):
     def envelopeReceived(self, envelope: Envelope) -> None:
         raise NotImplementedError
 
-    def connectionLost(self, reason: Failure = Failure(ConnectionError())) -> None:
+    def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         pending = len(self._unprocessed) if self._unprocessed else 0
         if pending and self.closeReason is None:
             self.closeReason = "truncated frame"

@@ -133,9 +133,7 @@ class RegistryTests(SynchronousTestCase):
         self.assertTrue(self.registry.ready("node-a", conn).ready)
         self.assertTrue(self.registry.ready("node-a", conn).ready)
         self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
-        self.assertEqual(
-            [k for k, _ in self.kinds()].count(NodeEventKind.CONNECTED), 1
-        )
+        self.assertEqual([k for k, _ in self.kinds()].count(NodeEventKind.CONNECTED), 1)
 
     def test_ready_for_another_nodes_id(self) -> None:
         a, b = object(), object()

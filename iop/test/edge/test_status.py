@@ -29,20 +29,27 @@ class SnapshotTests(SynchronousTestCase):
         self.clock = Clock()
         self.config = edge_config()
         self.registry = NodeRegistry(
-            self.config, lambda n: build_node_payload(self.config, n), EventBus(self.clock), self.clock
+            self.config,
+            lambda n: build_node_payload(self.config, n),
+            EventBus(self.clock),
+            self.clock,
         )
 
     def providers(self, snap: dict[str, Any]) -> dict[str, dict[str, Any]]:
         return {p["id"]: p for p in snap["providers"]}
 
     def assertOffline(self, entry: dict[str, Any]) -> None:
-        self.assertEqual((entry["status"], entry["health"], entry["capacity"]), ("unavailable", "offline", 0))
+        self.assertEqual(
+            (entry["status"], entry["health"], entry["capacity"]), ("unavailable", "offline", 0)
+        )
         self.assertEqual([entry[c] for c in COUNTERS], [0, 0, 0, 0])
 
     def test_disconnected_nodes_stay_in_catalog(self) -> None:
         snap = snapshot(self.config, self.registry, FixedCounters())
-        self.assertEqual([(n["id"], n["connected"], n["state"]) for n in snap["nodes"]],
-                         [("node-a", False, "disconnected"), ("node-b", False, "disconnected")])
+        self.assertEqual(
+            [(n["id"], n["connected"], n["state"]) for n in snap["nodes"]],
+            [("node-a", False, "disconnected"), ("node-b", False, "disconnected")],
+        )
         providers = self.providers(snap)
         self.assertEqual(set(providers), {"a-chat", "a-off", "b-chat"})
         self.assertOffline(providers["a-chat"])
@@ -62,7 +69,9 @@ class SnapshotTests(SynchronousTestCase):
         snap = snapshot(self.config, self.registry, FixedCounters())
         self.assertTrue(snap["nodes"][0]["connected"])
         entry = self.providers(snap)["a-chat"]
-        self.assertEqual((entry["status"], entry["health"], entry["capacity"]), ("available", "healthy", 2))
+        self.assertEqual(
+            (entry["status"], entry["health"], entry["capacity"]), ("available", "healthy", 2)
+        )
         self.assertEqual([entry[c] for c in COUNTERS], [1, 1, 3, 2])
         self.assertOffline(self.providers(snap)["b-chat"])
 
@@ -73,7 +82,9 @@ class SnapshotTests(SynchronousTestCase):
                 self.registry.register(TOKENS["node-a"], conn)
                 self.registry.ready("node-a", conn)
             entry = self.providers(snapshot(self.config, self.registry, FixedCounters()))["a-off"]
-            self.assertEqual((entry["status"], entry["health"], entry["capacity"]), ("disabled", "disabled", 0))
+            self.assertEqual(
+                (entry["status"], entry["health"], entry["capacity"]), ("disabled", "disabled", 0)
+            )
             self.assertEqual([entry[c] for c in COUNTERS], [0, 0, 0, 0])
 
     def test_counters_zero_without_dispatch(self) -> None:
@@ -88,7 +99,9 @@ class SnapshotTests(SynchronousTestCase):
         self.registry.register(TOKENS["node-a"], conn)
         self.registry.ready("node-a", conn)
         self.registry.disconnected(conn)
-        self.assertOffline(self.providers(snapshot(self.config, self.registry, FixedCounters()))["a-chat"])
+        self.assertOffline(
+            self.providers(snapshot(self.config, self.registry, FixedCounters()))["a-chat"]
+        )
 
     def test_no_secrets(self) -> None:
         text = json.dumps(snapshot(self.config, self.registry))

@@ -52,8 +52,12 @@ class EdgeTransportTests(SynchronousTestCase):
             self.clock,
         )
         self.factory = NodeConnectionFactory(
-            self.registry, self.clock, heartbeatInterval=2.0, heartbeatTimeout=5.0,
-            registerTimeout=10.0, maxFrameBytes=64 * 1024,
+            self.registry,
+            self.clock,
+            heartbeatInterval=2.0,
+            heartbeatTimeout=5.0,
+            registerTimeout=10.0,
+            maxFrameBytes=64 * 1024,
         )
 
     def connect(self) -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
@@ -63,7 +67,9 @@ class EdgeTransportTests(SynchronousTestCase):
             clock=self.clock,
         )
 
-    def handshake(self, node_id: str = "node-a") -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
+    def handshake(
+        self, node_id: str = "node-a"
+    ) -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
         node, edge, pump = self.connect()
         node.register(node_id)
         pump.flush()
@@ -80,7 +86,9 @@ class EdgeTransportTests(SynchronousTestCase):
         self.assertTrue(response.accepted)
         self.assertEqual(response.node_id, "node-a")
         self.assertEqual(response.config.node_id, "node-a")
-        self.assertEqual((response.heartbeat_interval_ms, response.heartbeat_timeout_ms), (2000, 5000))
+        self.assertEqual(
+            (response.heartbeat_interval_ms, response.heartbeat_timeout_ms), (2000, 5000)
+        )
         self.assertEqual(self.registry.state("node-a"), "pending")
         node.ready("node-a")
         pump.flush()
@@ -90,7 +98,7 @@ class EdgeTransportTests(SynchronousTestCase):
         self.assertIs(self.registry.readyConnection("node-a"), edge)
 
     def test_unknown_token_rejected_and_closed(self) -> None:
-        node, edge, pump = self.connect()
+        node, _edge, pump = self.connect()
         node.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
         pump.flush()
         response = node.received[-1].register_response
@@ -188,6 +196,6 @@ class EdgeTransportTests(SynchronousTestCase):
         node, _, pump = self.handshake()
         node.transport.loseConnection()  # type: ignore[union-attr]
         pump.flush()
-        again, edge, _ = self.handshake()
+        _again, edge, _ = self.handshake()
         self.assertTrue(self.registry.isReady("node-a"))
         self.assertIs(self.registry.readyConnection("node-a"), edge)

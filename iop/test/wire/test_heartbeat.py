@@ -13,7 +13,9 @@ class HeartbeatTests(SynchronousTestCase):
         self.clock = Clock()
         self.sent: list[int] = []
         self.timeouts: list[bool] = []
-        self.hb = Heartbeat(self.clock, 2.0, 5.0, self.sent.append, lambda: self.timeouts.append(True))
+        self.hb = Heartbeat(
+            self.clock, 2.0, 5.0, self.sent.append, lambda: self.timeouts.append(True)
+        )
         self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
 
     def test_sends_every_interval(self) -> None:

@@ -1,0 +1,876 @@
+# -*- test-case-name: iop.test.config.test_edge_config -*-
+"""
+Load and validate edge.yaml into a frozen :class:`~iop.config.model.EdgeConfig`.
+
+:func:`parse_edge_config` works on already-loaded YAML data; :func:`load_edge_config` reads a
+file. Both collect every problem into one :class:`~iop.config.errors.ConfigError`. Relative
+file paths resolve against the config file's directory and are stored absolute.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+from iop.config.errors import (
+    MISSING,
+    Issues,
+    Section,
+    asList,
+    asSection,
+    readYamlFile,
+    typeName,
+)
+from iop.config.model import (
+    ADAPTER_TYPES,
+    DEFAULT_HEARTBEAT_INTERVAL_SEC,
+    DEFAULT_HEARTBEAT_TIMEOUT_SEC,
+    DEFAULT_MAX_FRAME_BYTES,
+    PROFILE_DRIVERS,
+    PROVIDER_CATEGORIES,
+    AdapterConfig,
+    EdgeConfig,
+    HeartbeatConfig,
+    ModelConfig,
+    ModelProviderRef,
+    NodeConfig,
+    NodeToken,
+    ProfileConfig,
+    ProviderConfig,
+    ServerTLS,
+)
+from iop.config.secrets import absolutePath, edgeNodeToken, resolveReferences
+
+DEFAULT_EDGE_ID = "edge"
+DEFAULT_ADMIN_LISTEN = "tcp:8081:interface=127.0.0.1"
+DEFAULT_REGISTER_TIMEOUT_SEC = 10.0
+MAX_FRAME_BYTES_LIMIT = 256 * 1024 * 1024
+
+PROFILE_CAPABILITIES = frozenset({"chat", "messages", "streaming", "tools", "count_tokens"})
+PROFILE_EXTENSIONS = ("reasoning", "thinking")
+ADAPTER_OUTPUT_FORMATS = frozenset({"", "text", "json", "stream-json"})
+
+ID_PATTERN = re.compile(r"[A-Za-z0-9._-]+\Z")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_TCP_ARGUMENTS = ("port", "interface", "backlog")
+_LEGACY_REJECTED = {
+    "name": "not allowed in the legacy adapters mapping; use the list form to name instances",
+    "type": "not allowed in the legacy adapters mapping (the key is the type); use the list "
+    "form to name instances",
+}
+
+
+def load_edge_config(path: str, environ: Mapping[str, str] = os.environ) -> EdgeConfig:
+    """
+    Read, validate and build the Edge configuration in the YAML file ``path``.
+
+    @raise ConfigError: listing every problem found.
+    """
+    source = os.path.abspath(path)
+    data = readYamlFile(path)
+    return parse_edge_config(
+        data, base_dir=os.path.dirname(source), environ=environ, source_path=source
+    )
+
+
+def parse_edge_config(
+    data: object, *, base_dir: str, environ: Mapping[str, str], source_path: str = ""
+) -> EdgeConfig:
+    """
+    Validate and build the Edge configuration from loaded YAML ``data``. Relative paths
+    resolve against ``base_dir``; ``${VAR}`` references resolve from ``environ``.
+
+    @raise ConfigError: listing every problem found.
+    """
+    issues = Issues()
+    config = _EdgeParser(issues, base_dir, environ).parse(data, source_path)
+    issues.raiseIfAny(source_path)
+    assert config is not None
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers (also used by iop.config.node)
+
+
+def isLoopbackHost(host: str) -> bool:
+    """``localhost``, ``::1`` or any 127.0.0.0/8 address."""
+    candidate = host.strip().lower()
+    if candidate.startswith("[") and candidate.endswith("]"):
+        candidate = candidate[1:-1]
+    if candidate == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(candidate).is_loopback
+    except ValueError:
+        return False
+
+
+def splitEndpoint(description: str) -> tuple[list[str], dict[str, str]]:
+    """
+    Split a Twisted endpoint string into positional and keyword arguments, with Twisted's
+    rules: ``:`` separates arguments, the first ``=`` in one makes it a keyword, and a
+    backslash escapes the next character (``interface=\\:\\:1``).
+    """
+    args: list[str] = []
+    kwargs: dict[str, str] = {}
+    parts: list[str] = []
+    current = ""
+    ops = ":="
+    chars = iter(description)
+    for ch in chars:
+        if ch in ops:
+            parts.append(current)
+            current = ""
+            if ch == ":":
+                _addEndpointPart(parts, args, kwargs)
+                parts = []
+                ops = ":="
+            else:
+                ops = ":"
+        elif ch == "\\":
+            current += next(chars, "")
+        else:
+            current += ch
+    parts.append(current)
+    _addEndpointPart(parts, args, kwargs)
+    return args, kwargs
+
+
+def _addEndpointPart(parts: list[str], args: list[str], kwargs: dict[str, str]) -> None:
+    if len(parts) == 1:
+        args.append(parts[0])
+    else:
+        kwargs[parts[0]] = parts[1]
+
+
+def checkTcpEndpoint(issues: Issues, path: str, description: str) -> str | None:
+    """
+    Validate a ``tcp:PORT[:interface=ADDR][:backlog=N]`` server endpoint string; return its
+    interface (``""`` for all interfaces) or ``None`` if it is invalid.
+    """
+    args, kwargs = splitEndpoint(description)
+    if args[0] != "tcp":
+        issues.add(path, "must be a Twisted server endpoint string starting with 'tcp:'")
+        return None
+    if len(args) > 1 + len(_TCP_ARGUMENTS):
+        issues.add(path, "too many ':'-separated arguments for a tcp endpoint")
+        return None
+    values = dict(zip(_TCP_ARGUMENTS, args[1:], strict=False))
+    ok = True
+    for name, value in kwargs.items():
+        if name not in _TCP_ARGUMENTS:
+            allowed = ", ".join(_TCP_ARGUMENTS)
+            issues.add(path, f"unknown tcp endpoint option {name!r} (allowed: {allowed})")
+            ok = False
+        elif name in values:
+            issues.add(path, f"tcp endpoint option {name!r} is given twice")
+            ok = False
+        else:
+            values[name] = value
+    port = values.get("port")
+    if port is None:
+        issues.add(path, "tcp endpoint needs a port, e.g. 'tcp:7443:interface=127.0.0.1'")
+        ok = False
+    elif not (port.isascii() and port.isdigit() and int(port) <= 65535):
+        issues.add(path, "tcp endpoint port must be an integer from 0 to 65535")
+        ok = False
+    backlog = values.get("backlog")
+    if backlog is not None and not (backlog.isascii() and backlog.isdigit() and int(backlog)):
+        issues.add(path, "tcp endpoint backlog must be a positive integer")
+        ok = False
+    return values.get("interface", "") if ok else None
+
+
+def existingFile(issues: Issues, path: str, value: str, baseDir: str) -> str:
+    """``value`` resolved against ``baseDir``; an issue unless it is a readable file."""
+    resolved = absolutePath(baseDir, value)
+    if not os.path.exists(resolved):
+        issues.add(path, f"file {resolved} does not exist")
+    elif not os.path.isfile(resolved):
+        issues.add(path, f"{resolved} is not a regular file")
+    elif not os.access(resolved, os.R_OK):
+        issues.add(path, f"file {resolved} is not readable")
+    return resolved
+
+
+def requiredFile(section: Section, key: str, baseDir: str) -> str:
+    value = section.string(key, required=True)
+    if not value.strip():
+        return ""
+    return existingFile(section.issues, section.pathOf(key), value, baseDir)
+
+
+def optionalFile(section: Section, key: str, baseDir: str) -> str | None:
+    if not section.has(key):
+        section.raw(key)
+        return None
+    return requiredFile(section, key, baseDir) or None
+
+
+def checkId(issues: Issues, path: str, value: str) -> None:
+    if value and not ID_PATTERN.match(value):
+        issues.add(path, "must contain only letters, digits, '.', '_' and '-'")
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser
+
+
+@dataclass
+class _Adapter:
+    config: AdapterConfig
+    # False if the entry had issues (references to it are not checked further).
+    ok: bool
+
+
+@dataclass
+class _ProviderInfo:
+    path: str
+    # None when the provider's models list was invalid (model targets are not checked then).
+    models: tuple[str, ...] | None
+
+
+@dataclass
+class _EdgeParser:
+    issues: Issues
+    baseDir: str
+    environ: Mapping[str, str]
+    profileNames: set[str] = field(default_factory=set)
+    providers: dict[str, _ProviderInfo] = field(default_factory=dict)
+    # False when an entry could not be read far enough to learn its name/id: references that
+    # do not resolve may then point at it, so they are not reported (no cascades).
+    profilesComplete: bool = True
+    providersComplete: bool = True
+
+    def parse(self, data: object, sourcePath: str) -> EdgeConfig | None:
+        top = asSection(self.issues, "", data)
+        if top is None:
+            return None
+
+        identity = top.section("edge")
+        edgeId = DEFAULT_EDGE_ID
+        if identity is not None:
+            edgeId = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
+            checkId(self.issues, identity.pathOf("id"), edgeId)
+            identity.finish()
+
+        listen = top.section("listen", required=True)
+        nodeListen = ""
+        adminListen = DEFAULT_ADMIN_LISTEN
+        interface: str | None = None
+        if listen is not None:
+            nodeListen = listen.string("nodes", required=True)
+            if nodeListen.strip():
+                interface = checkTcpEndpoint(self.issues, listen.pathOf("nodes"), nodeListen)
+            adminListen = listen.string("admin", DEFAULT_ADMIN_LISTEN, nonempty=True)
+            if adminListen.startswith("tcp:"):
+                checkTcpEndpoint(self.issues, listen.pathOf("admin"), adminListen)
+            listen.finish()
+
+        transport = top.section("node_transport") or Section(self.issues, "node_transport", {})
+        plaintext, tls = self._transportSecurity(transport, interface)
+        heartbeat = self._heartbeat(transport)
+        maxFrame = transport.integer(
+            "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
+        )
+        registerTimeout = transport.number(
+            "register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True
+        )
+        transport.finish()
+
+        profiles = self._profiles(top)
+        nodes = self._nodes(top)
+        models = self._models(top)
+        top.finish()
+
+        if self.issues:
+            return None
+        return EdgeConfig(
+            id=edgeId,
+            node_listen=nodeListen,
+            admin_listen=adminListen,
+            tls=tls,
+            plaintext_nodes=plaintext,
+            heartbeat=heartbeat,
+            max_frame_bytes=maxFrame,
+            register_timeout_sec=registerTimeout,
+            nodes=nodes,
+            models=models,
+            protocol_profiles=profiles,
+            source_path=sourcePath,
+        )
+
+    # -- node_transport ----------------------------------------------------------------------
+
+    def _transportSecurity(
+        self, transport: Section, interface: str | None
+    ) -> tuple[bool, ServerTLS | None]:
+        plaintext = transport.boolean("plaintext", False)
+        tlsPresent = transport.has("tls")
+        tlsSection = transport.section("tls")
+        if plaintext:
+            if tlsPresent:
+                self.issues.add(transport.pathOf("tls"), "must not be set when plaintext is true")
+            # interface None: listen.nodes is missing or invalid, already reported.
+            if interface is not None and not isLoopbackHost(interface):
+                binds = f"it binds {interface!r}" if interface else "it binds all interfaces"
+                self.issues.add(
+                    transport.pathOf("plaintext"),
+                    "plaintext is only allowed when listen.nodes binds a loopback interface "
+                    f"(interface=127.0.0.1, ::1 or localhost); {binds}",
+                )
+            return True, None
+        if not tlsPresent:
+            self.issues.add(
+                transport.pathOf("tls"), "is required unless node_transport.plaintext is true"
+            )
+            return False, None
+        if tlsSection is None:
+            return False, None
+        cert = requiredFile(tlsSection, "cert_file", self.baseDir)
+        key = requiredFile(tlsSection, "key_file", self.baseDir)
+        clientCa = optionalFile(tlsSection, "client_ca_file", self.baseDir)
+        tlsSection.finish()
+        return False, ServerTLS(cert_file=cert, key_file=key, client_ca_file=clientCa)
+
+    def _heartbeat(self, transport: Section) -> HeartbeatConfig:
+        section = transport.section("heartbeat")
+        if section is None:
+            return HeartbeatConfig()
+        interval = section.number("interval_sec", DEFAULT_HEARTBEAT_INTERVAL_SEC, positive=True)
+        timeout = section.number("timeout_sec", DEFAULT_HEARTBEAT_TIMEOUT_SEC, positive=True)
+        if timeout <= interval:
+            self.issues.add(
+                section.pathOf("timeout_sec"),
+                f"must be greater than interval_sec ({interval:g})",
+            )
+        section.finish()
+        return HeartbeatConfig(interval_sec=interval, timeout_sec=timeout)
+
+    # -- protocol_profiles -------------------------------------------------------------------
+
+    def _profiles(self, top: Section) -> tuple[ProfileConfig, ...]:
+        items = top.items("protocol_profiles")
+        if items is None and top.has("protocol_profiles"):
+            self.profilesComplete = False
+        result: list[ProfileConfig] = []
+        seen: dict[str, str] = {}
+        for path, item in items or ():
+            section = asSection(self.issues, path, item)
+            if section is None:
+                self.profilesComplete = False
+                continue
+            name = section.string("name", required=True)
+            if not name:
+                self.profilesComplete = False
+            if name:
+                if name in seen:
+                    self.issues.add(
+                        section.pathOf("name"),
+                        f"duplicate profile name {name!r} (also {seen[name]})",
+                    )
+                else:
+                    seen[name] = path
+                self.profileNames.add(name)
+            driver = section.choice("driver", PROFILE_DRIVERS, required=True)
+            operations: list[tuple[str, str]] = []
+            for opPath, opName, opValue in section.stringMap("operations"):
+                if not opValue.startswith("/"):
+                    self.issues.add(opPath, "must be a request path starting with '/'")
+                operations.append((opName, opValue))
+            capabilities = section.stringList("capabilities", unique=True)
+            for i, capability in enumerate(capabilities):
+                if capability not in PROFILE_CAPABILITIES:
+                    shown = ", ".join(sorted(PROFILE_CAPABILITIES))
+                    self.issues.add(
+                        f"{section.pathOf('capabilities')}[{i}]",
+                        f"unknown capability {capability!r} (one of: {shown})",
+                    )
+            extensions: list[tuple[str, bool]] = []
+            ext = section.section("extensions")
+            if ext is not None:
+                for extName in PROFILE_EXTENSIONS:
+                    extensions.append((extName, ext.boolean(extName, False)))
+                ext.finish()
+            authHeader = section.string("auth_header")
+            if authHeader and not _HEADER_NAME.match(authHeader):
+                self.issues.add(section.pathOf("auth_header"), "must be an HTTP header name")
+            section.finish()
+            result.append(
+                ProfileConfig(
+                    name=name,
+                    driver=driver,
+                    operations=tuple(operations),
+                    capabilities=capabilities,
+                    extensions=tuple(extensions),
+                    auth_header=authHeader,
+                )
+            )
+        return tuple(result)
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def _nodes(self, top: Section) -> tuple[NodeConfig, ...]:
+        items = top.items("nodes", required=True)
+        if not items:
+            self.providersComplete = False
+        if items is not None and not items:
+            self.issues.add(top.pathOf("nodes"), "must list at least one node")
+        result: list[NodeConfig] = []
+        ids: dict[str, str] = {}
+        tokens: dict[bytes, str] = {}
+        for path, item in items or ():
+            section = asSection(self.issues, path, item)
+            if section is None:
+                self.providersComplete = False
+                continue
+            nodeId = section.string("id", required=True)
+            checkId(self.issues, section.pathOf("id"), nodeId)
+            if nodeId in ids:
+                self.issues.add(
+                    section.pathOf("id"), f"duplicate node id {nodeId!r} (also {ids[nodeId]})"
+                )
+            elif nodeId:
+                ids[nodeId] = path
+            alias = section.string("alias")
+            agentKind = section.string("agent_kind")
+            concurrency = section.integer("concurrency", 0, minimum=0)
+            token = edgeNodeToken(section, baseDir=self.baseDir, environ=self.environ)
+            if token is not None:
+                if token.sha256 in tokens:
+                    self.issues.add(
+                        path,
+                        f"has the same token as {tokens[token.sha256]}; "
+                        "each node needs its own token",
+                    )
+                else:
+                    tokens[token.sha256] = path
+            adapters = self._adapters(section, nodeId)
+            providers = self._providers(section, nodeId, adapters)
+            section.finish()
+            result.append(
+                NodeConfig(
+                    id=nodeId,
+                    token=token if token is not None else NodeToken(b""),
+                    alias=alias,
+                    agent_kind=agentKind,
+                    concurrency=concurrency,
+                    adapters=tuple(a.config for a in adapters),
+                    providers=providers,
+                )
+            )
+        return tuple(result)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def _adapters(self, node: Section, nodeId: str) -> list[_Adapter]:
+        raw = node.raw("adapters")
+        path = node.pathOf("adapters")
+        if raw is MISSING:
+            return []
+        result: list[_Adapter] = []
+        # Stands for an entry that could not be read at all (see _resolveAdapter).
+        unreadable = _Adapter(AdapterConfig(name="", type=""), ok=False)
+        if isinstance(raw, Mapping):
+            # Legacy single-instance form: {type: settings}; each becomes an instance named
+            # after its type.
+            legacy = asSection(self.issues, path, raw)
+            if legacy is None:
+                return [unreadable]
+            for adapterType, value in legacy.data.items():
+                entryPath = legacy.pathOf(adapterType)
+                if adapterType not in ADAPTER_TYPES:
+                    shown = ", ".join(sorted(ADAPTER_TYPES))
+                    self.issues.add(
+                        entryPath, f"unknown adapter type {adapterType!r} (one of: {shown})"
+                    )
+                    result.append(unreadable)
+                    continue
+                entry = Section(self.issues, entryPath, {})
+                if value is not None:
+                    checked = asSection(self.issues, entryPath, value)
+                    if checked is None:
+                        result.append(unreadable)
+                        continue
+                    entry = checked
+                before = len(self.issues)
+                config = self._adapterFields(
+                    entry, adapterType, adapterType, rejected=_LEGACY_REJECTED
+                )
+                result.append(_Adapter(config, ok=len(self.issues) == before))
+            return result
+
+        items = asList(self.issues, path, raw)
+        if items is None:
+            return [unreadable]
+        names: dict[str, str] = {}
+        for itemPath, item in items:
+            entry_ = asSection(self.issues, itemPath, item)
+            if entry_ is None:
+                result.append(unreadable)
+                continue
+            before = len(self.issues)
+            type_ = entry_.choice("type", ADAPTER_TYPES, required=True)
+            name = entry_.string("name", type_, nonempty=True)
+            if name in names:
+                self.issues.add(
+                    entry_.pathOf("name") if entry_.has("name") else itemPath,
+                    f"duplicate adapter instance name {name!r} on node {nodeId!r} "
+                    f"(also {names[name]}); give each instance a unique name",
+                )
+            elif name:
+                names[name] = itemPath
+            config = self._adapterFields(entry_, name, type_)
+            result.append(_Adapter(config, ok=len(self.issues) == before))
+        return result
+
+    def _adapterFields(
+        self,
+        section: Section,
+        name: str,
+        type_: str,
+        rejected: Mapping[str, str] | None = None,
+    ) -> AdapterConfig:
+        enabled = section.boolean("enabled", True)
+        baseUrl = section.string("base_url")
+        if baseUrl:
+            parts = urlsplit(baseUrl)
+            if parts.scheme not in ("http", "https") or not parts.netloc:
+                hint = (
+                    " (${...} references are only resolved in headers, env and tokens)"
+                    if "${" in baseUrl
+                    else ""
+                )
+                self.issues.add(
+                    section.pathOf("base_url"), f"must be an http:// or https:// URL{hint}"
+                )
+        headers: list[tuple[str, str]] = []
+        for path, key, value in section.stringMap("headers"):
+            if not _HEADER_NAME.match(key):
+                self.issues.add(path, "is not a valid HTTP header name")
+            headers.append((key, resolveReferences(self.issues, path, value, self.environ)))
+        env: list[tuple[str, str]] = []
+        for path, key, value in section.stringMap("env"):
+            if "=" in key or "\0" in key:
+                self.issues.add(path, "is not a valid environment variable name")
+            env.append((key, resolveReferences(self.issues, path, value, self.environ)))
+        config = AdapterConfig(
+            name=name,
+            type=type_,
+            enabled=enabled,
+            base_url=baseUrl,
+            headers=tuple(headers),
+            request_timeout_ms=section.integer("request_timeout_ms", 0, minimum=0),
+            idle_timeout_ms=section.integer("idle_timeout_ms", 0, minimum=0),
+            max_concurrency=section.integer("max_concurrency", 1, minimum=1),
+            command=section.string("command"),
+            args=section.stringList("args", scalars=True),
+            env=tuple(env),
+            workspace=section.string("workspace"),
+            mode=section.string("mode"),
+            resume_args=section.stringList("resume_args", scalars=True),
+            output_format=section.choice("output_format", ADAPTER_OUTPUT_FORMATS),
+            prompt_placement=section.string("prompt_placement"),
+            context_size=section.integer("context_size", 0, minimum=0),
+            settings=tuple((key, value) for _, key, value in section.stringMap("settings")),
+        )
+        section.finish(rejected)
+        return config
+
+    # -- providers ---------------------------------------------------------------------------
+
+    def _providers(
+        self, node: Section, nodeId: str, adapters: list[_Adapter]
+    ) -> tuple[ProviderConfig, ...]:
+        result: list[ProviderConfig] = []
+        items = node.items("providers")
+        if items is None and node.has("providers"):
+            self.providersComplete = False
+        for path, item in items or ():
+            section = asSection(self.issues, path, item)
+            if section is None:
+                self.providersComplete = False
+                continue
+            provider = self._provider(section, nodeId, adapters)
+            if provider is not None:
+                result.append(provider)
+        return tuple(result)
+
+    def _provider(
+        self, section: Section, nodeId: str, adapters: list[_Adapter]
+    ) -> ProviderConfig | None:
+        providerId = section.string("id", required=True)
+        if not providerId.strip():
+            self.providersComplete = False
+        if providerId in self.providers:
+            self.issues.add(
+                section.pathOf("id"),
+                f"duplicate provider id {providerId!r} (also "
+                f"{self.providers[providerId].path}); provider ids are unique across the "
+                "whole config",
+            )
+        adapterRef = section.string("adapter", required=True)
+        category = section.choice("category", PROVIDER_CATEGORIES, required=True)
+        explicitType = section.choice("type", ADAPTER_TYPES)
+        modelsBefore = len(self.issues)
+        models = section.stringList("models", unique=True)
+        if section.has("models"):
+            if not models and len(self.issues) == modelsBefore:
+                self.issues.add(section.pathOf("models"), "must list at least one model")
+        else:
+            section.require("models")
+        for i, model in enumerate(models):
+            if not model.strip():
+                self.issues.add(f"{section.pathOf('models')}[{i}]", "must not be empty")
+        modelsOk = len(self.issues) == modelsBefore
+        enabled = section.boolean("enabled", True)
+        priority = section.integer("priority", 0, minimum=0)
+        capacity = section.integer("capacity", 1, minimum=1)
+        longThreshold = section.integer("long_context_threshold", 0, minimum=0)
+        longCapacity = section.integer("long_capacity", 0, minimum=0)
+        if longCapacity > capacity:
+            self.issues.add(section.pathOf("long_capacity"), f"must be <= capacity ({capacity})")
+        maxQueue = section.integer("max_queue", 0, minimum=0)
+        queueTimeout = section.number("queue_timeout_sec", 0.0, minimum=0)
+        profile = section.string("profile")
+        if profile and profile not in self.profileNames and self.profilesComplete:
+            defined = ", ".join(sorted(self.profileNames)) or "none"
+            self.issues.add(
+                section.pathOf("profile"),
+                f"unknown protocol profile {profile!r} (protocol_profiles defines: {defined})",
+            )
+        usageAttribution = section.string("usage_attribution")
+        section.finish()
+
+        if providerId and providerId not in self.providers:
+            self.providers[providerId] = _ProviderInfo(section.path, models if modelsOk else None)
+
+        instance = ""
+        type_ = explicitType
+        if adapterRef and enabled:
+            resolved = self._resolveAdapter(section, nodeId, adapterRef, adapters)
+            if resolved is not None:
+                instance = resolved.name
+                if explicitType in ADAPTER_TYPES and explicitType != resolved.type:
+                    self.issues.add(
+                        section.pathOf("type"),
+                        f"is {explicitType!r} but adapter {resolved.name!r} is of type "
+                        f"{resolved.type!r}",
+                    )
+                type_ = resolved.type
+                if category == "cli" and resolved.type != "cli":
+                    self.issues.add(
+                        section.pathOf("category"),
+                        f"category cli needs an enabled cli adapter, but {resolved.name!r} "
+                        f"is of type {resolved.type!r}",
+                    )
+        elif adapterRef and not explicitType:
+            # Disabled: the reference is not checked, but a type is inferred when possible.
+            type_ = _inferType(adapterRef, adapters)
+        if not enabled and category == "cli" and explicitType and explicitType != "cli":
+            self.issues.add(
+                section.pathOf("category"),
+                f"category cli needs a cli adapter, but type is {explicitType!r}",
+            )
+
+        return ProviderConfig(
+            id=providerId,
+            adapter=adapterRef,
+            category=category,
+            adapter_instance=instance,
+            type=type_,
+            models=models,
+            enabled=enabled,
+            priority=priority,
+            capacity=capacity,
+            long_context_threshold=longThreshold,
+            long_capacity=longCapacity,
+            max_queue=maxQueue,
+            queue_timeout_sec=queueTimeout,
+            profile=profile,
+            usage_attribution=usageAttribution,
+        )
+
+    def _resolveAdapter(
+        self, section: Section, nodeId: str, ref: str, adapters: list[_Adapter]
+    ) -> AdapterConfig | None:
+        """
+        The adapter instance ``ref`` names: an exact instance name first, else a legacy type
+        name with exactly one enabled instance of that type. ``None`` after an issue, or if
+        the named instance had issues of its own.
+        """
+        path = section.pathOf("adapter")
+        exact = [a for a in adapters if a.config.name == ref]
+        if exact:
+            adapter = exact[0]
+            if not adapter.ok:
+                return None
+            if not adapter.config.enabled:
+                self.issues.add(
+                    path,
+                    f"no enabled adapter instance {ref!r} on node {nodeId!r}: it is disabled",
+                )
+                return None
+            return adapter.config
+        ofType = [a for a in adapters if a.config.type == ref and a.config.enabled]
+        if len(ofType) == 1:
+            return None if not ofType[0].ok else ofType[0].config
+        if len(ofType) > 1:
+            names = ", ".join(a.config.name for a in ofType)
+            self.issues.add(
+                path,
+                f"ambiguous: {len(ofType)} enabled instances of type {ref!r}; name one of: {names}",
+            )
+            return None
+        if any(not a.ok for a in adapters):
+            # An entry with issues of its own may be the one meant; don't pile on.
+            return None
+        if ref in ADAPTER_TYPES:
+            self.issues.add(path, f"no enabled adapter instance of type {ref!r} on node {nodeId!r}")
+        else:
+            names = ", ".join(a.config.name for a in adapters) or "none"
+            self.issues.add(
+                path,
+                f"no enabled adapter instance {ref!r} on node {nodeId!r} "
+                f"(configured instances: {names})",
+            )
+        return None
+
+    # -- models ------------------------------------------------------------------------------
+
+    def _models(self, top: Section) -> tuple[ModelConfig, ...]:
+        result: list[ModelConfig] = []
+        ids: dict[str, str] = {}
+        for path, item in top.items("models") or ():
+            section = asSection(self.issues, path, item)
+            if section is None:
+                continue
+            modelId = section.string("id", required=True)
+            if modelId in ids:
+                self.issues.add(
+                    section.pathOf("id"), f"duplicate model id {modelId!r} (also {ids[modelId]})"
+                )
+            elif modelId:
+                ids[modelId] = path
+            displayName = section.string("display_name")
+            refs = self._modelProviders(section, modelId)
+            defaultMax = section.optionalInteger("default_max_tokens", minimum=1)
+            minMax = section.optionalInteger("min_max_tokens", minimum=1)
+            if defaultMax is not None and minMax is not None and minMax > defaultMax:
+                self.issues.add(
+                    section.pathOf("min_max_tokens"),
+                    f"must be <= default_max_tokens ({defaultMax})",
+                )
+            thinking = section.optionalInteger("default_thinking_token_budget", minimum=0)
+            section.finish()
+            result.append(
+                ModelConfig(
+                    id=modelId,
+                    providers=refs,
+                    display_name=displayName,
+                    default_max_tokens=defaultMax,
+                    min_max_tokens=minMax,
+                    default_thinking_token_budget=thinking,
+                )
+            )
+        return tuple(result)
+
+    def _modelProviders(self, model: Section, modelId: str) -> tuple[ModelProviderRef, ...]:
+        items = model.items("providers", required=True)
+        if items is not None and not items:
+            self.issues.add(model.pathOf("providers"), "must list at least one provider")
+        refs: list[ModelProviderRef] = []
+        seen: set[str] = set()
+        for path, item in items or ():
+            providerId = ""
+            explicitTarget: str | None = None
+            idPath = path
+            if isinstance(item, str):
+                providerId = item
+            elif isinstance(item, Mapping):
+                entry = asSection(self.issues, path, item)
+                if entry is None:
+                    continue
+                providerId = entry.string("id", required=True)
+                idPath = entry.pathOf("id")
+                if entry.has("target"):
+                    explicitTarget = entry.string("target", required=True)
+                else:
+                    entry.raw("target")
+                entry.finish()
+            else:
+                self.issues.add(
+                    path,
+                    "must be a provider id or a mapping {id: ..., target: ...}, "
+                    f"got {typeName(item)}",
+                )
+                continue
+            if not providerId:
+                if isinstance(item, str):
+                    self.issues.add(path, "must not be empty")
+                continue
+            if providerId in seen:
+                self.issues.add(idPath, f"duplicate provider {providerId!r} in this model")
+                continue
+            seen.add(providerId)
+            info = self.providers.get(providerId)
+            if info is None:
+                if not self.providersComplete:
+                    continue
+                self.issues.add(
+                    idPath, f"unknown provider {providerId!r} (not in any nodes[].providers)"
+                )
+                continue
+            target = self._servedTarget(
+                path if explicitTarget is None else f"{path}.target",
+                modelId,
+                providerId,
+                explicitTarget,
+                info,
+            )
+            if target is not None:
+                refs.append(ModelProviderRef(provider_id=providerId, target=target))
+        return tuple(refs)
+
+    def _servedTarget(
+        self,
+        path: str,
+        modelId: str,
+        providerId: str,
+        explicit: str | None,
+        info: _ProviderInfo,
+    ) -> str | None:
+        if info.models is None or (explicit is None and not modelId):
+            return None
+        served = ", ".join(info.models)
+        if explicit is not None:
+            if explicit and explicit not in info.models:
+                self.issues.add(
+                    path,
+                    f"{explicit!r} is not one of provider {providerId!r} models ({served})",
+                )
+                return None
+            return explicit or None
+        if modelId in info.models:
+            return modelId
+        if len(info.models) == 1:
+            return info.models[0]
+        self.issues.add(
+            path,
+            f"provider {providerId!r} serves several models ({served}) and none is "
+            f"{modelId!r}; give an explicit target: {{id: {providerId}, target: ...}}",
+        )
+        return None
+
+
+def _inferType(ref: str, adapters: list[_Adapter]) -> str:
+    """Best-effort type of a disabled provider's adapter reference; ``""`` if unknown."""
+    for adapter in adapters:
+        if adapter.config.name == ref:
+            return adapter.config.type if adapter.config.type in ADAPTER_TYPES else ""
+    return ref if ref in ADAPTER_TYPES else ""

@@ -1,0 +1,151 @@
+# -*- test-case-name: iop.test.config.test_node_config -*-
+"""
+Load and validate node.yaml into a frozen :class:`~iop.config.model.NodeDaemonConfig`.
+
+node.yaml says only how to find and prove the node to its Edge; adapters and providers are
+configured on the Edge and arrive in the registration payload.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from iop.config.edge import MAX_FRAME_BYTES_LIMIT, isLoopbackHost, optionalFile, requiredFile
+from iop.config.errors import ConfigError, Issues, Section, asSection, readYamlFile
+from iop.config.model import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_RECONNECT_INTERVAL_SEC,
+    DEFAULT_RECONNECT_MAX_ATTEMPTS,
+    DEFAULT_STORE_PATH,
+    ClientTLS,
+    NodeDaemonConfig,
+    ReconnectPolicy,
+    Secret,
+)
+from iop.config.secrets import nodeDaemonToken
+
+DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
+
+_ON_THE_EDGE = (
+    "{key} are configured on the Edge (edge.yaml nodes[].{key}) and sent to the node when it "
+    "registers; node.yaml only says how to reach the Edge"
+)
+_EDGE_ONLY_KEYS = {
+    "adapters": _ON_THE_EDGE.format(key="adapters"),
+    "providers": _ON_THE_EDGE.format(key="providers"),
+    "models": "models are configured on the Edge (edge.yaml models[])",
+    "token_sha256": "token_sha256 is for edge.yaml; the node needs the token itself "
+    "(token: ${ENV_VAR} or token_file)",
+}
+
+
+def load_node_config(path: str, environ: Mapping[str, str] = os.environ) -> NodeDaemonConfig:
+    """
+    Read, validate and build the node daemon configuration in the YAML file ``path``.
+
+    @raise ConfigError: listing every problem found.
+    """
+    source = os.path.abspath(path)
+    data = readYamlFile(path)
+    return parse_node_config(
+        data, base_dir=os.path.dirname(source), environ=environ, source_path=source
+    )
+
+
+def parse_node_config(
+    data: object, *, base_dir: str, environ: Mapping[str, str], source_path: str = ""
+) -> NodeDaemonConfig:
+    """
+    Validate and build the node daemon configuration from loaded YAML ``data``. Relative
+    paths resolve against ``base_dir``; ``${VAR}`` references resolve from ``environ``.
+
+    @raise ConfigError: listing every problem found.
+    """
+    issues = Issues()
+    top = asSection(issues, "", data)
+    if top is None:
+        raise ConfigError(issues, source_path)
+
+    host, port, plaintext, tls = _edge(top, base_dir)
+    token = nodeDaemonToken(top, baseDir=base_dir, environ=environ)
+    reconnect = _reconnect(top)
+    store = top.section("store")
+    storePath = DEFAULT_STORE_PATH
+    if store is not None:
+        storePath = store.string("path", DEFAULT_STORE_PATH, nonempty=True)
+        store.finish()
+    maxFrame = top.integer(
+        "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
+    )
+    handshakeTimeout = top.number(
+        "handshake_timeout_sec", DEFAULT_HANDSHAKE_TIMEOUT_SEC, positive=True
+    )
+    top.finish(_EDGE_ONLY_KEYS)
+
+    issues.raiseIfAny(source_path)
+    return NodeDaemonConfig(
+        edge_host=host,
+        edge_port=port,
+        token=token if token is not None else Secret(""),
+        tls=tls,
+        plaintext=plaintext,
+        reconnect=reconnect,
+        store_path=storePath,
+        max_frame_bytes=maxFrame,
+        handshake_timeout_sec=handshakeTimeout,
+        source_path=source_path,
+    )
+
+
+def _edge(top: Section, baseDir: str) -> tuple[str, int, bool, ClientTLS | None]:
+    edge = top.section("edge", required=True)
+    if edge is None:
+        return "", 0, False, None
+    host = edge.string("host", required=True).strip()
+    if "/" in host or any(ch.isspace() for ch in host):
+        edge.issues.add(edge.pathOf("host"), "must be a host name or IP address, not a URL")
+    port = edge.integer("port", 0, minimum=1, maximum=65535, required=True)
+    serverName = edge.string("server_name", host, nonempty=True)
+    plaintext = edge.boolean("plaintext", False)
+    tlsKeys = [key for key in ("ca_file", "cert_file", "key_file") if edge.has(key)]
+    tls: ClientTLS | None = None
+    if plaintext:
+        for key in tlsKeys:
+            edge.raw(key)
+            edge.issues.add(edge.pathOf(key), "must not be set when plaintext is true")
+        if host and not isLoopbackHost(host):
+            edge.issues.add(
+                edge.pathOf("plaintext"),
+                "plaintext is only allowed when edge.host is a loopback address "
+                "(127.x.x.x, ::1 or localhost)",
+            )
+    else:
+        if not edge.has("ca_file"):
+            edge.raw("ca_file")
+            edge.issues.add(edge.pathOf("ca_file"), "is required unless plaintext is true")
+            caFile = ""
+        else:
+            caFile = requiredFile(edge, "ca_file", baseDir)
+        certFile = optionalFile(edge, "cert_file", baseDir)
+        keyFile = optionalFile(edge, "key_file", baseDir)
+        if (certFile is None) != (keyFile is None):
+            missing = "key_file" if keyFile is None else "cert_file"
+            edge.issues.add(edge.pathOf(missing), "cert_file and key_file must be given together")
+        tls = ClientTLS(
+            ca_file=caFile, server_name=serverName.strip(), cert_file=certFile, key_file=keyFile
+        )
+    edge.finish()
+    return host, port, plaintext, tls
+
+
+def _reconnect(top: Section) -> ReconnectPolicy:
+    section = top.section("reconnect")
+    if section is None:
+        return ReconnectPolicy()
+    maxAttempts = section.integer("max_attempts", DEFAULT_RECONNECT_MAX_ATTEMPTS, minimum=0)
+    # Always positive: unlimited retries need a pause, and a zero interval with a finite
+    # limit would only burn the attempts in a busy loop.
+    interval = section.number("interval_sec", DEFAULT_RECONNECT_INTERVAL_SEC, positive=True)
+    section.finish()
+    return ReconnectPolicy(max_attempts=maxAttempts, interval_sec=interval)

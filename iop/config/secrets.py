@@ -1,0 +1,197 @@
+# -*- test-case-name: iop.test.config.test_edge_config,iop.test.config.test_node_config -*-
+"""
+Secret references in configuration: ``${ENV_VAR}`` resolution, ``token_file`` reading and
+``token_sha256`` parsing.
+
+Tracked configuration never holds a credential: a token is given as a pure ``${ENV_VAR}``
+reference, a ``token_file`` path, or (Edge only) the token's sha256 digest. Issues raised here
+name the config path, the variable or the file, never a value.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from iop.config.errors import MISSING, Issues, Section, typeName
+from iop.config.model import NodeToken, Secret
+
+# Token files hold one short line; anything bigger is a mistake (a key, a log file...).
+MAX_TOKEN_FILE_BYTES = 64 * 1024
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_PURE_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}\Z")
+# ``$$`` is a literal ``$``; ``${...}`` a reference; a ``${`` without ``}`` is malformed.
+_TOKEN = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<name>[^{}]*)\}|(?P<open>\{))")
+_HEX64 = re.compile(r"[0-9A-Fa-f]{64}\Z")
+
+
+def absolutePath(baseDir: str, path: str) -> str:
+    """``path`` resolved against ``baseDir`` (a config file's directory), normalized."""
+    return os.path.normpath(os.path.join(os.path.abspath(baseDir), path))
+
+
+def resolveReferences(issues: Issues, path: str, text: str, environ: Mapping[str, str]) -> str:
+    """
+    Replace every ``${NAME}`` in ``text`` with ``environ[NAME]`` (``$$`` is a literal ``$``).
+    A missing variable or a malformed reference is an issue at ``path``.
+    """
+    missing: list[str] = []
+    malformed = False
+
+    def replace(match: re.Match[str]) -> str:
+        nonlocal malformed
+        if match.group("dollar") is not None:
+            return "$"
+        name = match.group("name")
+        if name is None or not _NAME.match(name):
+            malformed = True
+            return ""
+        value = environ.get(name)
+        if value is None:
+            if name not in missing:
+                missing.append(name)
+            return ""
+        return value
+
+    result = _TOKEN.sub(replace, text)
+    for name in missing:
+        issues.add(path, f"environment variable {name} is not set (referenced as ${{{name}}})")
+    if malformed:
+        issues.add(
+            path,
+            "malformed ${...} reference: write ${NAME} with letters, digits and _ "
+            "(or $$ for a literal $)",
+        )
+    return result
+
+
+def readTokenFile(issues: Issues, path: str, filename: str) -> str | None:
+    """
+    The stripped contents of the token file ``filename``; ``None`` after recording an issue
+    at ``path`` if it is missing, unreadable, not text, too large or empty.
+    """
+    try:
+        with open(filename, "rb") as f:
+            data = f.read(MAX_TOKEN_FILE_BYTES + 1)
+    except FileNotFoundError:
+        issues.add(path, f"token file {filename} does not exist")
+        return None
+    except OSError as e:
+        issues.add(path, f"cannot read token file {filename}: {e.strerror or e}")
+        return None
+    if len(data) > MAX_TOKEN_FILE_BYTES:
+        issues.add(path, f"token file {filename} is larger than {MAX_TOKEN_FILE_BYTES} bytes")
+        return None
+    try:
+        token = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        issues.add(path, f"token file {filename} is not UTF-8 text")
+        return None
+    if not token:
+        issues.add(path, f"token file {filename} is empty")
+        return None
+    return token
+
+
+def parseSha256Hex(issues: Issues, path: str, value: object) -> bytes | None:
+    """A sha256 digest given as 64 hex characters (either case)."""
+    if not isinstance(value, str):
+        issues.add(path, f"must be a string of 64 hex characters, got {typeName(value)}")
+        return None
+    text = value.strip()
+    if not _HEX64.match(text):
+        # Not echoed: a token pasted here by mistake must not reach a log.
+        issues.add(path, "must be a sha256 digest: exactly 64 hexadecimal characters")
+        return None
+    return bytes.fromhex(text)
+
+
+def resolveTokenReference(
+    issues: Issues, path: str, value: object, environ: Mapping[str, str], hint: str
+) -> str | None:
+    """
+    A ``token:`` value, which must be exactly ``${NAME}``; returns the variable's stripped
+    value. A literal token is rejected (``hint`` says what to use instead).
+    """
+    if not isinstance(value, str):
+        issues.add(path, f"must be a ${{ENV_VAR}} reference string, got {typeName(value)}")
+        return None
+    match = _PURE_REFERENCE.match(value.strip())
+    if match is None:
+        issues.add(path, f"literal tokens are not allowed in config; {hint}")
+        return None
+    name = match.group(1)
+    token = environ.get(name)
+    if token is None:
+        issues.add(path, f"environment variable {name} is not set (referenced as ${{{name}}})")
+        return None
+    token = token.strip()
+    if not token:
+        issues.add(path, f"environment variable {name} is empty")
+        return None
+    return token
+
+
+_EDGE_HINT = "use token: ${ENV_VAR}, token_file or token_sha256"
+_NODE_HINT = "use token: ${ENV_VAR} or token_file"
+
+
+def _oneOf(section: Section, keys: tuple[str, ...]) -> str | None:
+    """The single token key present in ``section``, or ``None`` after recording an issue."""
+    present = [key for key in keys if section.raw(key) is not MISSING]
+    if len(present) == 1:
+        return present[0]
+    names = ", ".join(keys[:-1]) + " or " + keys[-1]
+    if not present:
+        section.issues.add(section.path, f"one of {names} is required")
+    else:
+        section.issues.add(section.path, f"set only one of {names} (found: {', '.join(present)})")
+    return None
+
+
+def edgeNodeToken(
+    section: Section, *, baseDir: str, environ: Mapping[str, str]
+) -> NodeToken | None:
+    """
+    ``nodes[].token`` / ``token_file`` / ``token_sha256`` (exactly one) as the digest-only
+    :class:`NodeToken` the Edge keeps.
+    """
+    key = _oneOf(section, ("token", "token_file", "token_sha256"))
+    if key is None:
+        return None
+    path = section.pathOf(key)
+    value = section.raw(key)
+    if key == "token_sha256":
+        digest = parseSha256Hex(section.issues, path, value)
+        return None if digest is None else NodeToken(digest)
+    token = _plaintextToken(section, key, value, baseDir, environ, _EDGE_HINT)
+    return None if token is None else NodeToken.fromPlaintext(token)
+
+
+def nodeDaemonToken(section: Section, *, baseDir: str, environ: Mapping[str, str]) -> Secret | None:
+    """node.yaml ``token`` / ``token_file`` (exactly one) as a :class:`Secret`."""
+    key = _oneOf(section, ("token", "token_file"))
+    if key is None:
+        return None
+    token = _plaintextToken(section, key, section.raw(key), baseDir, environ, _NODE_HINT)
+    return None if token is None else Secret(token)
+
+
+def _plaintextToken(
+    section: Section,
+    key: str,
+    value: object,
+    baseDir: str,
+    environ: Mapping[str, str],
+    hint: str,
+) -> str | None:
+    path = section.pathOf(key)
+    if key == "token":
+        return resolveTokenReference(section.issues, path, value, environ, hint)
+    if not isinstance(value, str) or not value.strip():
+        shown = "empty" if isinstance(value, str) else typeName(value)
+        section.issues.add(path, f"must be a file path, got {shown}")
+        return None
+    return readTokenFile(section.issues, path, absolutePath(baseDir, value))

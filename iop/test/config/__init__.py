@@ -1,0 +1,1 @@
+"""Tests for iop.config: edge.yaml and node.yaml loading and validation."""
