@@ -169,7 +169,7 @@ class Cluster:
         if not config.exists():
             self.write_edge_config()
         edge = self.daemon("iop-edge", config, "edge").start()
-        wait_until(lambda: port_open(self.admin_port), 20, f"edge admin port; log:\n{edge.output()}")
+        wait_until(lambda: port_open(self.admin_port), 20, "edge admin port")
         return edge
 
     def start_node(self, name: str = "node") -> Daemon:
@@ -180,7 +180,8 @@ class Cluster:
 
     def status(self) -> dict[str, Any]:
         with urllib.request.urlopen(self.admin + "/status", timeout=5) as response:
-            return json.loads(response.read())  # type: ignore[no-any-return]
+            snapshot: dict[str, Any] = json.loads(response.read())
+            return snapshot
 
     def node_connected(self, node_id: str = "node-a") -> bool:
         try:
@@ -190,7 +191,8 @@ class Cluster:
         return bool(nodes[node_id]["connected"])
 
     def provider(self, provider_id: str) -> dict[str, Any]:
-        return {p["id"]: p for p in self.status()["providers"]}[provider_id]
+        providers: dict[str, dict[str, Any]] = {p["id"]: p for p in self.status()["providers"]}
+        return providers[provider_id]
 
 
 def port_open(port: int) -> bool:

@@ -153,6 +153,9 @@ def checkTcpEndpoint(issues: Issues, path: str, description: str) -> str | None:
     Validate a ``tcp:PORT[:interface=ADDR][:backlog=N]`` server endpoint string; return its
     interface (``""`` for all interfaces) or ``None`` if it is invalid.
     """
+    if re.search(r"(?<!\\)::", description):
+        issues.add(path, "escape the ':' of an IPv6 address with '\\', e.g. interface=\\:\\:1")
+        return None
     args, kwargs = splitEndpoint(description)
     if args[0] != "tcp":
         issues.add(path, "must be a Twisted server endpoint string starting with 'tcp:'")
@@ -553,7 +556,12 @@ class _EdgeParser:
         for path, key, value in section.stringMap("headers"):
             if not _HEADER_NAME.match(key):
                 self.issues.add(path, "is not a valid HTTP header name")
-            headers.append((key, resolveReferences(self.issues, path, value, self.environ)))
+            resolved = resolveReferences(self.issues, path, value, self.environ)
+            if any(ch in resolved for ch in "\r\n\0"):
+                self.issues.add(
+                    path, "must not contain a line break or NUL (after ${...} resolution)"
+                )
+            headers.append((key, resolved))
         env: list[tuple[str, str]] = []
         for path, key, value in section.stringMap("env"):
             if "=" in key or "\0" in key:

@@ -103,6 +103,8 @@ def _edge(top: Section, baseDir: str) -> tuple[str, int, bool, ClientTLS | None]
     if edge is None:
         return "", 0, False, None
     host = edge.string("host", required=True).strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]  # an IPv6 literal written URL-style
     if "/" in host or any(ch.isspace() for ch in host):
         edge.issues.add(edge.pathOf("host"), "must be a host name or IP address, not a URL")
     port = edge.integer("port", 0, minimum=1, maximum=65535, required=True)

@@ -166,6 +166,6 @@ class NodeConnectionFactory(Factory):
         self.registerTimeout = registerTimeout
         self.maxFrameBytes = maxFrameBytes
 
-    def buildProtocol(self, addr: IAddress) -> NodeConnection:
+    def buildProtocol(self, addr: IAddress | None) -> NodeConnection:
         p = NodeConnection(self)
         return p

@@ -27,7 +27,12 @@ TOKEN_A = "token-for-node-a"
 TOKEN_B = "token-for-node-b"
 UPSTREAM_KEY = "upstream-key-value"
 
-ENVIRON = {"TOKEN_A": TOKEN_A, "UPSTREAM_KEY": UPSTREAM_KEY, "EMPTY": ""}
+ENVIRON = {
+    "TOKEN_A": TOKEN_A,
+    "UPSTREAM_KEY": UPSTREAM_KEY,
+    "EMPTY": "",
+    "MULTILINE": "a\r\nX-Injected: 1",
+}
 
 EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "etc", "iop")
 
@@ -949,6 +954,12 @@ ROWS = [
         "listen.nodes",
         "backlog must be a positive integer",
     ),
+    Row(
+        "listenNodesUnescapedIpv6",
+        put("listen.nodes", "tcp:7443:interface=::1"),
+        "listen.nodes",
+        "escape the ':' of an IPv6 address",
+    ),
     Row("listenAdminBad", put("listen.admin", "tcp:x"), "listen.admin", "port must be an integer"),
     Row("listenAdminEmpty", put("listen.admin", ""), "listen.admin", "must not be empty"),
     Row("listenUnknownKey", put("listen.node", "tcp:1"), "listen.node", "did you mean 'nodes'?"),
@@ -1360,6 +1371,12 @@ ROWS = [
         put(f"{A0}.headers", {"X-Key": "${UPSTREAM_KEY"}),
         "nodes[0].adapters[0].headers.X-Key",
         "malformed ${...} reference",
+    ),
+    Row(
+        "adapterHeaderLineBreak",
+        put(f"{A0}.headers", {"X-Key": "${MULTILINE}"}),
+        "nodes[0].adapters[0].headers.X-Key",
+        "must not contain a line break",
     ),
     Row(
         "adapterHeaderName",

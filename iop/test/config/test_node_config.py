@@ -161,6 +161,12 @@ class HappyPathTests(NodeConfigTestCase):
             self.assertTrue(config.plaintext, host)
             self.assertIsNone(config.tls)
 
+    def test_bracketedIpv6Host(self) -> None:
+        config = self.parse(
+            {"edge": {"host": "[::1]", "port": 7443, "plaintext": True}, "token_file": "node.token"}
+        )
+        self.assertEqual(config.edge_host, "::1")
+
     def test_loadResolvesRelativeToFile(self) -> None:
         path = self.write("node.yaml", yaml.safe_dump(baseConfig()))
         config = load_node_config(path, ENVIRON)

@@ -111,8 +111,8 @@ class SnapshotTests(SynchronousTestCase):
 
 class AdminTests(SynchronousTestCase):
     def setUp(self) -> None:
-        self.body = {"nodes": [], "providers": []}
-        self.treq = StubTreq(AdminApp(lambda: self.body).resource())
+        self.body: dict[str, Any] = {"nodes": [], "providers": []}
+        self.treq: Any = StubTreq(AdminApp(lambda: self.body).resource())
 
     def get(self, path: str) -> tuple[int, Any]:
         response = self.successResultOf(self.treq.get("http://admin" + path))

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import struct
+from typing import cast
 
 from twisted.internet.testing import StringTransport
-from twisted.logger import globalLogPublisher
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.wire import runtime_pb2 as pb
@@ -35,8 +36,9 @@ def connect(proto: EnvelopeProtocol) -> StringTransport:
 class FramingTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.events: list[dict[str, object]] = []
-        globalLogPublisher.addObserver(self.events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        observer = cast(ILogObserver, self.events.append)
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
 
     def test_default_limit_is_16_mib(self) -> None:
         self.assertEqual(Recorder().MAX_LENGTH, 16 * 1024 * 1024)
