@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from conftest import Cluster, wait_until
+from harness import Cluster, wait_until
 
 HEARTBEAT_TIMEOUT = 3.0  # the cluster fixture's edge.yaml
 
@@ -84,3 +84,38 @@ def test_finite_reconnect_exhaustion_exit_1(cluster: Cluster) -> None:
     node = cluster.start_node()
     assert node.wait(20) == 1
     assert node.output().count("attempt") >= 1
+
+
+def test_frozen_node_is_fenced_by_heartbeat_and_recovers(cluster: Cluster) -> None:
+    """
+    SIGSTOP keeps the socket open but silences the node, which is what a power cut or a
+    network partition looks like to the Edge: only the heartbeat can notice.
+    """
+    cluster.start_edge()
+    node = cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    node.signal(signal.SIGSTOP)
+    try:
+        took = wait_until(
+            lambda: not cluster.node_connected(), HEARTBEAT_TIMEOUT + 3, "heartbeat fence"
+        )
+        assert HEARTBEAT_TIMEOUT - 1.5 <= took <= HEARTBEAT_TIMEOUT + 1.5
+        assert cluster.provider("a-chat")["health"] == "offline"
+    finally:
+        node.signal(signal.SIGCONT)
+    wait_until(cluster.node_connected, 20, "node-a reconnected after thaw")
+
+
+def test_frozen_edge_makes_node_redial(cluster: Cluster) -> None:
+    """The node's own heartbeat notices a silent Edge and re-dials once it answers again."""
+    edge = cluster.start_edge()
+    node = cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    edge.signal(signal.SIGSTOP)
+    try:
+        time.sleep(HEARTBEAT_TIMEOUT + 2.5)  # default node wait is 5 s, adopted from the edge: 3 s
+    finally:
+        edge.signal(signal.SIGCONT)
+    wait_until(cluster.node_connected, 20, "node-a connected again")
+    assert "heartbeat timeout" in node.output()
+    assert node.running()

@@ -1,0 +1,207 @@
+"""
+The system-test harness: real ``twistd`` processes on loopback, real TLS with a throwaway CA,
+each cluster in its own directory with its own ports and token.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Daemon:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Daemon:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def wait(self, timeout: float) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout=timeout)
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.running():
+            self.signal(signal.SIGTERM)
+            try:
+                self.wait(10)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Cluster:
+    """One Edge and its nodes, configured in a private directory."""
+
+    root: Path
+    token: str
+    node_port: int
+    admin_port: int
+    env: dict[str, str]
+    daemons: list[Daemon] = field(default_factory=list)
+
+    @property
+    def admin(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def write_edge_config(self, **overrides: Any) -> Path:
+        config: dict[str, Any] = {
+            "edge": {"id": "systest-edge"},
+            "listen": {
+                "nodes": f"tcp:{self.node_port}:interface=127.0.0.1",
+                "admin": f"tcp:{self.admin_port}:interface=127.0.0.1",
+            },
+            "node_transport": {
+                "tls": {"cert_file": "pki/edge.crt", "key_file": "pki/edge.key"},
+                "heartbeat": {"interval_sec": 1, "timeout_sec": 3},
+            },
+            "nodes": [
+                {
+                    "id": "node-a",
+                    "token": "${IOP_TEST_NODE_TOKEN}",
+                    "adapters": [
+                        {
+                            "name": "fake-openai",
+                            "type": "openai_compat",
+                            "base_url": "http://127.0.0.1:9/v1",
+                        }
+                    ],
+                    "providers": [
+                        {
+                            "id": "a-chat",
+                            "adapter": "fake-openai",
+                            "category": "api",
+                            "models": ["m"],
+                            "capacity": 2,
+                        },
+                        {
+                            "id": "a-off",
+                            "adapter": "fake-openai",
+                            "category": "api",
+                            "models": ["m"],
+                            "enabled": False,
+                        },
+                    ],
+                }
+            ],
+            "models": [{"id": "pool", "providers": ["a-chat"]}],
+        }
+        config.update(overrides)
+        path = self.root / "edge.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def write_node_config(self, name: str = "node", **overrides: Any) -> Path:
+        config: dict[str, Any] = {
+            "edge": {
+                "host": "127.0.0.1",
+                "port": self.node_port,
+                "server_name": "edge.iop.internal",
+                "ca_file": "pki/ca.crt",
+            },
+            "token": "${IOP_TEST_NODE_TOKEN}",
+            "reconnect": {"max_attempts": 0, "interval_sec": 0.5},
+            "store": {"path": f"file:{self.root}/{name}.db?cache=shared&mode=rwc"},
+        }
+        config.update(overrides)
+        path = self.root / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
+    def daemon(self, plugin: str, config: Path, name: str) -> Daemon:
+        d = Daemon(
+            name,
+            [TWISTD, "--nodaemon", "--pidfile=", "--logfile=-", plugin, "--config", str(config)],
+            self.env,
+            self.root / f"{name}.log",
+        )
+        self.daemons.append(d)
+        return d
+
+    def start_edge(self) -> Daemon:
+        config = self.root / "edge.yaml"
+        if not config.exists():
+            self.write_edge_config()
+        edge = self.daemon("iop-edge", config, "edge").start()
+        wait_until(lambda: port_open(self.admin_port), 20, "edge admin port")
+        return edge
+
+    def start_node(self, name: str = "node") -> Daemon:
+        config = self.root / f"{name}.yaml"
+        if not config.exists():
+            self.write_node_config(name)
+        return self.daemon("iop-node", config, name).start()
+
+    def status(self) -> dict[str, Any]:
+        with urllib.request.urlopen(self.admin + "/status", timeout=5) as response:
+            snapshot: dict[str, Any] = json.loads(response.read())
+            return snapshot
+
+    def node_connected(self, node_id: str = "node-a") -> bool:
+        try:
+            nodes = {n["id"]: n for n in self.status()["nodes"]}
+        except (OSError, urllib.error.URLError):
+            return False
+        return bool(nodes[node_id]["connected"])
+
+    def provider(self, provider_id: str) -> dict[str, Any]:
+        providers: dict[str, dict[str, Any]] = {p["id"]: p for p in self.status()["providers"]}
+        return providers[provider_id]
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``predicate`` until true; return the seconds it took. Fails the test on timeout."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
