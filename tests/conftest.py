@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 
 from iop.testing.pki import create_dev_pki
-
-from harness import Cluster, free_port
+from tests.harness import Cluster, free_port
 
 ERROR_MARKERS = ("Traceback (most recent call last)", "Unhandled Error", "Unhandled error")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import signal
 import time
 
-from harness import Cluster, wait_until
+from tests.harness import Cluster, wait_until
 
 HEARTBEAT_TIMEOUT = 3.0  # the cluster fixture's edge.yaml
 

@@ -17,8 +17,7 @@ from twisted.python.failure import Failure
 from iop.config.model import ClientTLS
 from iop.security.tls import client_connection_creator
 from iop.wire import runtime_pb2 as pb
-
-from harness import Cluster, wait_until
+from tests.harness import Cluster, wait_until
 
 
 class RawClient(Protocol):

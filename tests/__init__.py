@@ -1,0 +1,1 @@
+"""System tests: real twistd processes, real sockets, real TLS."""
