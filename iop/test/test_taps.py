@@ -81,7 +81,7 @@ class TapTests(SynchronousTestCase):
         service: Any = edge_tap.makeService(options, reactor)
         service.startService()
         self.addCleanup(service.stopService)
-        ports = {port: factory for port, factory, _, interface in reactor.tcpServers}
+        ports: dict[int, Any] = {port: f for port, f, _, _ in reactor.tcpServers}
         self.assertEqual(set(ports), {17443, 18081})
         self.assertIsInstance(ports[17443], TLSMemoryBIOFactory)
         self.assertIsInstance(ports[17443].wrappedFactory, NodeConnectionFactory)
