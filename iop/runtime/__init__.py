@@ -1,0 +1,26 @@
+"""
+The shared execution vocabulary of Node adapters and the Edge: what a run is asked to do
+(:class:`ExecutionSpec`), what it reports (:class:`RuntimeEvent`, :class:`Usage`), what an adapter
+can do (:class:`Capabilities`), and the interfaces adapters provide.
+"""
+
+from iop.runtime.events import TERMINAL_TYPES, EventType, RuntimeEvent, Usage
+from iop.runtime.interfaces import (
+    AdapterContext,
+    Capabilities,
+    ExecutionSpec,
+    IProvider,
+    ISessionTerminator,
+)
+
+__all__ = [
+    "TERMINAL_TYPES",
+    "AdapterContext",
+    "Capabilities",
+    "EventType",
+    "ExecutionSpec",
+    "IProvider",
+    "ISessionTerminator",
+    "RuntimeEvent",
+    "Usage",
+]

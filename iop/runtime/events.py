@@ -1,0 +1,147 @@
+# -*- test-case-name: iop.test.runtime.test_events -*-
+"""
+Run events and usage, and their protobuf form (``RunEvent``/``Usage`` on the wire).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from iop.wire import runtime_pb2 as pb
+
+
+class EventType(enum.StrEnum):
+    START = "start"
+    DELTA = "delta"
+    REASONING_DELTA = "reasoning_delta"
+    COMPLETE = "complete"
+    ERROR = "error"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_TYPES = frozenset({EventType.COMPLETE, EventType.ERROR, EventType.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Usage:
+    """
+    Token counts as the provider reported them. ``reasoning_tokens`` and
+    ``cached_input_tokens`` are None unless the provider reported them; never estimated.
+    """
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+    def to_proto(self) -> pb.Usage:
+        message = pb.Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
+        if self.reasoning_tokens is not None:
+            message.reasoning_tokens = self.reasoning_tokens
+        if self.cached_input_tokens is not None:
+            message.cached_input_tokens = self.cached_input_tokens
+        return message
+
+    @classmethod
+    def from_proto(cls, message: pb.Usage) -> Usage:
+        return cls(
+            input_tokens=message.input_tokens,
+            output_tokens=message.output_tokens,
+            reasoning_tokens=(
+                message.reasoning_tokens if message.HasField("reasoning_tokens") else None
+            ),
+            cached_input_tokens=(
+                message.cached_input_tokens if message.HasField("cached_input_tokens") else None
+            ),
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        out = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if self.reasoning_tokens is not None:
+            out["reasoning_tokens"] = self.reasoning_tokens
+        if self.cached_input_tokens is not None:
+            out["cached_input_tokens"] = self.cached_input_tokens
+        return out
+
+
+@dataclass(frozen=True)
+class RuntimeEvent:
+    """
+    One event of a run. ``delta`` carries text for ``delta``/``reasoning_delta``; ``error`` the
+    reason of an ``error``/``cancelled``; ``usage`` usually rides the ``complete`` event;
+    ``metadata`` carries adapter facts such as ``openai_tool_calls`` (a JSON array).
+    """
+
+    type: EventType
+    delta: str = ""
+    error: str = ""
+    usage: Usage | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    session_id: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.type in TERMINAL_TYPES
+
+    @classmethod
+    def start(cls, session_id: str = "") -> RuntimeEvent:
+        return cls(EventType.START, session_id=session_id)
+
+    @classmethod
+    def text(cls, delta: str) -> RuntimeEvent:
+        return cls(EventType.DELTA, delta=delta)
+
+    @classmethod
+    def reasoning(cls, delta: str) -> RuntimeEvent:
+        return cls(EventType.REASONING_DELTA, delta=delta)
+
+    @classmethod
+    def complete(
+        cls,
+        usage: Usage | None = None,
+        metadata: Mapping[str, str] | None = None,
+        session_id: str = "",
+    ) -> RuntimeEvent:
+        return cls(EventType.COMPLETE, usage=usage, metadata=metadata or {}, session_id=session_id)
+
+    @classmethod
+    def failed(cls, error: str, metadata: Mapping[str, str] | None = None) -> RuntimeEvent:
+        return cls(EventType.ERROR, error=error, metadata=metadata or {})
+
+    @classmethod
+    def cancelled(cls, reason: str = "cancelled") -> RuntimeEvent:
+        return cls(EventType.CANCELLED, error=reason)
+
+    def to_proto(self, run_id: str, sequence: int, timestamp_ms: int = 0) -> pb.RunEvent:
+        message = pb.RunEvent(
+            run_id=run_id,
+            sequence=sequence,
+            type=self.type.value,
+            delta=self.delta,
+            error=self.error,
+            session_id=self.session_id,
+            timestamp_unix_ms=timestamp_ms,
+        )
+        if self.usage is not None:
+            message.usage.CopyFrom(self.usage.to_proto())
+        message.metadata.update(dict(self.metadata))
+        return message
+
+    @classmethod
+    def from_proto(cls, message: pb.RunEvent) -> RuntimeEvent:
+        try:
+            kind = EventType(message.type)
+        except ValueError:
+            kind = EventType.ERROR
+        return cls(
+            type=kind,
+            delta=message.delta,
+            error=message.error
+            if kind.value == message.type
+            else f"unknown event type {message.type!r}",
+            usage=Usage.from_proto(message.usage) if message.HasField("usage") else None,
+            metadata=dict(message.metadata),
+            session_id=message.session_id,
+        )

@@ -1,0 +1,98 @@
+# -*- test-case-name: iop.test.runtime.test_events -*-
+"""
+What a run is asked to do, what an adapter can do, and the interfaces adapters provide.
+
+An adapter instance is an :class:`IProvider`: ``execute(spec, emit)`` runs one request, calls
+``emit`` for every event in order, and returns a Deferred that fires when the run is over.
+Cancelling that Deferred cancels the run all the way down (the HTTP request is aborted, the
+subprocess group killed). The Node's RunManager owns admission, sequencing and the guarantee of
+exactly one terminal event; an adapter should emit its own terminal when it has one to give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from zope.interface import Attribute, Interface
+
+from iop.runtime.events import RuntimeEvent
+
+Emit = Callable[[RuntimeEvent], None]
+
+
+@dataclass(frozen=True)
+class ExecutionSpec:
+    """
+    One normalized run. ``target`` is the served target (model name on the provider);
+    ``input`` is adapter-interpreted: a plain prompt, or a JSON object with ``messages`` (and
+    optionally ``tools``, ``tool_choice``, ``temperature``...) in OpenAI chat shape.
+    """
+
+    run_id: str
+    target: str
+    input: str
+    workspace: str = ""
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    session_id: str = ""
+    background: bool = False
+    timeout_sec: float = 0.0
+    max_tokens: int = 0
+    thinking_token_budget: int = 0
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    max_concurrency: int
+    streaming: bool = True
+    tools: bool = False
+    reasoning: bool = False
+    sessions: bool = False
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "max_concurrency": self.max_concurrency,
+            "streaming": self.streaming,
+            "tools": self.tools,
+            "reasoning": self.reasoning,
+            "sessions": self.sessions,
+        }
+
+
+@dataclass(frozen=True)
+class AdapterContext:
+    """What an adapter factory is given besides its config: the reactor and an HTTP client."""
+
+    reactor: Any
+    # A treq-compatible client (``treq`` module, ``HTTPClient`` or ``StubTreq``).
+    http: Any
+
+
+class IProvider(Interface):
+    name = Attribute("The adapter instance name (str).")
+    type = Attribute("The adapter type: openai_compat, vllm, ollama, cli (str).")
+
+    def capabilities() -> Capabilities:
+        """What this instance can do; ``max_concurrency`` sizes its capacity gate."""
+
+    def execute(spec: ExecutionSpec, emit: Emit) -> Deferred[None]:
+        """
+        Run ``spec``, calling ``emit`` for each event in order. The Deferred fires when the run
+        is over (it may fail: the RunManager turns that into an ``error`` terminal). Cancelling
+        it must stop the work (abort the HTTP request, kill the process group).
+        """
+
+
+class ISessionTerminator(Interface):
+    """Optional: adapters that keep logical sessions (CLI agents)."""
+
+    def list_sessions() -> list[dict[str, object]]:
+        """Known sessions: at least ``session_id``, ``target`` and ``active``."""
+
+    def terminate_session(target: str, session_id: str) -> Deferred[bool]:
+        """End a session; True when it existed."""
+
+
+AdapterFactory = Callable[[Any, AdapterContext], IProvider]
