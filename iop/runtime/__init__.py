@@ -9,6 +9,7 @@ from iop.runtime.interfaces import (
     AdapterContext,
     Capabilities,
     ExecutionSpec,
+    IOllamaAPI,
     IProvider,
     ISessionTerminator,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "Capabilities",
     "EventType",
     "ExecutionSpec",
+    "IOllamaAPI",
     "IProvider",
     "ISessionTerminator",
     "RuntimeEvent",

@@ -96,3 +96,16 @@ class ISessionTerminator(Interface):
 
 
 AdapterFactory = Callable[[Any, AdapterContext], IProvider]
+
+
+class IOllamaAPI(Interface):
+    """Ollama's own API queries, answered by ``ollama`` adapter instances (node commands)."""
+
+    def tags() -> Deferred[dict[str, Any]]:
+        """GET /api/tags: the models the server has."""
+
+    def ps() -> Deferred[dict[str, Any]]:
+        """GET /api/ps: the models loaded now."""
+
+    def show(model: str) -> Deferred[dict[str, Any]]:
+        """POST /api/show: one model's details."""
