@@ -37,6 +37,7 @@ from iop.config.model import (
     HeartbeatConfig,
     ModelConfig,
     ModelProviderRef,
+    ModelRoute,
     NodeConfig,
     NodeToken,
     ProfileConfig,
@@ -289,6 +290,7 @@ class _EdgeParser:
         profiles = self._profiles(top)
         nodes = self._nodes(top)
         models = self._models(top)
+        routes = self._modelRoutes(top, nodes, models)
         top.finish()
 
         if self.issues:
@@ -305,6 +307,7 @@ class _EdgeParser:
             nodes=nodes,
             models=models,
             protocol_profiles=profiles,
+            model_routes=routes,
             source_path=sourcePath,
         )
 
@@ -788,6 +791,52 @@ class _EdgeParser:
             )
         return tuple(result)
 
+    def _modelRoutes(
+        self, top: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]
+    ) -> tuple[ModelRoute, ...]:
+        openai = top.section("openai")
+        if openai is None:
+            return ()
+        routes: list[ModelRoute] = []
+        seen: dict[str, str] = {}
+        modelIds = {m.id for m in models}
+        byId = {n.id: n for n in nodes}
+        for path, item in openai.items("model_routes") or ():
+            section = asSection(self.issues, path, item)
+            if section is None:
+                continue
+            model = section.string("model", required=True, nonempty=True)
+            adapter = section.string("adapter", required=True, nonempty=True)
+            target = section.string("target", required=True, nonempty=True)
+            nodeId = section.string("node") or None
+            section.finish()
+            if model in seen:
+                self.issues.add(
+                    section.pathOf("model"), f"duplicate route for {model!r} (also {seen[model]})"
+                )
+            elif model:
+                seen[model] = path
+            if model and model in modelIds:
+                self.issues.add(
+                    section.pathOf("model"),
+                    f"{model!r} is also a models[] id; a model id routes one way only",
+                )
+            candidates = [byId[nodeId]] if nodeId in byId else []
+            if nodeId is not None and nodeId not in byId:
+                self.issues.add(section.pathOf("node"), f"unknown node {nodeId!r}")
+            elif nodeId is None:
+                candidates = list(nodes)
+            if adapter and candidates and not any(
+                _routeAdapterExists(n, adapter) for n in candidates
+            ):
+                where = f"node {nodeId!r}" if nodeId else "any node"
+                self.issues.add(
+                    section.pathOf("adapter"), f"no enabled adapter {adapter!r} on {where}"
+                )
+            routes.append(ModelRoute(model=model, adapter=adapter, target=target, node_id=nodeId))
+        openai.finish()
+        return tuple(routes)
+
     def _modelProviders(self, model: Section, modelId: str) -> tuple[ModelProviderRef, ...]:
         items = model.items("providers", required=True)
         if items is not None and not items:
@@ -874,6 +923,14 @@ class _EdgeParser:
             f"{modelId!r}; give an explicit target: {{id: {providerId}, target: ...}}",
         )
         return None
+
+
+def _routeAdapterExists(node: NodeConfig, ref: str) -> bool:
+    """A route's adapter: an enabled instance name, or a type with one enabled instance."""
+    enabled = [a for a in node.adapters if a.enabled]
+    if any(a.name == ref for a in enabled):
+        return True
+    return len([a for a in enabled if a.type == ref]) == 1
 
 
 def _inferType(ref: str, adapters: list[_Adapter]) -> str:

@@ -209,6 +209,19 @@ class ModelConfig:
 
 
 @dataclass(frozen=True)
+class ModelRoute:
+    """
+    ``openai.model_routes[]``: an external model id mapped straight to an adapter instance and
+    served target, on one node or (``node_id`` None) on the single ready node.
+    """
+
+    model: str
+    adapter: str
+    target: str
+    node_id: str | None = None
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     """The whole edge.yaml."""
 
@@ -224,6 +237,7 @@ class EdgeConfig:
     nodes: tuple[NodeConfig, ...]
     models: tuple[ModelConfig, ...] = ()
     protocol_profiles: tuple[ProfileConfig, ...] = ()
+    model_routes: tuple[ModelRoute, ...] = ()
     source_path: str = ""
 
     def node(self, node_id: str) -> NodeConfig | None:

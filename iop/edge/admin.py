@@ -1,6 +1,13 @@
 # -*- test-case-name: iop.test.edge.test_admin -*-
 """
-The small admin HTTP surface (Klein), loopback by default: ``/healthz`` and ``/status``.
+The small admin HTTP surface (Klein), loopback by default.
+
+- ``GET /healthz``, ``GET /status``
+- ``POST /runs``: submit a normalized run (``{"model": ..., "input": ...}`` through
+  ``openai.model_routes``, or ``{"adapter", "target", "node"?}`` directly) and stream its events
+  back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
+  the run on its node.
+- ``GET /runs``: active runs; ``DELETE /runs/<run_id>``: cancel one.
 """
 
 from __future__ import annotations
@@ -10,22 +17,65 @@ from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
+
+from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
+from iop.runtime.events import RuntimeEvent
 
 
 def _json(request: IRequest, body: Any, code: int = 200) -> bytes:
     request.setResponseCode(code)
     request.setHeader(b"content-type", b"application/json")
     request.setHeader(b"cache-control", b"no-store")
-    return json.dumps(body, indent=2, sort_keys=False).encode() + b"\n"
+    return json.dumps(body, indent=2).encode() + b"\n"
+
+
+def _error(request: IRequest, code: int, message: str) -> bytes:
+    return _json(request, {"error": {"message": message, "code": code}}, code)
+
+
+def event_json(handle: RunHandle, event: RuntimeEvent) -> dict[str, Any]:
+    out: dict[str, Any] = {"run_id": handle.run_id, "type": event.type.value}
+    if event.delta:
+        out["delta"] = event.delta
+    if event.error:
+        out["error"] = event.error
+    if event.usage is not None:
+        out["usage"] = event.usage.as_dict()
+    if event.metadata:
+        out["metadata"] = dict(event.metadata)
+    if event.session_id:
+        out["session_id"] = event.session_id
+    return out
+
+
+_RUN_FIELDS = {
+    "model": str,
+    "adapter": str,
+    "target": str,
+    "node": str,
+    "input": str,
+    "workspace": str,
+    "session_id": str,
+    "timeout_sec": int,
+    "max_tokens": int,
+    "metadata": dict,
+}
 
 
 class AdminApp:
     app = Klein()
+    log = Logger()
 
-    def __init__(self, statusSnapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, statusSnapshot: Callable[[], dict[str, Any]], runs: RunDispatcher | None = None
+    ) -> None:
         self._snapshot = statusSnapshot
+        self._runs = runs
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:
@@ -35,16 +85,114 @@ class AdminApp:
     def status(self, request: IRequest) -> bytes:
         return _json(request, self._snapshot())
 
+    @app.route("/runs", methods=["GET"])
+    def listRuns(self, request: IRequest) -> bytes:
+        runs = self._runs.active() if self._runs else []
+        return _json(
+            request,
+            {
+                "runs": [
+                    {
+                        "run_id": h.run_id,
+                        "node_id": h.node_id,
+                        "adapter": h.adapter,
+                        "target": h.target,
+                    }
+                    for h in runs
+                ]
+            },
+        )
+
+    @app.route("/runs/<string:run_id>", methods=["DELETE"])
+    def cancelRun(self, request: IRequest, run_id: str) -> bytes:
+        if self._runs is None or not self._runs.cancel_run(run_id, "cancelled by operator"):
+            return _error(request, 404, f"no active run {run_id!r}")
+        return _json(request, {"run_id": run_id, "cancel_requested": True}, 202)
+
+    @app.route("/runs", methods=["POST"])
+    def submitRun(self, request: IRequest) -> bytes | Deferred[bytes]:
+        if self._runs is None:
+            return _error(request, 503, "runs are not available on this edge")
+        try:
+            body = json.loads(request.content.read() or b"{}")  # type: ignore[attr-defined]
+        except ValueError:
+            return _error(request, 400, "request body must be JSON")
+        problem = _check_run_body(body)
+        if problem:
+            return _error(request, 400, problem)
+        options: dict[str, Any] = {
+            "input": body["input"],
+            "node_id": body.get("node"),
+            "workspace": body.get("workspace", ""),
+            "session_id": body.get("session_id", ""),
+            "timeout_sec": body.get("timeout_sec", 0),
+            "max_tokens": body.get("max_tokens", 0),
+            "metadata": {str(k): str(v) for k, v in body.get("metadata", {}).items()},
+        }
+        try:
+            if "model" in body:
+                handle = self._runs.submit_model_run(body["model"], **options)
+            else:
+                handle = self._runs.submit_run(
+                    adapter=body["adapter"], target=body["target"], **options
+                )
+        except NoRoute as e:
+            return _error(request, 404, str(e))
+        except NodeUnavailable as e:
+            return _error(request, 503, str(e))
+        except DispatchError as e:
+            return _error(request, 400, str(e))
+        return self._stream(request, handle)
+
+    def _stream(self, request: IRequest, handle: RunHandle) -> Deferred[bytes]:
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"application/x-ndjson")
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"x-iop-run-id", handle.run_id.encode())
+        gone: list[bool] = []
+
+        def clientGone(failure: Failure) -> None:
+            gone.append(True)
+            handle.cancel("client disconnected")
+
+        request.notifyFinish().addErrback(clientGone)  # type: ignore[attr-defined]
+
+        def write(event: RuntimeEvent) -> None:
+            if not gone:
+                request.write(json.dumps(event_json(handle, event)).encode() + b"\n")
+
+        handle.subscribe(write)
+        done = handle.whenDone()
+        return done.addCallback(lambda _: b"")
+
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
         from werkzeug.exceptions import HTTPException
 
         exc = failure.value
         if isinstance(exc, HTTPException):
-            return _json(
-                request, {"error": {"message": exc.description, "code": exc.code}}, exc.code or 500
-            )
-        return _json(request, {"error": {"message": "internal error", "code": 500}}, 500)
+            return _error(request, exc.code or 500, exc.description or exc.name)
+        self.log.failure("admin request failed", failure)
+        return _error(request, 500, "internal error")
 
     def resource(self) -> IResource:
         return self.app.resource()  # type: ignore[no-any-return]
+
+
+def _check_run_body(body: Any) -> str:
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    for key, value in body.items():
+        kind = _RUN_FIELDS.get(key)
+        if kind is None:
+            return f"unknown field {key!r}"
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{key!r} must be a {kind.__name__}"
+    if "input" not in body:
+        return "'input' is required"
+    if "model" in body:
+        if "adapter" in body or "target" in body:
+            return "give either 'model' or 'adapter' + 'target', not both"
+    elif not ("adapter" in body and "target" in body):
+        return "give 'model', or 'adapter' and 'target'"
+    return ""

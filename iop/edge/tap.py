@@ -21,6 +21,7 @@ from twisted.web.server import Site
 from iop.config import ConfigError, load_edge_config
 from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
+from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
@@ -59,7 +60,16 @@ class EdgeService(MultiService):
             registerTimeout=config.register_timeout_sec,
             maxFrameBytes=config.max_frame_bytes,
         )
-        self.admin = AdminApp(self.snapshot)
+        self.runs = RunDispatcher(
+            config,
+            self.registry,
+            reactor,
+            lambda conn, env: conn.sendEnvelope(env),  # type: ignore[attr-defined]
+        )
+        self.nodeFactory.handlers["run_event"] = lambda conn, env: self.runs.runEvent(
+            conn, env.run_event
+        )
+        self.admin = AdminApp(self.snapshot, self.runs)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry)

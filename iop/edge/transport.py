@@ -10,6 +10,7 @@ the first byte; a message only a node may send is accepted, anything else closes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
@@ -21,8 +22,8 @@ from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import _CONNECTION_DONE, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
 
-# Messages a node may send once it is ready; their handlers arrive with execution, tunnel,
-# command and refresh support. Until then they are logged and dropped.
+# Messages a node may send once it is ready. The factory's ``handlers`` route them to the
+# service that owns them; one without a handler is logged and dropped.
 _NODE_TO_EDGE_AFTER_READY = frozenset(
     {
         "run_event",
@@ -81,11 +82,15 @@ class NodeConnection(EnvelopeProtocol):
             if not self.isReady:
                 self.dropConnection("message before ready", message=kind)
                 return
-            self.log.info(
-                "ignoring {message} from node {node_id}: not handled by this edge yet",
-                message=kind,
-                node_id=self.nodeId,
-            )
+            handler = self.factory.handlers.get(kind)
+            if handler is None:
+                self.log.info(
+                    "ignoring {message} from node {node_id}: not handled by this edge",
+                    message=kind,
+                    node_id=self.nodeId,
+                )
+                return
+            handler(self, envelope)
         else:
             self.dropConnection("message a node may not send", message=kind)
 
@@ -165,6 +170,8 @@ class NodeConnectionFactory(Factory):
         self.heartbeatTimeout = heartbeatTimeout
         self.registerTimeout = registerTimeout
         self.maxFrameBytes = maxFrameBytes
+        # Message kind -> handler(connection, envelope), for messages a ready node sends.
+        self.handlers: dict[str, Callable[[NodeConnection, pb.Envelope], None]] = {}
 
     def buildProtocol(self, addr: IAddress | None) -> NodeConnection:
         p = NodeConnection(self)

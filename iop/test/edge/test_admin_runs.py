@@ -1,0 +1,107 @@
+"""The admin run endpoints: submit and stream NDJSON, cancel, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from treq.testing import StubTreq
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config.model import ModelRoute
+from iop.edge.admin import AdminApp
+from iop.edge.dispatch import RunDispatcher
+from iop.edge.events import EventBus
+from iop.edge.payload import build_node_payload
+from iop.edge.registry import NodeRegistry
+from iop.runtime.events import RuntimeEvent, Usage
+from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.wire import runtime_pb2 as pb
+
+
+class AdminRunTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        config = dataclasses.replace(
+            edge_config(), model_routes=(ModelRoute("demo", "fake", "demo-model"),)
+        )
+        self.registry = NodeRegistry(
+            config, lambda n: build_node_payload(config, n), EventBus(self.clock), self.clock
+        )
+        self.sent: list[pb.Envelope] = []
+        self.conn = object()
+        self.runs = RunDispatcher(
+            config, self.registry, self.clock, lambda c, e: self.sent.append(e)
+        )
+        self.treq: Any = StubTreq(AdminApp(lambda: {}, self.runs).resource())
+
+    def ready(self) -> None:
+        self.registry.register(TOKENS["node-a"], self.conn)
+        self.registry.ready("node-a", self.conn)
+
+    def post(self, body: object) -> Any:
+        return self.treq.post("http://admin/runs", data=json.dumps(body).encode())
+
+    def test_submit_streams_events_as_ndjson(self) -> None:
+        self.ready()
+        d = self.post({"model": "demo", "input": "hi"})
+        [envelope] = self.sent
+        run_id = envelope.run_request.run_id
+        for seq, event in enumerate(
+            [
+                RuntimeEvent.start(),
+                RuntimeEvent.text("hel"),
+                RuntimeEvent.text("lo"),
+                RuntimeEvent.complete(Usage(2, 2)),
+            ],
+            start=1,
+        ):
+            self.runs.runEvent(self.conn, event.to_proto(run_id, seq))
+        self.treq.flush()
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 200)
+        self.assertEqual(response.headers.getRawHeaders("x-iop-run-id"), [run_id])
+        lines = self.successResultOf(response.text()).splitlines()
+        events = [json.loads(line) for line in lines]
+        self.assertEqual([e["type"] for e in events], ["start", "delta", "delta", "complete"])
+        self.assertEqual("".join(e.get("delta", "") for e in events), "hello")
+        self.assertEqual(events[-1]["usage"], {"input_tokens": 2, "output_tokens": 2})
+
+    def test_no_node_is_503(self) -> None:
+        response = self.successResultOf(self.post({"model": "demo", "input": "hi"}))
+        self.assertEqual(response.code, 503)
+        body = self.successResultOf(response.json())
+        self.assertIn("no node", body["error"]["message"])
+
+    def test_unknown_model_is_404(self) -> None:
+        self.ready()
+        response = self.successResultOf(self.post({"model": "nope", "input": "hi"}))
+        self.assertEqual(response.code, 404)
+
+    def test_bad_bodies_are_400(self) -> None:
+        self.ready()
+        for body in (
+            [],
+            {"model": "demo"},
+            {"input": "x"},
+            {"model": "demo", "input": 3},
+            {"model": "demo", "adapter": "a", "target": "t", "input": "x"},
+            {"model": "demo", "input": "x", "surprise": 1},
+        ):
+            response = self.successResultOf(self.post(body))
+            self.assertEqual(response.code, 400, body)
+        response = self.successResultOf(self.treq.post("http://admin/runs", data=b"{nope"))
+        self.assertEqual(response.code, 400)
+        self.assertEqual(self.sent, [])
+
+    def test_delete_cancels(self) -> None:
+        self.ready()
+        handle = self.runs.submit_run(adapter="fake", target="t", input="x")
+        response = self.successResultOf(self.treq.delete(f"http://admin/runs/{handle.run_id}"))
+        self.assertEqual(response.code, 202)
+        self.assertTrue(any(e.HasField("cancel_request") for e in self.sent))
+        response = self.successResultOf(self.treq.delete("http://admin/runs/nope"))
+        self.assertEqual(response.code, 404)
+        self.clock.advance(60)
