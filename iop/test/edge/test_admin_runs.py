@@ -82,14 +82,15 @@ class AdminRunTests(SynchronousTestCase):
 
     def test_bad_bodies_are_400(self) -> None:
         self.ready()
-        for body in (
+        bodies: list[object] = [
             [],
             {"model": "demo"},
             {"input": "x"},
             {"model": "demo", "input": 3},
             {"model": "demo", "adapter": "a", "target": "t", "input": "x"},
             {"model": "demo", "input": "x", "surprise": 1},
-        ):
+        ]
+        for body in bodies:
             response = self.successResultOf(self.post(body))
             self.assertEqual(response.code, 400, body)
         response = self.successResultOf(self.treq.post("http://admin/runs", data=b"{nope"))
