@@ -5,6 +5,7 @@ each cluster in its own directory with its own ports and token.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -131,6 +132,95 @@ class Cluster:
         path.write_text(yaml.safe_dump(config))
         return path
 
+    def start_fake(self, module: str, *args: str) -> int:
+        """Start ``python -m iop.testing.<module> --port P ...``; return its port once open."""
+        port = free_port()
+        fake = Daemon(
+            module,
+            [sys.executable, "-m", f"iop.testing.{module}", "--port", str(port), *args],
+            self.env,
+            self.root / f"{module}.log",
+        )
+        self.daemons.append(fake.start())
+        wait_until(lambda: port_open(port), 20, f"{module} on port {port}")
+        return port
+
+    def write_runs_edge_config(
+        self, openai_port: int, ollama_port: int, cli_env: dict[str, str] | None = None
+    ) -> Path:
+        """An edge.yaml whose node has one adapter of each kind and a direct route to each."""
+        adapters = [
+            {
+                "name": "fake-openai",
+                "type": "openai_compat",
+                "base_url": f"http://127.0.0.1:{openai_port}/v1",
+                "max_concurrency": 2,
+            },
+            {
+                "name": "fake-ollama",
+                "type": "ollama",
+                "base_url": f"http://127.0.0.1:{ollama_port}",
+                "max_concurrency": 2,
+            },
+            {
+                "name": "agent",
+                "type": "cli",
+                "command": sys.executable,
+                "args": [
+                    "-m",
+                    "iop.testing.fake_cli_agent",
+                    "--output-format",
+                    "stream-json",
+                    "--verbose",
+                    "-p",
+                ],
+                "resume_args": ["--resume={session_id}"],
+                "output_format": "stream-json",
+                "workspace": str(self.root),
+                "env": cli_env or {},
+                "settings": {"kill_grace_ms": "1000"},
+                "max_concurrency": 2,
+            },
+        ]
+        return self.write_edge_config(
+            nodes=[
+                {
+                    "id": "node-a",
+                    "token": "${IOP_TEST_NODE_TOKEN}",
+                    "adapters": adapters,
+                    "providers": [
+                        {
+                            "id": "a-chat",
+                            "adapter": "fake-openai",
+                            "category": "api",
+                            "models": ["demo-model"],
+                        }
+                    ],
+                }
+            ],
+            models=[],
+            openai={
+                "model_routes": [
+                    {"model": "demo-openai", "adapter": "fake-openai", "target": "demo-model"},
+                    {"model": "demo-ollama", "adapter": "fake-ollama", "target": "llama3.2"},
+                    {"model": "demo-cli", "adapter": "agent", "target": "agent-model"},
+                ]
+            },
+        )
+
+    def submit_run(self, body: dict[str, Any]) -> RunStream:
+        """POST /runs and return the open NDJSON event stream."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.admin_port, timeout=30)
+        connection.request(
+            "POST", "/runs", body=json.dumps(body), headers={"content-type": "application/json"}
+        )
+        return RunStream(connection, connection.getresponse())
+
+    def fake_stats(self, port: int) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_fake/stats", timeout=5) as r:
+            stats: dict[str, Any] = json.loads(r.read())
+            return stats
+
     def write_node_config(self, name: str = "node", **overrides: Any) -> Path:
         config: dict[str, Any] = {
             "edge": {
@@ -187,6 +277,39 @@ class Cluster:
     def provider(self, provider_id: str) -> dict[str, Any]:
         providers: dict[str, dict[str, Any]] = {p["id"]: p for p in self.status()["providers"]}
         return providers[provider_id]
+
+
+@dataclass
+class RunStream:
+    """An admin ``POST /runs`` response read line by line."""
+
+    connection: http.client.HTTPConnection
+    response: http.client.HTTPResponse
+
+    @property
+    def status(self) -> int:
+        return self.response.status
+
+    def run_id(self) -> str:
+        return self.response.getheader("x-iop-run-id") or ""
+
+    def next_event(self) -> dict[str, Any] | None:
+        line = self.response.readline()
+        if not line:
+            return None
+        event: dict[str, Any] = json.loads(line)
+        return event
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        while (event := self.next_event()) is not None:
+            out.append(event)
+        return out
+
+    def close(self) -> None:
+        """Go away mid-stream, like a client that disconnects."""
+        self.response.close()
+        self.connection.close()
 
 
 def port_open(port: int) -> bool:

@@ -826,8 +826,10 @@ class _EdgeParser:
                 self.issues.add(section.pathOf("node"), f"unknown node {nodeId!r}")
             elif nodeId is None:
                 candidates = list(nodes)
-            if adapter and candidates and not any(
-                _routeAdapterExists(n, adapter) for n in candidates
+            if (
+                adapter
+                and candidates
+                and not any(_routeAdapterExists(n, adapter) for n in candidates)
             ):
                 where = f"node {nodeId!r}" if nodeId else "any node"
                 self.issues.add(

@@ -2,10 +2,17 @@
 """
 ``twistd iop-node``: options and the service tree.
 
-The node's only service is its :class:`~iop.node.supervisor.NodeSupervisor`. When the supervisor
-finishes with a non-zero code (fatal error, exhausted finite reconnect policy) the reactor is
-stopped and the process exits with that code once twistd has cleaned up; a local shutdown
-(SIGTERM/SIGINT) exits 0.
+The node's service opens its local run store (:class:`~iop.node.store.RunStore`, at
+``store.path``) and, once it is open, starts its :class:`~iop.node.supervisor.NodeSupervisor`. A
+store that cannot be opened is fatal (exit 1). Every session the supervisor establishes gets, in
+the handshake's "install handlers" step, a :class:`~iop.node.runs.RunManager` (``run_request``,
+``cancel_request``) and a :class:`~iop.node.commands.NodeCommandHandler`
+(``node_command_request``); when the session is lost its runs are cancelled. At shutdown the
+supervisor stops first, then the store closes.
+
+When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
+the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
+shutdown (SIGTERM/SIGINT) exits 0.
 """
 
 from __future__ import annotations
@@ -13,18 +20,27 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from twisted.application.service import IService, MultiService
+from treq.client import HTTPClient
+from twisted.application.service import IService, MultiService, Service
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
 from iop.config.model import NodeDaemonConfig
+from iop.node.commands import NodeCommandHandler, sessionTransportStatus
+from iop.node.runs import RunManager
+from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
-from iop.node.transport import EdgeConnectionFactory
+from iop.node.transport import EdgeConnectionFactory, NodeSession, SessionSetup
+from iop.runtime.interfaces import AdapterContext
 from iop.security.tls import TLSConfigError, client_connection_creator
 
 log = Logger()
@@ -78,7 +94,91 @@ class _ProcessExit:
             os._exit(self.code)
 
 
-def makeService(options: Options, reactor: Any = None) -> IService:
+def makeSessionSetup(
+    store: RunStore,
+    clock: IReactorTime,
+    transportInfo: Callable[[], Mapping[str, object]] | None = None,
+) -> SessionSetup:
+    """
+    The handshake hook that equips each new session: a :class:`RunManager` for runs and cancels
+    and a :class:`NodeCommandHandler` for node commands, both on the session's adapter registry;
+    when the session closes, its active runs are cancelled (and recorded as such).
+    """
+
+    def setup(session: NodeSession) -> None:
+        runs = RunManager(session.registry, session.send, store, clock, nodeId=session.node_id)
+        commands = NodeCommandHandler(
+            session.registry,
+            runs,
+            session.send,
+            clock,
+            sessionTransportStatus(session, clock, transportInfo),
+            nodeId=session.node_id,
+        )
+        session.install("run_request", runs.runRequestReceived)
+        session.install("cancel_request", runs.cancelRequestReceived)
+        session.install("node_command_request", commands.commandReceived)
+        session.whenClosed().addCallback(lambda _: runs.connectionLost())
+
+    return setup
+
+
+class NodeService(Service):
+    """
+    Opens the run store, then starts the supervisor; stops the supervisor, then closes the store.
+    ``onFatal(1)`` is called when the store cannot be opened (the supervisor never starts).
+    """
+
+    def __init__(
+        self,
+        store: RunStore,
+        supervisor: NodeSupervisor,
+        onFatal: Callable[[int], None],
+        httpPool: HTTPConnectionPool | None = None,
+    ) -> None:
+        self.store = store
+        self.supervisor = supervisor
+        self._onFatal = onFatal
+        self._httpPool = httpPool
+        self._supervisorStarted = False
+
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]
+        self.store.open().addCallbacks(self._storeOpened, self._storeFailed)
+
+    def _storeOpened(self, _: int) -> None:
+        if not self.running:
+            return
+        self._supervisorStarted = True
+        self.supervisor.startService()
+
+    def _storeFailed(self, failure: Failure) -> None:
+        log.error(
+            "cannot open the run store at {uri}: {error}",
+            uri=self.store.uri,
+            error=failure.getErrorMessage(),
+        )
+        self._onFatal(1)
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()  # type: ignore[no-untyped-call]
+        stopped: Deferred[None] = (
+            self.supervisor.stopService() if self._supervisorStarted else succeed(None)
+        )
+
+        def cleanUp(_: object) -> Deferred[None]:
+            if self._httpPool is not None:
+                self._httpPool.closeCachedConnections()
+            return self.store.close()
+
+        return stopped.addBoth(cleanUp)
+
+
+def makeService(
+    options: Options,
+    reactor: Any = None,
+    storeExecutor: StoreExecutor | None = None,
+) -> IService:
     if reactor is None:
         from twisted.internet import reactor as _reactor
 
@@ -88,7 +188,35 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         endpoint = edge_endpoint(config, reactor)
     except TLSConfigError as e:
         raise usage.UsageError(str(e)) from None
-    factory = EdgeConnectionFactory(reactor, maxFrameBytes=config.max_frame_bytes)
+    if storeExecutor is None:
+        # A reactor without threads (a test's memory reactor) runs the store inline.
+        storeExecutor = (
+            ThreadExecutor(reactor)
+            if IReactorFromThreads.providedBy(reactor)
+            else SynchronousExecutor()
+        )
+    store = RunStore(config.store_path, reactor, storeExecutor)
+    httpPool = HTTPConnectionPool(reactor, persistent=True)
+    adapterContext = AdapterContext(reactor=reactor, http=HTTPClient(Agent(reactor, pool=httpPool)))
+    supervisor: NodeSupervisor | None = None
+
+    def transportInfo() -> Mapping[str, object]:
+        info: dict[str, object] = {
+            "edge": f"{config.edge_host}:{config.edge_port}",
+            "tls": not (config.plaintext or config.tls is None),
+        }
+        if supervisor is not None:
+            described = supervisor.describe()
+            info["supervisor_state"] = described["state"]
+            info["dials"] = described["dials"]
+        return info
+
+    factory = EdgeConnectionFactory(
+        reactor,
+        maxFrameBytes=config.max_frame_bytes,
+        adapterContext=adapterContext,
+        sessionSetup=makeSessionSetup(store, reactor, transportInfo),
+    )
     supervisor = NodeSupervisor(
         endpoint,
         factory,
@@ -98,8 +226,6 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         handshakeTimeout=config.handshake_timeout_sec,
     )
     supervisor.setName("supervisor")
-    top = MultiService()
-    supervisor.setServiceParent(top)
     exit_ = _ProcessExit(reactor)
 
     def finished(code: int) -> None:
@@ -110,5 +236,9 @@ def makeService(options: Options, reactor: Any = None) -> IService:
         if reactor.running:
             reactor.stop()
 
+    node = NodeService(store, supervisor, finished, httpPool)
+    node.setName("node")
+    top = MultiService()
+    node.setServiceParent(top)
     supervisor.whenFinished().addCallback(finished)
     return top

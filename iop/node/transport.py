@@ -12,14 +12,20 @@ Every failure on the way aborts the transport first and then fails the handshake
 :class:`~iop.node.errors.FatalError` (the Edge does not know our token) or a
 :class:`~iop.node.errors.RetryableError` (anything else remote). Once ready, every envelope is
 handed to the connection's :class:`NodeSession`.
+
+Between apply and ready the factory's ``sessionSetup`` hook (if any) is given the new session to
+install its request handlers (runs, cancel, node commands); a hook that raises fails the handshake
+like a payload that does not apply. Adapter providers are built with the factory's
+:class:`~iop.runtime.AdapterContext` (reactor + HTTP client).
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from enum import Enum
 
+import treq
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -30,6 +36,7 @@ from twisted.python.failure import Failure
 from iop import __version__
 from iop.node.adapters.registry import AdapterApplyError, AdapterRegistry
 from iop.node.errors import FatalError, NodeError, RetryableError
+from iop.runtime.interfaces import AdapterContext, AdapterFactory
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import DEFAULT_MAX_FRAME_BYTES, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
@@ -97,6 +104,8 @@ class NodeLifecycle:
 # Session
 
 EnvelopeHandler = Callable[[pb.Envelope], None]
+# Installs a new session's request handlers before the Node announces ready.
+SessionSetup = Callable[["NodeSession"], None]
 
 # Requests an Edge may send to a ready node. Each has a default handler that answers explicitly
 # until the run, cancel, tunnel, command and refresh handlers are installed by later work.
@@ -135,13 +144,21 @@ class NodeSession:
         registry: AdapterRegistry,
         send: EnvelopeHandler,
         clock: IReactorTime,
+        heartbeatInterval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        heartbeatTimeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
     ) -> None:
         self.node_id = node_id
         self.config = config
         self.registry = registry
+        # Transport facts for status (node commands): the heartbeat cadence in force, and when
+        # the Edge acknowledged ready (seconds on the clock; None until then).
+        self.heartbeat_interval = heartbeatInterval
+        self.heartbeat_timeout = heartbeatTimeout
+        self.ready_at: float | None = None
         self._send = send
         self._clock = clock
         self._closed = False
+        self._closeWaiters: list[Deferred[None]] = []
         self._handlers: dict[str, EnvelopeHandler] = {
             "run_request": self._unavailableRun,
             "cancel_request": self._unavailableCancel,
@@ -176,7 +193,20 @@ class NodeSession:
             self._send(envelope)
 
     def connectionLost(self, reason: Failure) -> None:
+        if self._closed:
+            return
         self._closed = True
+        waiters, self._closeWaiters = self._closeWaiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def whenClosed(self) -> Deferred[None]:
+        """A new Deferred, fired with ``None`` once this session's connection is gone."""
+        if self._closed:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._closeWaiters.append(waiter)
+        return waiter
 
     def describe(self) -> dict[str, object]:
         return {
@@ -327,9 +357,17 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES,
         nodeVersion: str = __version__,
         hostname: str = "",
+        adapterContext: AdapterContext | None = None,
+        adapterFactories: Mapping[str, AdapterFactory] | None = None,
+        sessionSetup: SessionSetup | None = None,
     ) -> None:
         super().__init__(maxFrameBytes)
         self._clock = clock
+        self._adapterContext = (
+            adapterContext if adapterContext is not None else defaultAdapterContext(clock)
+        )
+        self._adapterFactories = adapterFactories
+        self._sessionSetup = sessionSetup
         self._nodeVersion = nodeVersion
         self._hostname = hostname
         self._lifecycle = NodeLifecycle()
@@ -340,6 +378,8 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         # The one handshake step in flight: the envelope kind it waits for, and its Deferred.
         self._awaiting: tuple[str, Deferred[pb.Envelope]] | None = None
         self._session: NodeSession | None = None
+        # The session built while applying, until ready (so its close is signalled either way).
+        self._applying: NodeSession | None = None
         self._disconnected = False
         self._disconnectWaiters: list[Deferred[None]] = []
 
@@ -366,8 +406,11 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             RetryableError(f"connection lost during the handshake: {reason.getErrorMessage()}")
         )
         session, self._session = self._session, None
+        applying, self._applying = self._applying, None
         if session is not None:
             session.connectionLost(reason)
+        elif applying is not None:
+            applying.connectionLost(reason)
         self.log.info(
             "connection to edge closed: {reason}",
             reason=self.closeReason or reason.getErrorMessage(),
@@ -435,12 +478,29 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             adapters=len(response.config.adapters),
         )
         try:
-            registry = AdapterRegistry.from_payload(response.config)
+            registry = AdapterRegistry.from_payload(
+                response.config, self._adapterContext, self._adapterFactories
+            )
         except AdapterApplyError as e:
             raise RetryableError(f"config payload does not apply: {e}") from e
         config = pb.NodeConfigPayload()
         config.CopyFrom(response.config)
-        session = NodeSession(nodeId, config, registry, self._sendIfOpen, self._clock)
+        session = NodeSession(
+            nodeId,
+            config,
+            registry,
+            self._sendIfOpen,
+            self._clock,
+            heartbeatInterval=self._heartbeatInterval,
+            heartbeatTimeout=self._heartbeatTimeout,
+        )
+        self._applying = session
+        if self._sessionSetup is not None:
+            try:
+                self._sessionSetup(session)
+            except Exception as e:
+                self.log.failure("session setup failed", node_id=nodeId)
+                raise RetryableError(f"session setup failed: {e or type(e).__name__}") from e
 
         readied = self._expect("node_ready_response")
         self.sendEnvelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=nodeId)))
@@ -449,7 +509,9 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             raise RetryableError(f"edge refused ready: {ready.reason or 'no reason given'}")
 
         self._lifecycle.advance(NodeState.READY)
+        self._applying = None
         self._session = session
+        session.ready_at = self._clock.seconds()
         self.log.info("node {node_id} ready", node_id=nodeId, adapters=len(registry))
         return session
 
@@ -556,8 +618,23 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             self._failAwaiting(error)
 
 
+def defaultAdapterContext(reactor: IReactorTime) -> AdapterContext:
+    """``reactor`` and the ``treq`` module as the HTTP client (a daemon passes a pooled one)."""
+    return AdapterContext(reactor=reactor, http=treq)
+
+
 class EdgeConnectionFactory(Factory):
-    """Builds one :class:`EdgeConnectionProtocol` per dial, with the node's defaults."""
+    """
+    Builds one :class:`EdgeConnectionProtocol` per dial, with the node's defaults.
+
+    :param adapterContext: what adapter factories get besides their config (default: the clock
+        and the ``treq`` module).
+    :param adapterFactories: adapter factories by type (default: the modules in
+        :mod:`iop.node.adapters`); tests inject fakes.
+    :param sessionSetup: called with each new session after its config applied and before the
+        ready request; installs the session's request handlers. If it raises, the handshake fails
+        with a :class:`~iop.node.errors.RetryableError`.
+    """
 
     noisy = False
 
@@ -569,6 +646,9 @@ class EdgeConnectionFactory(Factory):
         maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES,
         nodeVersion: str = __version__,
         hostname: str | None = None,
+        adapterContext: AdapterContext | None = None,
+        adapterFactories: Mapping[str, AdapterFactory] | None = None,
+        sessionSetup: SessionSetup | None = None,
     ) -> None:
         self.clock = clock
         self.heartbeatInterval = heartbeatInterval
@@ -576,6 +656,11 @@ class EdgeConnectionFactory(Factory):
         self.maxFrameBytes = maxFrameBytes
         self.nodeVersion = nodeVersion
         self.hostname = socket.gethostname() if hostname is None else hostname
+        self.adapterContext = (
+            adapterContext if adapterContext is not None else defaultAdapterContext(clock)
+        )
+        self.adapterFactories = adapterFactories
+        self.sessionSetup = sessionSetup
 
     def buildProtocol(self, addr: IAddress | None) -> EdgeConnectionProtocol:
         protocol = EdgeConnectionProtocol(
@@ -585,6 +670,9 @@ class EdgeConnectionFactory(Factory):
             maxFrameBytes=self.maxFrameBytes,
             nodeVersion=self.nodeVersion,
             hostname=self.hostname,
+            adapterContext=self.adapterContext,
+            adapterFactories=self.adapterFactories,
+            sessionSetup=self.sessionSetup,
         )
         protocol.factory = self
         return protocol

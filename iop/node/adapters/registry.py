@@ -4,21 +4,32 @@ The Node's runtime adapter registry, built from ``NodeConfigPayload.adapters``.
 
 Each ``AdapterConfig`` becomes a named :class:`AdapterInstance` (an empty ``name`` means the legacy
 single instance of its ``type``, so it is named after the type). Disabled instances are kept, marked
-disabled, so a run naming one gets a clear answer rather than "unknown adapter". A payload with a
-duplicate instance name or an unknown type does not apply: :class:`AdapterApplyError`.
+disabled and without a provider, so a run naming one gets a clear answer rather than "unknown
+adapter". A payload with a duplicate instance name, an unknown type, or an adapter whose factory
+cannot build it does not apply: :class:`AdapterApplyError`, naming the adapter.
+
+An enabled instance holds its :class:`~iop.runtime.IProvider`, built by the factory of its type:
+``iop.node.adapters.<type>.build(config, ctx)``, imported only when a payload needs it. Its
+:class:`CapacityGate` is sized by the provider's ``capabilities().max_concurrency`` and is the one
+gate that normalized runs and provider tunnels of that instance share.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import importlib
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from iop.config.model import ADAPTER_TYPES
 from iop.node.adapters.capacity import CapacityGate
+from iop.runtime.interfaces import AdapterContext, AdapterFactory, IProvider
 from iop.wire import runtime_pb2 as pb
 
 # One source of truth with the config loaders: openai_compat, vllm, ollama, cli.
 KNOWN_ADAPTER_TYPES = ADAPTER_TYPES
+
+# The package whose modules named after each adapter type expose ``build(config, ctx)``.
+ADAPTER_PACKAGE = "iop.node.adapters"
 
 
 class AdapterApplyError(ValueError):
@@ -36,11 +47,67 @@ class UnknownAdapter(KeyError):
         return f"unknown adapter {self.name!r}"
 
 
+def _moduleFactory(type_: str) -> AdapterFactory:
+    """
+    The factory of ``type_``: ``iop.node.adapters.<type_>.build``, imported on first use (so a
+    node only imports the adapters its payload names, and a missing module fails that payload).
+    """
+
+    def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+        module = importlib.import_module(f"{ADAPTER_PACKAGE}.{type_}")
+        factory: AdapterFactory = module.build
+        return factory(config, ctx)
+
+    build.__name__ = f"build_{type_}"
+    return build
+
+
+# The production factory table: one lazily imported module per known type.
+DEFAULT_FACTORIES: Mapping[str, AdapterFactory] = {
+    type_: _moduleFactory(type_) for type_ in sorted(KNOWN_ADAPTER_TYPES)
+}
+
+
+def _instanceName(config: pb.AdapterConfig) -> str:
+    return config.name or config.type
+
+
+def _buildProvider(
+    name: str,
+    config: pb.AdapterConfig,
+    ctx: AdapterContext,
+    factories: Mapping[str, AdapterFactory],
+) -> IProvider:
+    factory = factories.get(config.type)
+    if factory is None:
+        raise AdapterApplyError(f"adapter {name!r}: no factory for type {config.type!r}")
+    try:
+        provider = factory(config, ctx)
+    except AdapterApplyError:
+        raise
+    except ImportError as e:
+        raise AdapterApplyError(
+            f"adapter {name!r}: type {config.type!r} is not available on this node ({e})"
+        ) from e
+    except Exception as e:
+        raise AdapterApplyError(
+            f"adapter {name!r}: cannot build {config.type!r} adapter: {e or type(e).__name__}"
+        ) from e
+    if not IProvider.providedBy(provider):
+        raise AdapterApplyError(
+            f"adapter {name!r}: the {config.type!r} factory did not return an IProvider"
+        )
+    return provider
+
+
 @dataclass(frozen=True)
 class AdapterInstance:
     """
-    One configured adapter instance and its capacity gate. ``config`` is a private copy of the
-    wire message; it can hold headers and environment values, so it stays out of ``repr``.
+    One configured adapter instance, its provider and its capacity gate.
+
+    ``provider`` is ``None`` exactly when the instance is disabled: nothing runs on it.
+    ``config`` is a private copy of the wire message; it can hold headers and environment values,
+    so it stays out of ``repr`` (as does the provider).
     """
 
     name: str
@@ -49,19 +116,37 @@ class AdapterInstance:
     max_concurrency: int
     config: pb.AdapterConfig = field(repr=False, compare=False)
     gate: CapacityGate = field(repr=False, compare=False)
+    provider: IProvider | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_config(cls, config: pb.AdapterConfig) -> AdapterInstance:
+    def from_config(
+        cls,
+        config: pb.AdapterConfig,
+        ctx: AdapterContext,
+        factories: Mapping[str, AdapterFactory] = DEFAULT_FACTORIES,
+    ) -> AdapterInstance:
         """
-        Build one instance; raises :class:`AdapterApplyError` for an unknown type. A
-        ``max_concurrency`` of 0 (unset on the wire) means 1, the configuration default.
+        Build one instance; raises :class:`AdapterApplyError` for an unknown type or a factory
+        that fails. An enabled instance's gate is sized by its provider's ``max_concurrency``; a
+        disabled one (no provider) by the config, where 0 (unset on the wire) means 1.
         """
-        name = config.name or config.type
+        name = _instanceName(config)
         if config.type not in KNOWN_ADAPTER_TYPES:
             raise AdapterApplyError(f"adapter {name!r}: unknown type {config.type!r}")
         copy = pb.AdapterConfig()
         copy.CopyFrom(config)
         limit = config.max_concurrency or 1
+        provider: IProvider | None = None
+        if config.enabled:
+            provider = _buildProvider(name, copy, ctx, factories)
+            try:
+                reported = int(provider.capabilities().max_concurrency)
+            except Exception as e:
+                raise AdapterApplyError(
+                    f"adapter {name!r}: cannot read its capabilities: {e or type(e).__name__}"
+                ) from e
+            if reported >= 1:
+                limit = reported
         return cls(
             name=name,
             type=config.type,
@@ -69,6 +154,7 @@ class AdapterInstance:
             max_concurrency=limit,
             config=copy,
             gate=CapacityGate(limit),
+            provider=provider,
         )
 
     def describe(self) -> dict[str, object]:
@@ -94,9 +180,28 @@ class AdapterRegistry:
         self._byName = byName
 
     @classmethod
-    def from_payload(cls, payload: pb.NodeConfigPayload) -> AdapterRegistry:
-        """Apply ``payload.adapters``; raises :class:`AdapterApplyError` if they do not apply."""
-        return cls(AdapterInstance.from_config(config) for config in payload.adapters)
+    def from_payload(
+        cls,
+        payload: pb.NodeConfigPayload,
+        ctx: AdapterContext,
+        factories: Mapping[str, AdapterFactory] | None = None,
+    ) -> AdapterRegistry:
+        """
+        Apply ``payload.adapters``, building each enabled instance's provider with ``factories``
+        (by type; default :data:`DEFAULT_FACTORIES`). Raises :class:`AdapterApplyError` if they
+        do not apply. Names and types are checked for the whole payload before any provider is
+        built.
+        """
+        table = DEFAULT_FACTORIES if factories is None else factories
+        seen: set[str] = set()
+        for config in payload.adapters:
+            name = _instanceName(config)
+            if name in seen:
+                raise AdapterApplyError(f"adapter {name!r}: duplicate instance name")
+            seen.add(name)
+            if config.type not in KNOWN_ADAPTER_TYPES:
+                raise AdapterApplyError(f"adapter {name!r}: unknown type {config.type!r}")
+        return cls(AdapterInstance.from_config(config, ctx, table) for config in payload.adapters)
 
     def get(self, name: str) -> AdapterInstance:
         """The instance with exactly this name (enabled or not), or :class:`UnknownAdapter`."""

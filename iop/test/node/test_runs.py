@@ -1,0 +1,959 @@
+"""
+The RunManager: admission, relay, sequencing, start/terminal synthesis, cancel, timeout,
+connection loss and session termination, driven with scripted fake providers and a task.Clock.
+
+The fake providers here are shared with the command and registry tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
+
+from iop.node.adapters.registry import AdapterRegistry
+from iop.node.errors import RetryableError
+from iop.node.runs import RunManager
+from iop.node.store import RunStatus, RunStore, SynchronousExecutor
+from iop.node.tap import makeSessionSetup
+from iop.node.transport import EdgeConnectionFactory, NodeSession
+from iop.runtime import (
+    AdapterContext,
+    Capabilities,
+    ExecutionSpec,
+    IOllamaAPI,
+    IProvider,
+    ISessionTerminator,
+    RuntimeEvent,
+    Usage,
+)
+from iop.test.node.fakes import TOKEN, accepted, drain, frame, readyResponse
+from iop.wire import runtime_pb2 as pb
+
+# -- fake providers ---------------------------------------------------------------------------
+
+
+@dataclass
+class Execution:
+    """One call of a fake provider's ``execute``: drive it with ``emit`` and ``deferred``."""
+
+    spec: ExecutionSpec
+    emit: Callable[[RuntimeEvent], None]
+    deferred: Deferred[None]
+    cancelled: bool = False
+
+    def finish(self) -> None:
+        self.deferred.callback(None)
+
+
+@implementer(IProvider)
+class ScriptedProvider:
+    """
+    Records every execution and returns a Deferred the test fires. ``script`` events are
+    emitted synchronously inside ``execute``; ``onCancel`` events are emitted when the Deferred
+    is cancelled (as real adapters do); ``result`` replaces the Deferred when given.
+    """
+
+    def __init__(
+        self,
+        name: str = "gpu",
+        type: str = "vllm",
+        max_concurrency: int = 2,
+        script: Iterable[RuntimeEvent] = (),
+        onCancel: Iterable[RuntimeEvent] = (),
+        result: Callable[[], Deferred[None]] | None = None,
+        raises: Exception | None = None,
+    ) -> None:
+        self.name = name
+        self.type = type
+        self.max_concurrency = max_concurrency
+        self.script = list(script)
+        self.onCancel = list(onCancel)
+        self.result = result
+        self.raises = raises
+        self.executions: list[Execution] = []
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(max_concurrency=self.max_concurrency)
+
+    def execute(self, spec: ExecutionSpec, emit: Callable[[RuntimeEvent], None]) -> Deferred[None]:
+        if self.raises is not None:
+            raise self.raises
+
+        def cancel(d: Deferred[None]) -> None:
+            execution.cancelled = True
+            for event in self.onCancel:
+                emit(event)
+
+        d: Deferred[None] = Deferred(cancel)
+        execution = Execution(spec, emit, d)
+        self.executions.append(execution)
+        for event in self.script:
+            emit(event)
+        if self.result is not None:
+            return self.result()
+        return d
+
+    @property
+    def last(self) -> Execution:
+        return self.executions[-1]
+
+
+@implementer(IProvider, ISessionTerminator)
+class SessionProvider(ScriptedProvider):
+    """A provider with logical sessions (like a CLI agent)."""
+
+    def __init__(self, name: str = "agent", type: str = "cli", **kwargs: Any) -> None:
+        super().__init__(name, type, **kwargs)
+        self.sessions: dict[tuple[str, str], bool] = {}
+        self.terminated: list[tuple[str, str]] = []
+        self.terminateResult: Callable[[], Deferred[bool]] | None = None
+
+    def list_sessions(self) -> list[dict[str, object]]:
+        return [
+            {"session_id": sid, "target": target, "active": active}
+            for (target, sid), active in self.sessions.items()
+        ]
+
+    def terminate_session(self, target: str, session_id: str) -> Deferred[bool]:
+        self.terminated.append((target, session_id))
+        if self.terminateResult is not None:
+            return self.terminateResult()
+        return succeed(self.sessions.pop((target, session_id), None) is not None)
+
+
+@implementer(IProvider, IOllamaAPI)
+class FakeOllama(ScriptedProvider):
+    """A provider answering Ollama's API queries from canned documents."""
+
+    def __init__(self, name: str = "local", type: str = "ollama", **kwargs: Any) -> None:
+        super().__init__(name, type, **kwargs)
+        self.queries: list[tuple[str, str]] = []
+        self.pending: Deferred[dict[str, Any]] | None = None
+
+    def tags(self) -> Deferred[dict[str, Any]]:
+        self.queries.append(("tags", ""))
+        return succeed({"models": [{"name": "llama3:8b"}]})
+
+    def ps(self) -> Deferred[dict[str, Any]]:
+        self.queries.append(("ps", ""))
+        if self.pending is not None:
+            return self.pending
+        return succeed({"models": []})
+
+    def show(self, model: str) -> Deferred[dict[str, Any]]:
+        self.queries.append(("show", model))
+        if model == "missing":
+            return fail(RuntimeError("ollama: model 'missing' not found"))
+        return succeed({"details": {"family": "llama"}, "model": model})
+
+
+def adapterConfig(provider: ScriptedProvider, enabled: bool = True) -> pb.AdapterConfig:
+    return pb.AdapterConfig(
+        name=provider.name,
+        type=provider.type,
+        enabled=enabled,
+        max_concurrency=provider.max_concurrency,
+        base_url="http://10.0.0.5:8000/v1",
+        headers={"Authorization": "Bearer upstream-secret"},
+    )
+
+
+def factoriesFor(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
+    """Factories (for every known type) that return the given providers by instance name."""
+    byName = {p.name: p for p in providers}
+
+    def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+        return byName[config.name or config.type]
+
+    return {t: build for t in ("openai_compat", "vllm", "ollama", "cli")}
+
+
+def registryOf(*providers: ScriptedProvider, disabled: Iterable[str] = ()) -> AdapterRegistry:
+    off = set(disabled)
+    config = pb.NodeConfigPayload(
+        node_id="node-1",
+        adapters=[adapterConfig(p, enabled=p.name not in off) for p in providers],
+    )
+    return AdapterRegistry.from_payload(
+        config, AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
+    )
+
+
+def openStore(testCase: SynchronousTestCase, clock: Clock) -> RunStore:
+    store = RunStore(":memory:", clock, SynchronousExecutor())
+    testCase.successResultOf(store.open())
+    testCase.addCleanup(store.close)
+    return store
+
+
+class FailingExecutor(SynchronousExecutor):
+    """An executor whose every job fails after the store opened (a broken disk)."""
+
+    broken = False
+
+    def submit(self, job: Callable[[], Any]) -> Deferred[Any]:
+        if self.broken:
+            return fail(OSError("disk I/O error"))
+        return super().submit(job)
+
+
+def runRequest(
+    runId: str = "r1",
+    adapter: str = "gpu",
+    target: str = "llama-70b",
+    session_id: str = "",
+    timeout_sec: int = 0,
+    **kwargs: Any,
+) -> pb.RunRequest:
+    return pb.RunRequest(
+        run_id=runId,
+        adapter=adapter,
+        target=target,
+        input="hello",
+        session_id=session_id,
+        timeout_sec=timeout_sec,
+        **kwargs,
+    )
+
+
+# -- tests ------------------------------------------------------------------------------------
+
+
+class RunManagerTestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.sent: list[pb.Envelope] = []
+        self.gpu = ScriptedProvider("gpu", "vllm", max_concurrency=2)
+        self.agent = SessionProvider("agent", "cli", max_concurrency=1)
+        self.store = openStore(self, self.clock)
+        self.registry = registryOf(self.gpu, self.agent)
+        self.manager = RunManager(self.registry, self.sent.append, self.store, self.clock, "n1")
+        self.addCleanup(self.assertNoTimers)
+
+    def assertNoTimers(self) -> None:
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def submit(self, request: pb.RunRequest | None = None, **kwargs: Any) -> None:
+        self.manager.runRequestReceived(
+            pb.Envelope(run_request=request if request is not None else runRequest(**kwargs))
+        )
+
+    def events(self, runId: str | None = None) -> list[pb.RunEvent]:
+        """The RunEvents sent so far (optionally of one run), and forget everything sent."""
+        sent, self.sent[:] = list(self.sent), []
+        events = [e.run_event for e in sent if e.WhichOneof("message") == "run_event"]
+        return [e for e in events if runId is None or e.run_id == runId]
+
+    def shape(self, events: list[pb.RunEvent]) -> list[tuple[int, str]]:
+        return [(e.sequence, e.type) for e in events]
+
+    def record(self, runId: str) -> Any:
+        return self.successResultOf(self.store.get(runId))
+
+    def cancel(self, **kwargs: Any) -> pb.CancelResponse:
+        before = len(self.sent)
+        self.manager.cancelRequestReceived(pb.Envelope(cancel_request=pb.CancelRequest(**kwargs)))
+        responses = [
+            e.cancel_response
+            for e in self.sent[before:]
+            if e.WhichOneof("message") == "cancel_response"
+        ]
+        self.assertEqual(len(responses), 1)
+        return responses[0]
+
+    def assertGateFree(self, provider: str = "gpu") -> None:
+        self.assertEqual(self.registry.get(provider).gate.in_use, 0)
+
+
+class RelayTests(RunManagerTestCase):
+    def test_happyPath(self) -> None:
+        """start, delta, complete relayed in order with sequence 1, 2, 3."""
+        self.submit(session_id="s1", metadata={"k": "v"}, max_tokens=64, workspace="/w")
+        execution = self.gpu.last
+        self.assertEqual(
+            (execution.spec.run_id, execution.spec.target, execution.spec.input),
+            ("r1", "llama-70b", "hello"),
+        )
+        self.assertEqual(dict(execution.spec.metadata), {"k": "v"})
+        self.assertEqual((execution.spec.max_tokens, execution.spec.session_id), (64, "s1"))
+        self.assertEqual(self.registry.get("gpu").gate.in_use, 1)
+        self.assertEqual(self.record("r1").status, RunStatus.RUNNING)
+
+        execution.emit(RuntimeEvent.start(session_id="s1"))
+        execution.emit(RuntimeEvent.text("Hel"))
+        execution.emit(RuntimeEvent.reasoning("hmm"))
+        execution.emit(RuntimeEvent.text("lo"))
+        execution.emit(RuntimeEvent.complete(Usage(10, 5, reasoning_tokens=2)))
+        execution.finish()
+
+        events = self.events("r1")
+        self.assertEqual(
+            self.shape(events),
+            [(1, "start"), (2, "delta"), (3, "reasoning_delta"), (4, "delta"), (5, "complete")],
+        )
+        self.assertEqual([e.delta for e in events[1:4]], ["Hel", "hmm", "lo"])
+        self.assertEqual(events[-1].usage.input_tokens, 10)
+        self.assertEqual(events[-1].usage.reasoning_tokens, 2)
+        self.assertEqual({e.timestamp_unix_ms for e in events}, {1_700_000_000_000})
+        self.assertEqual(events[0].session_id, "s1")
+        self.assertGateFree()
+        record = self.record("r1")
+        self.assertEqual((record.status, record.error), (RunStatus.COMPLETED, ""))
+        self.assertEqual(
+            (record.adapter, record.target, record.session_id), ("gpu", "llama-70b", "s1")
+        )
+        self.assertIsNotNone(record.finished_at)
+        usage = self.manager.usage()
+        self.assertEqual((usage["completed"], usage["error"], usage["active_runs"]), (1, 0, 0))
+        self.assertEqual(
+            usage["tokens"],
+            {
+                "input_tokens": 10,
+                "output_tokens": 5,
+                "reasoning_tokens": 2,
+                "cached_input_tokens": 0,
+            },
+        )
+
+    def test_sequencesArePerRun(self) -> None:
+        self.submit(runId="a")
+        first = self.gpu.last
+        self.submit(runId="b")
+        second = self.gpu.last
+        first.emit(RuntimeEvent.text("1"))
+        second.emit(RuntimeEvent.text("x"))
+        first.emit(RuntimeEvent.text("2"))
+        second.emit(RuntimeEvent.complete())
+        first.emit(RuntimeEvent.complete())
+        sent = self.events()
+        self.assertEqual(
+            [(e.run_id, e.sequence, e.type) for e in sent],
+            [
+                ("a", 1, "start"),
+                ("a", 2, "delta"),
+                ("b", 1, "start"),
+                ("b", 2, "delta"),
+                ("a", 3, "delta"),
+                ("b", 3, "complete"),
+                ("a", 4, "complete"),
+            ],
+        )
+
+    def test_startSynthesized(self) -> None:
+        """An adapter whose first event is not start gets one, carrying the run's session."""
+        self.submit(session_id="s9")
+        self.gpu.last.emit(RuntimeEvent.text("hi"))
+        [start, delta] = self.events()
+        self.assertEqual((start.sequence, start.type, start.session_id), (1, "start", "s9"))
+        self.assertEqual((delta.sequence, delta.type), (2, "delta"))
+
+    def test_secondStartDropped(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.start())
+        self.gpu.last.emit(RuntimeEvent.start())
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "complete")])
+
+    def test_adapterSessionIdRecorded(self) -> None:
+        """A session id assigned by the adapter (on its start) reaches the store."""
+        self.submit(adapter="agent")
+        self.agent.last.emit(RuntimeEvent.start(session_id="new-session"))
+        self.agent.last.emit(RuntimeEvent.complete())
+        self.assertEqual(self.record("r1").session_id, "new-session")
+
+    def test_eventsEmittedInsideExecute(self) -> None:
+        """A provider may emit synchronously, before execute() returns (and fire at once)."""
+        provider = ScriptedProvider(
+            "quick",
+            "openai_compat",
+            script=[RuntimeEvent.text("a"), RuntimeEvent.complete()],
+            result=lambda: succeed(None),
+        )
+        manager = RunManager(registryOf(provider), self.sent.append, self.store, self.clock)
+        manager.submit(runRequest(adapter="quick"))
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "delta"), (3, "complete")])
+        self.assertEqual(manager.usage()["completed"], 1)
+
+
+class TerminalTests(RunManagerTestCase):
+    def test_successWithoutTerminalCompletes(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.text("x"))
+        self.gpu.last.finish()
+        events = self.events()
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "delta"), (3, "complete")])
+        self.assertEqual(self.record("r1").status, RunStatus.COMPLETED)
+        self.assertGateFree()
+
+    def test_successWithoutAnyEvent(self) -> None:
+        self.submit()
+        self.gpu.last.finish()
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "complete")])
+
+    def test_failureBecomesError(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.start())
+        self.gpu.last.deferred.errback(RuntimeError("upstream said 502"))
+        events = self.events()
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "error")])
+        self.assertEqual(events[-1].error, "upstream said 502")
+        record = self.record("r1")
+        self.assertEqual((record.status, record.error), (RunStatus.ERROR, "upstream said 502"))
+        self.assertEqual(self.manager.usage()["error"], 1)
+        self.assertGateFree()
+
+    def test_failureWithoutMessageNamesTheType(self) -> None:
+        self.submit()
+        self.gpu.last.deferred.errback(ValueError())
+        self.assertEqual(self.events()[-1].error, "ValueError")
+
+    def test_executeRaises(self) -> None:
+        provider = ScriptedProvider("bad", "vllm", raises=RuntimeError("cannot spawn"))
+        registry = registryOf(provider)
+        manager = RunManager(registry, self.sent.append, self.store, self.clock)
+        manager.submit(runRequest(adapter="bad"))
+        events = self.events()
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "error")])
+        self.assertEqual(events[-1].error, "cannot spawn")
+        self.assertEqual(registry.get("bad").gate.in_use, 0)
+
+    def test_adapterTwoTerminals(self) -> None:
+        """Only the first terminal goes out; everything after it is dropped (and logged)."""
+        self.submit()
+        execution = self.gpu.last
+        execution.emit(RuntimeEvent.complete(Usage(1, 2)))
+        execution.emit(RuntimeEvent.failed("late"))
+        execution.emit(RuntimeEvent.text("later"))
+        execution.emit(RuntimeEvent.cancelled())
+        execution.deferred.errback(RuntimeError("even later"))
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "complete")])
+        usage = self.manager.usage()
+        self.assertEqual((usage["completed"], usage["error"], usage["cancelled"]), (1, 0, 0))
+        self.assertEqual(self.record("r1").status, RunStatus.COMPLETED)
+        self.assertGateFree()
+
+    def test_adapterErrorTerminalPassesThrough(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.failed("context length exceeded", {"code": "400"}))
+        self.gpu.last.finish()
+        [_, error] = self.events()
+        self.assertEqual((error.type, error.error), ("error", "context length exceeded"))
+        self.assertEqual(dict(error.metadata), {"code": "400"})
+        self.assertEqual(self.record("r1").error, "context length exceeded")
+
+    def test_adapterCancelledTerminal(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.cancelled("session terminated"))
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "cancelled")])
+        self.assertEqual(self.record("r1").status, RunStatus.CANCELLED)
+        self.assertEqual(self.manager.usage()["cancelled"], 1)
+
+    def test_usageTakesTheLastReport(self) -> None:
+        """Usage reported more than once in a run counts once (the last report)."""
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent(RuntimeEvent.text("").type, usage=Usage(3, 1)))
+        self.gpu.last.emit(RuntimeEvent.complete(Usage(3, 4, cached_input_tokens=2)))
+        tokens = self.manager.usage()["tokens"]
+        self.assertEqual(
+            tokens,
+            {
+                "input_tokens": 3,
+                "output_tokens": 4,
+                "reasoning_tokens": 0,
+                "cached_input_tokens": 2,
+            },
+        )
+
+
+class AdmissionTests(RunManagerTestCase):
+    def test_atCapacityRefusedThenAdmittedAfterTerminal(self) -> None:
+        self.submit(runId="a")
+        self.submit(runId="b")
+        self.events()
+        self.submit(runId="c")
+        [refusal] = self.events()
+        self.assertEqual((refusal.run_id, refusal.sequence, refusal.type), ("c", 1, "error"))
+        self.assertEqual(refusal.error, "adapter 'gpu' is at capacity (2/2)")
+        self.assertEqual(len(self.gpu.executions), 2)
+        self.assertEqual(self.record("c").status, RunStatus.ERROR)
+        self.assertIsNone(self.record("c").started_at)
+        self.assertEqual(self.manager.usage()["rejected"], 1)
+
+        self.gpu.executions[0].emit(RuntimeEvent.complete())
+        self.assertEqual(self.registry.get("gpu").gate.in_use, 1)
+        self.submit(runId="c")
+        self.assertEqual(len(self.gpu.executions), 3)
+        self.assertEqual(self.registry.get("gpu").gate.in_use, 2)
+        self.assertEqual(self.record("c").status, RunStatus.RUNNING)
+
+    def test_slotFreeWhenTerminalIsSent(self) -> None:
+        """The slot is back before the terminal reaches the Edge."""
+        seen: list[int] = []
+        gate = self.registry.get("gpu").gate
+
+        def send(envelope: pb.Envelope) -> None:
+            if envelope.run_event.type == "complete":
+                seen.append(gate.in_use)
+
+        manager = RunManager(self.registry, send, self.store, self.clock)
+        manager.submit(runRequest())
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.assertEqual(seen, [0])
+
+    def test_unknownAdapter(self) -> None:
+        self.submit(adapter="nope", session_id="s1")
+        [refusal] = self.events()
+        self.assertEqual(
+            (refusal.sequence, refusal.type, refusal.error, refusal.session_id),
+            (1, "error", "unknown adapter 'nope'", "s1"),
+        )
+        record = self.record("r1")
+        self.assertEqual((record.adapter, record.status), ("nope", RunStatus.ERROR))
+        self.assertEqual(record.error, "unknown adapter 'nope'")
+
+    def test_disabledAdapter(self) -> None:
+        registry = registryOf(self.gpu, disabled=["gpu"])
+        self.assertIsNone(registry.get("gpu").provider)
+        manager = RunManager(registry, self.sent.append, self.store, self.clock)
+        manager.submit(runRequest())
+        [refusal] = self.events()
+        self.assertEqual(refusal.error, "adapter 'gpu' is disabled")
+        self.assertEqual(self.gpu.executions, [])
+
+    def test_legacyTypeName(self) -> None:
+        self.submit(adapter="vllm")
+        self.assertEqual(len(self.gpu.executions), 1)
+        self.assertEqual(self.record("r1").adapter, "gpu")
+
+    def test_duplicateRunId(self) -> None:
+        """A second request for an active run id is refused; the first run goes on."""
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.start())
+        self.submit()
+        [_, refusal] = self.events()
+        self.assertEqual((refusal.sequence, refusal.type), (1, "error"))
+        self.assertEqual(refusal.error, "run 'r1' is already active on this node")
+        self.assertEqual(len(self.gpu.executions), 1)
+        self.assertEqual(self.record("r1").status, RunStatus.RUNNING)
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.assertEqual(self.shape(self.events()), [(2, "complete")])
+        self.assertGateFree()
+
+    def test_runIdReusableAfterFinish(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.submit()
+        self.assertEqual(len(self.gpu.executions), 2)
+        self.assertEqual(self.record("r1").status, RunStatus.RUNNING)
+
+    def test_missingRunId(self) -> None:
+        self.submit(runId="")
+        [refusal] = self.events()
+        self.assertEqual(refusal.error, "run request without a run_id")
+        self.assertEqual(self.gpu.executions, [])
+
+
+class CancelTests(RunManagerTestCase):
+    def test_cancelMidRun(self) -> None:
+        self.gpu.onCancel = [RuntimeEvent.cancelled("adapter saw the cancel")]
+        self.submit()
+        execution = self.gpu.last
+        execution.emit(RuntimeEvent.text("partial"))
+        response = self.cancel(kind=pb.CANCEL_RUN, run_id="r1", reason="client went away")
+        self.assertEqual(
+            (response.kind, response.run_id, response.ok, response.reason),
+            (pb.CANCEL_RUN, "r1", True, ""),
+        )
+        self.assertTrue(execution.cancelled)
+        self.assertTrue(execution.deferred.called)
+        events = self.events()
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "delta"), (3, "cancelled")])
+        self.assertEqual(events[-1].error, "client went away")
+        record = self.record("r1")
+        self.assertEqual((record.status, record.error), (RunStatus.CANCELLED, "client went away"))
+        self.assertEqual(self.manager.usage()["cancelled"], 1)
+        self.assertGateFree()
+
+    def test_cancelBeforeAnyEvent(self) -> None:
+        self.submit()
+        self.cancel(kind=pb.CANCEL_RUN, run_id="r1")
+        events = self.events()
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "cancelled")])
+        self.assertEqual(events[-1].error, "cancelled by edge")
+
+    def test_cancelAfterTerminal(self) -> None:
+        self.submit()
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.events()
+        response = self.cancel(kind=pb.CANCEL_RUN, run_id="r1")
+        self.assertFalse(response.ok)
+        self.assertEqual(response.reason, "no active run 'r1' on this node")
+        self.assertEqual(self.events(), [])
+        self.assertFalse(self.gpu.last.cancelled)
+        self.assertEqual(self.record("r1").status, RunStatus.COMPLETED)
+
+    def test_cancelUnknownRun(self) -> None:
+        response = self.cancel(kind=pb.CANCEL_RUN, run_id="ghost")
+        self.assertEqual((response.ok, response.run_id), (False, "ghost"))
+        self.assertIn("ghost", response.reason)
+
+    def test_cancelTwice(self) -> None:
+        self.submit()
+        self.assertTrue(self.cancel(kind=pb.CANCEL_RUN, run_id="r1").ok)
+        self.assertFalse(self.cancel(kind=pb.CANCEL_RUN, run_id="r1").ok)
+        self.assertEqual([e.type for e in self.events()], ["start", "cancelled"])
+
+    def test_unspecifiedKind(self) -> None:
+        response = self.cancel(run_id="r1")
+        self.assertFalse(response.ok)
+        self.assertIn("unknown cancel kind", response.reason)
+
+    def test_cancelWhileExecuteRuns(self) -> None:
+        """A cancel that arrives re-entrantly, before execute() returned, still cancels."""
+        provider = ScriptedProvider("re", "vllm", script=[RuntimeEvent.start()])
+        registry = registryOf(provider)
+        manager: RunManager
+
+        def send(envelope: pb.Envelope) -> None:
+            self.sent.append(envelope)
+            if envelope.run_event.type == "start":
+                manager.cancel(pb.CancelRequest(kind=pb.CANCEL_RUN, run_id="r1"))
+
+        manager = RunManager(registry, send, self.store, self.clock)
+        manager.submit(runRequest(adapter="re"))
+        self.assertTrue(provider.last.cancelled)
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "cancelled")])
+        self.assertEqual(registry.get("re").gate.in_use, 0)
+
+
+class TimeoutTests(RunManagerTestCase):
+    def test_timeout(self) -> None:
+        self.gpu.onCancel = [RuntimeEvent.cancelled()]
+        self.submit(timeout_sec=5)
+        execution = self.gpu.last
+        execution.emit(RuntimeEvent.text("slow"))
+        self.clock.advance(4.9)
+        self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "delta")])
+        self.clock.advance(0.1)
+        self.assertTrue(execution.cancelled)
+        events = self.events()
+        self.assertEqual(self.shape(events), [(3, "error")])
+        self.assertEqual(events[0].error, "timed out after 5 s")
+        record = self.record("r1")
+        self.assertEqual((record.status, record.error), (RunStatus.ERROR, "timed out after 5 s"))
+        self.assertGateFree()
+        # A cancel or terminal after the timeout changes nothing.
+        execution.emit(RuntimeEvent.complete())
+        self.assertFalse(self.cancel(kind=pb.CANCEL_RUN, run_id="r1").ok)
+        self.assertEqual(self.events(), [])
+
+    def test_timerStoppedByTerminal(self) -> None:
+        self.submit(timeout_sec=30)
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.gpu.last.emit(RuntimeEvent.complete())
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_timerStoppedByCancel(self) -> None:
+        self.submit(timeout_sec=30)
+        self.cancel(kind=pb.CANCEL_RUN, run_id="r1")
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_noTimeoutMeansNoTimer(self) -> None:
+        self.submit()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.gpu.last.finish()
+
+
+class ConnectionLostTests(RunManagerTestCase):
+    def test_activeRunsCancelledAndRecorded(self) -> None:
+        self.gpu.onCancel = [RuntimeEvent.cancelled()]
+        self.submit(runId="a", timeout_sec=60)
+        self.submit(runId="b")
+        self.submit(runId="c", adapter="agent")
+        self.gpu.executions[1].emit(RuntimeEvent.complete())
+        self.events()
+        self.manager.connectionLost()
+        self.assertEqual(self.events(), [])
+        self.assertTrue(self.gpu.executions[0].cancelled)
+        self.assertFalse(self.gpu.executions[1].cancelled)
+        self.assertTrue(self.agent.last.cancelled)
+        for runId in ("a", "c"):
+            record = self.record(runId)
+            self.assertEqual(
+                (record.status, record.error), (RunStatus.CANCELLED, "edge connection lost")
+            )
+        self.assertEqual(self.record("b").status, RunStatus.COMPLETED)
+        self.assertGateFree("gpu")
+        self.assertGateFree("agent")
+        usage = self.manager.usage()
+        self.assertEqual((usage["active_runs"], usage["cancelled"], usage["completed"]), (0, 2, 1))
+        # Late events and requests after the loss go nowhere.
+        self.gpu.executions[0].emit(RuntimeEvent.text("late"))
+        self.submit(runId="d")
+        self.assertEqual(self.events(), [])
+        self.assertEqual(len(self.gpu.executions), 2)
+
+
+class TerminateSessionTests(RunManagerTestCase):
+    def test_withTerminator(self) -> None:
+        self.agent.sessions[("repo", "s1")] = True
+        response = self.cancel(
+            kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="s1"
+        )
+        self.assertEqual(
+            (response.kind, response.session_id, response.ok, response.reason),
+            (pb.TERMINATE_SESSION, "s1", True, ""),
+        )
+        self.assertEqual(self.agent.terminated, [("repo", "s1")])
+
+    def test_unknownSession(self) -> None:
+        response = self.cancel(
+            kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="nope"
+        )
+        self.assertFalse(response.ok)
+        self.assertEqual(response.reason, "adapter 'agent' has no session 'nope'")
+
+    def test_withoutTerminator(self) -> None:
+        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="gpu", session_id="s1")
+        self.assertFalse(response.ok)
+        self.assertEqual(response.reason, "adapter 'gpu' does not support sessions")
+
+    def test_unknownAdapter(self) -> None:
+        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="x", session_id="s1")
+        self.assertEqual((response.ok, response.reason), (False, "unknown adapter 'x'"))
+
+    def test_terminatorFails(self) -> None:
+        self.agent.terminateResult = lambda: fail(OSError("kill failed"))
+        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
+        self.assertFalse(response.ok)
+        self.assertEqual(response.reason, "terminating the session failed: kill failed")
+
+    def test_terminatorHangs(self) -> None:
+        self.agent.terminateResult = lambda: Deferred()
+        d = self.manager.cancel(
+            pb.CancelRequest(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
+        )
+        self.assertNoResult(d)
+        self.clock.advance(30)
+        self.assertFalse(self.successResultOf(d).ok)
+
+    def test_sessionRunEndsWithAdapterCancelled(self) -> None:
+        """A terminator that ends the session's run makes the adapter emit its terminal."""
+        self.agent.sessions[("repo", "s1")] = True
+        self.submit(adapter="agent", target="repo", session_id="s1")
+        execution = self.agent.last
+
+        def terminate() -> Deferred[bool]:
+            execution.emit(RuntimeEvent.cancelled("session terminated"))
+            return succeed(True)
+
+        self.agent.terminateResult = terminate
+        self.assertTrue(
+            self.cancel(
+                kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="s1"
+            ).ok
+        )
+        events = self.events("r1")
+        self.assertEqual(self.shape(events), [(1, "start"), (2, "cancelled")])
+        self.assertEqual(self.record("r1").status, RunStatus.CANCELLED)
+        self.assertGateFree("agent")
+
+
+class StoreFailureTests(SynchronousTestCase):
+    def test_brokenStoreNeverBreaksARun(self) -> None:
+        clock = Clock()
+        executor = FailingExecutor()
+        store = RunStore(":memory:", clock, executor)
+        self.successResultOf(store.open())
+        self.addCleanup(store.close)
+        self.addCleanup(setattr, executor, "broken", False)
+        executor.broken = True
+        provider = ScriptedProvider()
+        sent: list[pb.Envelope] = []
+        registry = registryOf(provider)
+        manager = RunManager(registry, sent.append, store, clock)
+        manager.submit(runRequest())
+        provider.last.emit(RuntimeEvent.complete())
+        manager.submit(runRequest(runId="r2", adapter="nope"))
+        self.assertEqual(
+            [(e.run_event.run_id, e.run_event.type) for e in sent],
+            [("r1", "start"), ("r1", "complete"), ("r2", "error")],
+        )
+        self.assertEqual(registry.get("gpu").gate.in_use, 0)
+        self.assertEqual(len(self.flushLoggedErrors(OSError)), 3)
+
+    def test_unopenedStoreNeverBreaksARun(self) -> None:
+        clock = Clock()
+        store = RunStore(":memory:", clock, SynchronousExecutor())
+        provider = ScriptedProvider()
+        sent: list[pb.Envelope] = []
+        manager = RunManager(registryOf(provider), sent.append, store, clock)
+        manager.submit(runRequest())
+        provider.last.finish()
+        self.assertEqual([e.run_event.type for e in sent], ["start", "complete"])
+
+
+class DescribeTests(RunManagerTestCase):
+    def test_describeAndUsage(self) -> None:
+        self.submit(runId="a", session_id="s1")
+        self.submit(runId="b", adapter="agent", background=True)
+        self.gpu.last.emit(RuntimeEvent.text("x"))
+        self.submit(runId="c", adapter="nope")
+        described = self.manager.describe()
+        self.assertEqual(
+            described["active"],
+            [
+                {
+                    "run_id": "a",
+                    "adapter": "gpu",
+                    "target": "llama-70b",
+                    "session_id": "s1",
+                    "background": False,
+                    "started_unix_ms": 1_700_000_000_000,
+                    "events": 2,
+                },
+                {
+                    "run_id": "b",
+                    "adapter": "agent",
+                    "target": "llama-70b",
+                    "session_id": "",
+                    "background": True,
+                    "started_unix_ms": 1_700_000_000_000,
+                    "events": 0,
+                },
+            ],
+        )
+        usage = self.manager.usage()
+        self.assertEqual(usage["active_runs"], 2)
+        self.assertEqual(usage["active_by_adapter"], {"gpu": 1, "agent": 1})
+        self.assertEqual((usage["error"], usage["rejected"]), (1, 1))
+        self.assertEqual(self.manager.activeCount("gpu"), 1)
+        self.assertEqual(self.manager.activeCount(), 2)
+        self.assertEqual(self.record("b").background, True)
+        self.manager.connectionLost()
+
+
+# -- the session hook through a real handshake -------------------------------------------------
+
+
+class SessionSetupTests(SynchronousTestCase):
+    """makeSessionSetup installed on a real protocol: runs, cancels and commands over the wire."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.store = openStore(self, self.clock)
+        self.gpu = ScriptedProvider("gpu", "vllm", max_concurrency=1)
+
+    def connect(self, sessionSetup: Callable[[NodeSession], None]) -> Any:
+        factory = EdgeConnectionFactory(
+            self.clock,
+            hostname="h",
+            adapterContext=AdapterContext(reactor=self.clock, http=None),
+            adapterFactories=factoriesFor(self.gpu),
+            sessionSetup=sessionSetup,
+        )
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        self.addCleanup(protocol.connectionLost, Failure(ConnectionDone()))
+        return protocol, transport
+
+    def payload(self) -> pb.NodeConfigPayload:
+        return pb.NodeConfigPayload(
+            node_id="node-1", adapters=[adapterConfig(self.gpu)], config_revision=3
+        )
+
+    def test_handlersInstalledBeforeReady(self) -> None:
+        protocol, transport = self.connect(makeSessionSetup(self.store, self.clock))
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        drain(transport)
+        protocol.dataReceived(frame(accepted(self.payload())))
+        [ready] = drain(transport)
+        self.assertEqual(ready.WhichOneof("message"), "node_ready_request")
+        protocol.dataReceived(frame(readyResponse()))
+        session = self.successResultOf(d)
+        self.assertIsNotNone(session.ready_at)
+
+        protocol.dataReceived(frame(pb.Envelope(run_request=runRequest(timeout_sec=60))))
+        self.gpu.last.emit(RuntimeEvent.text("hi"))
+        protocol.dataReceived(
+            frame(
+                pb.Envelope(
+                    node_command_request=pb.NodeCommandRequest(
+                        request_id="q1", type=pb.NODE_COMMAND_USAGE_STATUS
+                    )
+                )
+            )
+        )
+        sent = [e for e in drain(transport) if e.WhichOneof("message") != "heartbeat"]
+        self.assertEqual(
+            [e.WhichOneof("message") for e in sent],
+            ["run_event", "run_event", "node_command_response"],
+        )
+        self.assertTrue(sent[-1].node_command_response.ok)
+        self.assertIn('"in_use":1', sent[-1].node_command_response.result_json)
+
+        protocol.dataReceived(
+            frame(pb.Envelope(cancel_request=pb.CancelRequest(kind=pb.CANCEL_RUN, run_id="r1")))
+        )
+        sent = [e for e in drain(transport) if e.WhichOneof("message") != "heartbeat"]
+        self.assertEqual(
+            [(e.WhichOneof("message"), e.run_event.type) for e in sent],
+            [("run_event", "cancelled"), ("cancel_response", "")],
+        )
+        self.assertTrue(sent[-1].cancel_response.ok)
+
+    def test_connectionLossCancelsRuns(self) -> None:
+        protocol, _ = self.connect(makeSessionSetup(self.store, self.clock))
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        protocol.dataReceived(frame(accepted(self.payload())))
+        protocol.dataReceived(frame(readyResponse()))
+        session = self.successResultOf(d)
+        protocol.dataReceived(frame(pb.Envelope(run_request=runRequest(timeout_sec=60))))
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertTrue(self.gpu.last.cancelled)
+        self.assertEqual(session.registry.get("gpu").gate.in_use, 0)
+        record = self.successResultOf(self.store.get("r1"))
+        assert record is not None
+        self.assertEqual(
+            (record.status, record.error), (RunStatus.CANCELLED, "edge connection lost")
+        )
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_setupFailureFailsTheHandshake(self) -> None:
+        def broken(session: NodeSession) -> None:
+            raise RuntimeError("no handlers today")
+
+        protocol, transport = self.connect(broken)
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        drain(transport)
+        protocol.dataReceived(frame(accepted(self.payload())))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertEqual(failure.getErrorMessage(), "session setup failed: no handlers today")
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(drain(transport), [])
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+    def test_sessionClosedAfterFailedHandshake(self) -> None:
+        """A session that was set up but never became ready is still told when it closes."""
+        sessions: list[NodeSession] = []
+        protocol, _ = self.connect(sessions.append)
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        protocol.dataReceived(frame(accepted(self.payload())))
+        closed = sessions[0].whenClosed()
+        protocol.dataReceived(frame(readyResponse(ready=False, reason="superseded")))
+        self.failureResultOf(d, RetryableError)
+        self.assertNoResult(closed)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.successResultOf(closed)
+        self.assertTrue(sessions[0].closed)

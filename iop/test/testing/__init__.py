@@ -1,0 +1,1 @@
+"""Tests for the shared test fakes in iop.testing."""

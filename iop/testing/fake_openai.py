@@ -1,0 +1,552 @@
+# -*- test-case-name: iop.test.testing.test_fake_openai -*-
+"""
+A fake OpenAI-compatible upstream: a real ``twisted.web`` resource tree, served on a real port
+(the CLI, system tests, the demo, the benchmark) or in memory through ``treq.testing.StubTreq``.
+
+Routes:
+
+- ``GET /v1/models``: the configured model list.
+- ``POST /v1/chat/completions``: a deterministic answer, streamed as SSE (``stream: true``) or as
+  one ``chat.completion`` object. The text is ``tok0 tok1 …`` (:func:`fake_text`), capped by
+  ``max_tokens``/``max_completion_tokens``. A model whose name contains ``reason`` first streams
+  ``reasoning_content`` (:func:`fake_reasoning`) and reports ``reasoning_tokens``; a leading
+  system message is reported as cached (``cached_tokens`` = its word count). A request with
+  ``tools`` gets a native call to its first tool, arguments split over several chunks — unless
+  the fake rejects tools, then it answers 400. Model ``fail-500`` answers 500; model
+  ``fail-midstream`` sends a few chunks and drops the connection.
+- ``GET /_fake/stats``: :class:`FakeStats` as JSON.
+
+Token delays run on the injected clock, so unit tests drive them with ``task.Clock``.
+
+CLI: ``python -m iop.testing.fake_openai --port 9001 [--host 127.0.0.1] [--tokens N]
+[--chunk-tokens N] [--delay-ms N] [--reject-tools] [--models a,b]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from iop.runtime.chat_input import content_text
+
+REASONING_MARKER = "reason"
+FAIL_500_MODEL = "fail-500"
+FAIL_MIDSTREAM_MODEL = "fail-midstream"
+# Token chunks a ``fail-midstream`` answer sends before it drops the connection.
+MIDSTREAM_CHUNKS = 3
+TOOLS_REJECTED = "tools are not supported by this backend"
+
+
+def fake_tokens(count: int, word: str = "tok") -> list[str]:
+    """The fake's tokens: ``["tok0", " tok1", " tok2", …]`` (joined they read ``tok0 tok1 …``)."""
+    return [f"{word}{i}" if i == 0 else f" {word}{i}" for i in range(count)]
+
+
+def fake_text(count: int) -> str:
+    """The answer text of ``count`` tokens."""
+    return "".join(fake_tokens(count))
+
+
+def reasoning_token_count(tokens: int) -> int:
+    """How many reasoning tokens a reasoning model's answer of ``tokens`` tokens has."""
+    return max(1, tokens // 2)
+
+
+def fake_reasoning(tokens: int) -> str:
+    """The reasoning text that precedes an answer of ``tokens`` tokens on a reasoning model."""
+    return "".join(fake_tokens(reasoning_token_count(tokens), "think"))
+
+
+def word_count(content: Any) -> int:
+    return len(content_text(content).split())
+
+
+def fake_arguments(tool: dict[str, Any]) -> dict[str, Any]:
+    """Deterministic arguments for a tool: one placeholder value per declared property."""
+    function = tool.get("function") if isinstance(tool.get("function"), dict) else {}
+    parameters = function.get("parameters") if isinstance(function, dict) else None
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return {}
+    placeholders: dict[str, Any] = {
+        "string": "fake",
+        "integer": 1,
+        "number": 1,
+        "boolean": True,
+        "array": [],
+        "object": {},
+    }
+    out: dict[str, Any] = {}
+    for name, schema in properties.items():
+        kind = schema.get("type") if isinstance(schema, dict) else None
+        out[str(name)] = placeholders.get(kind, None) if isinstance(kind, str) else None
+    return out
+
+
+def split_arguments(arguments: str) -> list[str]:
+    """Split a tool call's argument JSON into (up to) three pieces, as a streaming server does."""
+    step = max(1, -(-len(arguments) // 3))
+    return [arguments[i : i + step] for i in range(0, len(arguments), step)] or [""]
+
+
+@dataclass(frozen=True)
+class FakeSettings:
+    tokens: int = 16
+    chunk_tokens: int = 1
+    delay_ms: int = 0
+    reject_tools: bool = False
+    models: tuple[str, ...] = ("demo-model",)
+
+
+@dataclass
+class FakeStats:
+    """
+    ``total_requests`` counts chat completion requests (rejected ones too). A stream is active
+    from its first byte until it finishes, the client goes away, or the fake drops it.
+    """
+
+    total_requests: int = 0
+    active_streams: int = 0
+    completed_responses: int = 0
+    client_disconnects: int = 0
+    dropped_streams: int = 0
+    rejected_requests: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ReceivedRequest:
+    """One chat completion request as the fake received it (header names lower-cased)."""
+
+    body: Any
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def error_body(
+    message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> bytes:
+    """The OpenAI error shape."""
+    return json.dumps(
+        {"error": {"message": message, "type": kind, "param": param, "code": None}}
+    ).encode()
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """What the fake decided to say to one request, before it is framed."""
+
+    model: str
+    reasoning: list[str]
+    content: list[str]
+    tool_call: dict[str, Any] | None
+    arguments: list[str]
+    finish_reason: str
+    usage: dict[str, Any]
+
+
+class FakeOpenAI:
+    """The fake's state and settings; :meth:`resource` is what a ``Site`` or ``StubTreq`` serves."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        tokens: int = 16,
+        chunk_tokens: int = 1,
+        delay_ms: int = 0,
+        reject_tools: bool = False,
+        models: Sequence[str] = ("demo-model",),
+    ) -> None:
+        if tokens < 0 or chunk_tokens < 1 or delay_ms < 0:
+            raise ValueError("tokens >= 0, chunk_tokens >= 1 and delay_ms >= 0, please")
+        self.clock = clock
+        self.settings = FakeSettings(tokens, chunk_tokens, delay_ms, reject_tools, tuple(models))
+        self.requests: list[ReceivedRequest] = []
+        self._stats = FakeStats()
+        self._ids = itertools.count(1)
+
+    def stats(self) -> FakeStats:
+        """A snapshot of the counters."""
+        return FakeStats(**self._stats.as_dict())
+
+    def resource(self) -> IResource:
+        root = _Directory()
+        v1 = _Directory()
+        chat = _Directory()
+        fake = _Directory()
+        root.putChild(b"v1", v1)
+        root.putChild(b"_fake", fake)
+        v1.putChild(b"models", _Models(self))
+        v1.putChild(b"chat", chat)
+        chat.putChild(b"completions", _ChatCompletions(self))
+        fake.putChild(b"stats", _Stats(self))
+        return root
+
+    def site(self) -> Site:
+        return Site(self.resource())
+
+    # -- chat completions -------------------------------------------------------------------
+
+    def _chat(self, request: Request) -> bytes | int:
+        self._stats.total_requests += 1
+        raw = request.content.read() if request.content is not None else b""
+        headers = {
+            name.decode("latin-1").lower(): values[0].decode("latin-1")
+            for name, values in request.requestHeaders.getAllRawHeaders()
+        }
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            self.requests.append(ReceivedRequest(None, headers))
+            return self._reject(request, 400, "request body is not valid JSON")
+        self.requests.append(ReceivedRequest(body, headers))
+        problem = _validate(body)
+        if problem is not None:
+            return self._reject(request, 400, problem, param="messages")
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        if model == FAIL_500_MODEL:
+            return self._reject(request, 500, "injected upstream failure", kind="server_error")
+        tools = body.get("tools")
+        if tools and self.settings.reject_tools:
+            return self._reject(request, 400, TOOLS_REJECTED, param="tools")
+        answer = self._answer(model, body)
+        delay = self.settings.delay_ms
+        if body.get("stream") is True:
+            options = body.get("stream_options")
+            includeUsage = isinstance(options, dict) and options.get("include_usage") is True
+            steps = self._streamSteps(answer, includeUsage)
+            dropAt = (
+                min(len(steps) - 1, 1 + MIDSTREAM_CHUNKS) if model == FAIL_MIDSTREAM_MODEL else None
+            )
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"text/event-stream")
+            request.setHeader(b"cache-control", b"no-cache")
+            _Writer(self, request, steps, delay, dropAt, stream=True).start()
+        else:
+            completion = json.dumps(self._completion(answer)).encode()
+            tokens = len(answer.reasoning) + len(answer.content) + len(answer.arguments)
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            if model == FAIL_MIDSTREAM_MODEL:
+                steps = [(completion[: len(completion) // 2], tokens)]
+                _Writer(self, request, steps, delay, dropAt=1, stream=False).start()
+            else:
+                _Writer(self, request, [(completion, tokens)], delay, None, stream=False).start()
+        return NOT_DONE_YET
+
+    def _reject(
+        self,
+        request: Request,
+        code: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ) -> bytes:
+        self._stats.rejected_requests += 1
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", b"application/json")
+        return error_body(message, kind, param)
+
+    def _answer(self, model: str, body: dict[str, Any]) -> _Answer:
+        messages: list[dict[str, Any]] = body["messages"]
+        promptTokens = sum(word_count(m.get("content")) for m in messages)
+        limit = body.get("max_completion_tokens") or body.get("max_tokens")
+        count = self.settings.tokens
+        finish = "stop"
+        if isinstance(limit, int) and 0 < limit < count:
+            count, finish = limit, "length"
+        reasoning = (
+            fake_tokens(reasoning_token_count(count), "think") if REASONING_MARKER in model else []
+        )
+        tools = body.get("tools")
+        toolCall: dict[str, Any] | None = None
+        arguments: list[str] = []
+        content: list[str] = []
+        if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
+            first: dict[str, Any] = tools[0] if isinstance(tools[0], dict) else {}
+            function = first.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            name = name if isinstance(name, str) and name else "tool"
+            argumentText = json.dumps(fake_arguments(first))
+            arguments = split_arguments(argumentText)
+            toolCall = {
+                "id": f"call_fake_{next(self._ids)}",
+                "type": "function",
+                "function": {"name": name, "arguments": argumentText},
+            }
+            finish = "tool_calls"
+        else:
+            content = fake_tokens(count)
+        usage: dict[str, Any] = {
+            "prompt_tokens": promptTokens,
+            "completion_tokens": len(reasoning) + len(content) + len(arguments),
+            "total_tokens": promptTokens + len(reasoning) + len(content) + len(arguments),
+        }
+        if messages and messages[0].get("role") == "system":
+            usage["prompt_tokens_details"] = {
+                "cached_tokens": word_count(messages[0].get("content"))
+            }
+        if reasoning:
+            usage["completion_tokens_details"] = {"reasoning_tokens": len(reasoning)}
+        return _Answer(model, reasoning, content, toolCall, arguments, finish, usage)
+
+    def _envelope(self, answer: _Answer, kind: str) -> dict[str, Any]:
+        return {
+            "id": f"chatcmpl-fake-{next(self._ids)}",
+            "object": kind,
+            "created": int(self.clock.seconds()),
+            "model": answer.model,
+        }
+
+    def _streamSteps(self, answer: _Answer, includeUsage: bool) -> list[tuple[bytes, int]]:
+        """The SSE frames of an answer, each with the number of tokens it carries."""
+        base = self._envelope(answer, "chat.completion.chunk")
+
+        def frame(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            return b"data: " + json.dumps({**base, "choices": [choice]}).encode() + b"\n\n"
+
+        size = self.settings.chunk_tokens
+        steps: list[tuple[bytes, int]] = [(frame({"role": "assistant", "content": ""}), 0)]
+        for i in range(0, len(answer.reasoning), size):
+            piece = answer.reasoning[i : i + size]
+            steps.append((frame({"reasoning_content": "".join(piece)}), len(piece)))
+        for i in range(0, len(answer.content), size):
+            piece = answer.content[i : i + size]
+            steps.append((frame({"content": "".join(piece)}), len(piece)))
+        if answer.tool_call is not None:
+            call = answer.tool_call
+            head = {
+                "index": 0,
+                "id": call["id"],
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": ""},
+            }
+            steps.append((frame({"tool_calls": [head]}), 0))
+            for argumentPiece in answer.arguments:
+                argDelta = {"index": 0, "function": {"arguments": argumentPiece}}
+                steps.append((frame({"tool_calls": [argDelta]}), 1))
+        steps.append((frame({}, answer.finish_reason), 0))
+        if includeUsage:
+            chunk = {**base, "choices": [], "usage": answer.usage}
+            steps.append((b"data: " + json.dumps(chunk).encode() + b"\n\n", 0))
+        steps.append((b"data: [DONE]\n\n", 0))
+        return steps
+
+    def _completion(self, answer: _Answer) -> dict[str, Any]:
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(answer.content) if answer.tool_call is None else None,
+        }
+        if answer.reasoning:
+            message["reasoning_content"] = "".join(answer.reasoning)
+        if answer.tool_call is not None:
+            message["tool_calls"] = [answer.tool_call]
+        choice = {"index": 0, "message": message, "logprobs": None}
+        choice["finish_reason"] = answer.finish_reason
+        return {
+            **self._envelope(answer, "chat.completion"),
+            "choices": [choice],
+            "usage": answer.usage,
+        }
+
+
+def _validate(body: Any) -> str | None:
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' is required and must be a non-empty list"
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            return f"messages[{i}] must be an object with a 'role'"
+    return None
+
+
+class _Writer:
+    """
+    Writes one answer's frames, waiting ``delayMS`` milliseconds per token before each token-bearing
+    frame; stops when the client goes away. ``dropAt``: drop the connection after that many
+    frames (error injection).
+    """
+
+    def __init__(
+        self,
+        fake: FakeOpenAI,
+        request: Request,
+        steps: list[tuple[bytes, int]],
+        delayMS: int,
+        dropAt: int | None,
+        stream: bool,
+    ) -> None:
+        self._fake = fake
+        self._request = request
+        self._steps = steps
+        self._delayMS = delayMS
+        self._dropAt = dropAt
+        self._stream = stream
+        self._index = 0
+        self._waited = False
+        self._call: IDelayedCall | None = None
+        self._over = False
+        self._dropping = False
+
+    def start(self) -> None:
+        stats = self._fake._stats
+        if self._stream:
+            stats.active_streams += 1
+        self._request.notifyFinish().addCallbacks(self._finished, self._lost)
+        self._pump()
+
+    def _pump(self) -> None:
+        self._call = None
+        while not self._over:
+            if self._index >= len(self._steps):
+                self._request.finish()
+                return
+            data, tokens = self._steps[self._index]
+            if tokens and self._delayMS > 0 and not self._waited:
+                self._waited = True
+                wait = tokens * self._delayMS / 1000.0
+                self._call = self._fake.clock.callLater(wait, self._pump)
+                return
+            self._waited = False
+            self._request.write(data)
+            self._index += 1
+            if self._dropAt is not None and self._index >= self._dropAt:
+                self._dropping = True
+                self._request.loseConnection()
+                return
+
+    def _end(self) -> None:
+        self._over = True
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+        if self._stream:
+            self._fake._stats.active_streams -= 1
+
+    def _finished(self, _: object) -> None:
+        self._end()
+        self._fake._stats.completed_responses += 1
+
+    def _lost(self, reason: Failure) -> None:
+        self._end()
+        if self._dropping:
+            self._fake._stats.dropped_streams += 1
+        else:
+            self._fake._stats.client_disconnects += 1
+
+
+class _JSONResource(Resource):
+    def _json(self, request: Request, code: int, body: bytes) -> bytes:
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", b"application/json")
+        return body
+
+
+class _Directory(_JSONResource):
+    """A path segment with children; unknown children answer an OpenAI-shaped 404."""
+
+    def getChild(self, path: bytes, request: Request) -> IResource:
+        return _NotFound()
+
+    def render(self, request: Request) -> bytes:
+        return _NotFound().render(request)
+
+
+class _NotFound(_JSONResource):
+    isLeaf = True
+
+    def render(self, request: Request) -> bytes:
+        path = request.path.decode("latin-1", errors="replace")
+        return self._json(request, 404, error_body(f"no route for {path}", "not_found_error"))
+
+
+class _Models(_JSONResource):
+    isLeaf = True
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        super().__init__()
+        self._fake = fake
+
+    def render_GET(self, request: Request) -> bytes:
+        data = [
+            {"id": model, "object": "model", "created": 0, "owned_by": "fake"}
+            for model in self._fake.settings.models
+        ]
+        return self._json(request, 200, json.dumps({"object": "list", "data": data}).encode())
+
+
+class _ChatCompletions(Resource):
+    isLeaf = True
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        super().__init__()
+        self._fake = fake
+
+    def render_POST(self, request: Request) -> bytes | int:
+        return self._fake._chat(request)
+
+
+class _Stats(_JSONResource):
+    isLeaf = True
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        super().__init__()
+        self._fake = fake
+
+    def render_GET(self, request: Request) -> bytes:
+        return self._json(request, 200, json.dumps(self._fake.stats().as_dict()).encode())
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m iop.testing.fake_openai",
+        description="Serve a fake OpenAI-compatible upstream.",
+    )
+    parser.add_argument("--port", type=int, required=True, help="TCP port (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    parser.add_argument("--tokens", type=int, default=16, help="tokens per answer")
+    parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per SSE chunk")
+    parser.add_argument("--delay-ms", type=int, default=0, help="delay per token")
+    parser.add_argument("--reject-tools", action="store_true", help="answer 400 to tools")
+    parser.add_argument("--models", default="demo-model", help="comma-separated model ids")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from twisted.internet import reactor as _reactor
+
+    reactor: Any = _reactor
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    fake = FakeOpenAI(
+        reactor,
+        tokens=args.tokens,
+        chunk_tokens=args.chunk_tokens,
+        delay_ms=args.delay_ms,
+        reject_tools=args.reject_tools,
+        models=models or ["demo-model"],
+    )
+    port = reactor.listenTCP(args.port, fake.site(), interface=args.host)
+    print(f"fake-openai listening on {args.host}:{port.getHost().port}", flush=True)
+    reactor.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
