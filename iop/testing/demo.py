@@ -1,11 +1,12 @@
 """
 ``make run``: serve the demo — one Edge and one Node from ``etc/iop/demo/`` on loopback, over
-real TLS with a locally generated development CA.
+real TLS with a locally generated development CA, plus the fake providers the node serves: an
+OpenAI-compatible upstream, an Ollama upstream and a scripted CLI coding agent.
 
-Creates ``var/demo/`` on first use (dev PKI and a random node token, kept so restarts reuse
-them), starts ``twistd -n iop-edge`` and ``twistd -n iop-node`` as child processes, prints where
-to look, and stops both on Ctrl-C. The token reaches both daemons as ``${IOP_DEMO_NODE_TOKEN}``;
-it is never written into the configs.
+Creates ``var/demo/`` on first use (dev PKI, a random node token, the agent's workspace; kept so
+restarts reuse them), starts the fakes, ``twistd -n iop-edge`` and ``twistd -n iop-node`` as
+child processes, prints how to try it, and stops everything on Ctrl-C. The token reaches both
+daemons as ``${IOP_DEMO_NODE_TOKEN}``; it is never written into the configs.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from iop.testing.pki import create_dev_pki
 DEMO_CONFIG = Path("etc/iop/demo")
 STATE = Path("var/demo")
 ADMIN = ("127.0.0.1", 8081)
+# Fake upstreams: slow enough per token that streaming is visible.
+FAKES = (
+    ("fake_openai", 9001, ("--delay-ms", "80", "--tokens", "40")),
+    ("fake_ollama", 9002, ("--delay-ms", "80", "--tokens", "40")),
+)
 
 
 def demo_token(state: Path) -> str:
@@ -57,7 +63,14 @@ def main() -> int:
         print("run this from the repository root (etc/iop/demo/ not found)", file=sys.stderr)
         return 2
     create_dev_pki(STATE / "pki", node_names=["demo-a"])
-    env = dict(os.environ, IOP_DEMO_NODE_TOKEN=demo_token(STATE))
+    (STATE / "workspace").mkdir(parents=True, exist_ok=True)
+    bindir = str(Path(sys.executable).parent)
+    env = dict(
+        os.environ,
+        IOP_DEMO_NODE_TOKEN=demo_token(STATE),
+        # The node finds the scripted agent (iop-fake-cli-agent) next to this interpreter.
+        PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]),
+    )
     children: list[subprocess.Popen[bytes]] = []
 
     def stop(*_: object) -> None:
@@ -67,6 +80,16 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     try:
+        for module, port, args in FAKES:
+            children.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", f"iop.testing.{module}", "--port", str(port), *args],
+                    env=env,
+                )
+            )
+            if not wait_for_port("127.0.0.1", port, timeout=20):
+                print(f"{module} did not start on port {port}", file=sys.stderr)
+                return 1
         children.append(
             subprocess.Popen(twistd_command("iop-edge", DEMO_CONFIG / "edge.yaml"), env=env)
         )
@@ -76,11 +99,16 @@ def main() -> int:
         children.append(
             subprocess.Popen(twistd_command("iop-node", DEMO_CONFIG / "node.yaml"), env=env)
         )
+        admin = f"http://{ADMIN[0]}:{ADMIN[1]}"
+        run = "curl -N -X POST " + admin + "/runs -d '{\"model\": \"%s\", \"input\": \"hello\"}'"
         print(
-            "\nIOP demo is up: edge (nodes on 127.0.0.1:7443, TLS) and node demo-a.\n"
-            f"  curl http://{ADMIN[0]}:{ADMIN[1]}/status\n"
-            f"  curl http://{ADMIN[0]}:{ADMIN[1]}/healthz\n"
-            "Ctrl-C stops both.\n",
+            "\nIOP demo is up: edge (nodes on 127.0.0.1:7443, TLS), node demo-a, and fake\n"
+            "providers behind it (OpenAI-compatible :9001, Ollama :9002, a scripted CLI agent).\n"
+            f"  curl {admin}/status\n"
+            f"  {run % 'demo-openai'}\n"
+            f"  {run % 'demo-ollama'}\n"
+            f"  {run % 'demo-cli'}\n"
+            "Ctrl-C stops everything.\n",
             flush=True,
         )
         while all(child.poll() is None for child in children):
