@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -126,3 +127,58 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def _post_json(url: str, body: dict[str, object], method: str = "POST") -> tuple[int, object]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method=method,
+        headers={"content-type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_node_commands_through_the_edge(cluster: Cluster) -> None:
+    start(cluster)
+    url = f"{cluster.admin}/nodes/node-a/commands"
+    code, caps = _post_json(url, {"type": "capabilities"})
+    assert code == 200
+    assert {a["name"] for a in caps["adapters"]} == {"fake-openai", "fake-ollama", "agent"}  # type: ignore[index]
+    code, tags = _post_json(url, {"type": "ollama-tags"})
+    assert code == 200
+    assert tags["result"]["models"][0]["name"].startswith("llama3.2")  # type: ignore[index]
+    code, transport = _post_json(url, {"type": "transport"})
+    assert code == 200 and transport["node_id"] == "node-a"  # type: ignore[index]
+    assert cluster.token not in json.dumps(transport)
+    code, error = _post_json(url, {"type": "ollama-show", "arguments": {"model": "nope"}})
+    assert code == 502
+    assert "not found" in json.dumps(error)
+    code, _ = _post_json(f"{cluster.admin}/nodes/zz/commands", {"type": "usage"})
+    assert code == 503
+
+
+def test_terminate_cli_session(cluster: Cluster, tmp_path: Path) -> None:
+    start(cluster, cli_env={"FAKE_CLI_MODE": "hang"})
+    stream = cluster.submit_run({"model": "demo-cli", "input": "hang", "session_id": "s-1"})
+    assert stream.next_event()["type"] == "start"  # type: ignore[index]
+    url = f"{cluster.admin}/nodes/node-a/sessions/s-1?adapter=agent&target=agent-model"
+    wait_until(
+        lambda: any(
+            s["session_id"] == "s-1"
+            for s in _post_json(f"{cluster.admin}/nodes/node-a/commands", {"type": "sessions"})[1][
+                "sessions"
+            ]  # type: ignore[index]
+        ),
+        10,
+        "session listed",
+    )
+    request = urllib.request.Request(url, method="DELETE")
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+    rest = stream.events()
+    assert rest[-1]["type"] in ("cancelled", "error")

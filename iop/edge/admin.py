@@ -8,6 +8,10 @@ The small admin HTTP surface (Klein), loopback by default.
   back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
   the run on its node.
 - ``GET /runs``: active runs; ``DELETE /runs/<run_id>``: cancel one.
+- ``POST /nodes/<node_id>/commands``: ``{"type": "capabilities" | "transport" | "usage" |
+  "sessions" | "ollama-tags" | "ollama-ps" | "ollama-show", "adapter"?, "target"?,
+  "arguments"?}`` → the node's JSON answer.
+- ``DELETE /nodes/<node_id>/sessions/<session_id>?adapter=A&target=T``: end a CLI session.
 """
 
 from __future__ import annotations
@@ -17,14 +21,17 @@ from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
+from iop.edge.commands import CommandFailed, NodeCommander
 from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
 from iop.runtime.events import RuntimeEvent
+from iop.wire import runtime_pb2 as pb
 
 
 def _json(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -72,10 +79,81 @@ class AdminApp:
     log = Logger()
 
     def __init__(
-        self, statusSnapshot: Callable[[], dict[str, Any]], runs: RunDispatcher | None = None
+        self,
+        statusSnapshot: Callable[[], dict[str, Any]],
+        runs: RunDispatcher | None = None,
+        commands: NodeCommander | None = None,
     ) -> None:
         self._snapshot = statusSnapshot
         self._runs = runs
+        self._commands = commands
+
+    @app.route("/nodes/<string:node_id>/commands", methods=["POST"])
+    def nodeCommand(self, request: IRequest, node_id: str) -> bytes | Deferred[bytes]:
+        if self._commands is None:
+            return _error(request, 503, "node commands are not available on this edge")
+        try:
+            body = json.loads(request.content.read() or b"{}")  # type: ignore[attr-defined]
+        except ValueError:
+            return _error(request, 400, "request body must be JSON")
+        if not isinstance(body, dict) or not isinstance(body.get("type"), str):
+            return _error(request, 400, "'type' is required")
+        arguments = body.get("arguments", {})
+        if not isinstance(arguments, dict):
+            return _error(request, 400, "'arguments' must be an object")
+        try:
+            d = self._commands.command(
+                node_id,
+                body["type"],
+                adapter=str(body.get("adapter", "")),
+                target=str(body.get("target", "")),
+                arguments={str(k): str(v) for k, v in arguments.items()},
+            )
+        except NoRoute as e:
+            return _error(request, 400, str(e))
+        except NodeUnavailable as e:
+            return _error(request, 503, str(e))
+
+        def failed(failure: Failure) -> bytes:
+            if failure.check(CommandFailed):
+                return _error(request, 502, str(failure.value))
+            if failure.check(TimeoutError, defer.TimeoutError):
+                return _error(request, 504, "the node did not answer in time")
+            return failure  # type: ignore[return-value]
+
+        return d.addCallbacks(lambda result: _json(request, result), failed)
+
+    @app.route("/nodes/<string:node_id>/sessions/<string:session_id>", methods=["DELETE"])
+    def terminateSession(
+        self, request: IRequest, node_id: str, session_id: str
+    ) -> bytes | Deferred[bytes]:
+        if self._commands is None:
+            return _error(request, 503, "node commands are not available on this edge")
+        args = request.args  # type: ignore[attr-defined]
+        adapter = (args.get(b"adapter") or [b""])[0].decode()
+        target = (args.get(b"target") or [b""])[0].decode()
+        if not adapter:
+            return _error(request, 400, "query parameter 'adapter' is required")
+        try:
+            d = self._commands.terminate_session(node_id, adapter, target, session_id)
+        except NoRoute as e:
+            return _error(request, 409, str(e))
+        except NodeUnavailable as e:
+            return _error(request, 503, str(e))
+
+        def answered(response: pb.CancelResponse) -> bytes:
+            if not response.ok:
+                return _error(request, 404, response.reason or "no such session")
+            return _json(request, {"session_id": session_id, "terminated": True})
+
+        def failed(failure: Failure) -> bytes:
+            if failure.check(CommandFailed):
+                return _error(request, 502, str(failure.value))
+            if failure.check(defer.TimeoutError):
+                return _error(request, 504, "the node did not answer in time")
+            return failure  # type: ignore[return-value]
+
+        return d.addCallbacks(answered, failed)
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:

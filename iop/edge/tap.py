@@ -21,6 +21,7 @@ from twisted.web.server import Site
 from iop.config import ConfigError, load_edge_config
 from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
+from iop.edge.commands import NodeCommander
 from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
@@ -69,7 +70,18 @@ class EdgeService(MultiService):
         self.nodeFactory.handlers["run_event"] = lambda conn, env: self.runs.runEvent(
             conn, env.run_event
         )
-        self.admin = AdminApp(self.snapshot, self.runs)
+        self.commands = NodeCommander(
+            self.registry,
+            reactor,
+            lambda conn, env: conn.sendEnvelope(env),  # type: ignore[attr-defined]
+        )
+        self.nodeFactory.handlers["node_command_response"] = lambda conn, env: (
+            self.commands.commandResponse(conn, env.node_command_response)
+        )
+        self.nodeFactory.handlers["cancel_response"] = lambda conn, env: (
+            self.commands.cancelResponse(conn, env.cancel_response)
+        )
+        self.admin = AdminApp(self.snapshot, self.runs, self.commands)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry)
