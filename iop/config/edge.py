@@ -29,10 +29,14 @@ from iop.config.model import (
     ADAPTER_TYPES,
     DEFAULT_HEARTBEAT_INTERVAL_SEC,
     DEFAULT_HEARTBEAT_TIMEOUT_SEC,
+    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_FRAME_BYTES,
     PROFILE_DRIVERS,
     PROVIDER_CATEGORIES,
+    TOKEN_COUNTERS,
     AdapterConfig,
+    ClientAPIConfig,
+    ClientKey,
     EdgeConfig,
     HeartbeatConfig,
     ModelConfig,
@@ -290,7 +294,7 @@ class _EdgeParser:
         profiles = self._profiles(top)
         nodes = self._nodes(top)
         models = self._models(top)
-        routes = self._modelRoutes(top, nodes, models)
+        routes, clientApi = self._clientApi(top, nodes, models)
         top.finish()
 
         if self.issues:
@@ -308,6 +312,7 @@ class _EdgeParser:
             models=models,
             protocol_profiles=profiles,
             model_routes=routes,
+            client_api=clientApi,
             source_path=sourcePath,
         )
 
@@ -778,6 +783,12 @@ class _EdgeParser:
                     f"must be <= default_max_tokens ({defaultMax})",
                 )
             thinking = section.optionalInteger("default_thinking_token_budget", minimum=0)
+            counter = section.string("token_counter")
+            if counter and counter not in TOKEN_COUNTERS:
+                self.issues.add(
+                    section.pathOf("token_counter"),
+                    f"unknown token counter {counter!r} (one of: {_names(TOKEN_COUNTERS)})",
+                )
             section.finish()
             result.append(
                 ModelConfig(
@@ -787,16 +798,69 @@ class _EdgeParser:
                     default_max_tokens=defaultMax,
                     min_max_tokens=minMax,
                     default_thinking_token_budget=thinking,
+                    token_counter=counter,
                 )
             )
         return tuple(result)
 
-    def _modelRoutes(
+    def _clientApi(
         self, top: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]
-    ) -> tuple[ModelRoute, ...]:
+    ) -> tuple[tuple[ModelRoute, ...], ClientAPIConfig]:
         openai = top.section("openai")
         if openai is None:
-            return ()
+            return (), ClientAPIConfig()
+        listen = openai.string("listen") or None
+        interface: str | None = None
+        if listen is not None:
+            interface = checkTcpEndpoint(self.issues, openai.pathOf("listen"), listen)
+        maxBody = openai.integer(
+            "max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES_LIMIT
+        )
+        routes = self._modelRoutes(openai, nodes, models)
+        known = {m.id for m in models} | {r.model for r in routes}
+        auth = True
+        keys: list[ClientKey] = []
+        authSection = openai.section("auth")
+        if authSection is not None:
+            auth = authSection.boolean("enabled", True)
+            names: set[str] = set()
+            for path, item in authSection.items("keys") or ():
+                keySection = asSection(self.issues, path, item)
+                if keySection is None:
+                    continue
+                name = keySection.string("name", required=True, nonempty=True)
+                if name in names:
+                    self.issues.add(keySection.pathOf("name"), f"duplicate key name {name!r}")
+                names.add(name)
+                digest = edgeNodeToken(
+                    keySection, baseDir=self.baseDir, environ=self.environ, name="key"
+                )
+                allowed = tuple(keySection.stringList("models"))
+                for i, model in enumerate(allowed):
+                    if model not in known:
+                        self.issues.add(
+                            f"{keySection.pathOf('models')}[{i}]", f"unknown model {model!r}"
+                        )
+                keySection.finish()
+                if digest is not None:
+                    keys.append(ClientKey(name=name, digest=digest, models=allowed))
+            authSection.finish()
+        if listen is not None:
+            if not auth and not (interface is not None and isLoopbackHost(interface)):
+                self.issues.add(
+                    "openai.auth.enabled",
+                    "auth may only be turned off when openai.listen binds a loopback interface",
+                )
+            if auth and not keys and not self.issues:
+                self.issues.add("openai.auth.keys", "auth is on: configure at least one key")
+        openai.finish()
+        return routes, ClientAPIConfig(
+            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=maxBody
+        )
+
+    def _modelRoutes(
+        self, openai: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]
+    ) -> tuple[ModelRoute, ...]:
         routes: list[ModelRoute] = []
         seen: dict[str, str] = {}
         modelIds = {m.id for m in models}
@@ -836,7 +900,6 @@ class _EdgeParser:
                     section.pathOf("adapter"), f"no enabled adapter {adapter!r} on {where}"
                 )
             routes.append(ModelRoute(model=model, adapter=adapter, target=target, node_id=nodeId))
-        openai.finish()
         return tuple(routes)
 
     def _modelProviders(self, model: Section, modelId: str) -> tuple[ModelProviderRef, ...]:
@@ -925,6 +988,10 @@ class _EdgeParser:
             f"{modelId!r}; give an explicit target: {{id: {providerId}, target: ...}}",
         )
         return None
+
+
+def _names(values: frozenset[str]) -> str:
+    return ", ".join(sorted(values))
 
 
 def _routeAdapterExists(node: NodeConfig, ref: str) -> bool:

@@ -206,6 +206,8 @@ class ModelConfig:
     default_max_tokens: int | None = None
     min_max_tokens: int | None = None
     default_thinking_token_budget: int | None = None
+    # A local token counter answering Anthropic count_tokens without a provider ("" = none).
+    token_counter: str = ""
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,45 @@ class ModelRoute:
     adapter: str
     target: str
     node_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClientKey:
+    """A client API key, held only as its sha256 digest; ``models`` empty = every model."""
+
+    name: str
+    digest: NodeToken
+    models: tuple[str, ...] = ()
+
+    def allows(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+
+DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ClientAPIConfig:
+    """
+    ``openai:``: the client HTTP listener serving the OpenAI- and Anthropic-compatible APIs.
+    ``listen`` None = no client listener. ``auth`` False only on a loopback listener.
+    """
+
+    listen: str | None = None
+    auth: bool = True
+    keys: tuple[ClientKey, ...] = ()
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def key_for(self, presented: str) -> ClientKey | None:
+        """Constant-time over all keys: every digest is compared, whatever matches."""
+        found: ClientKey | None = None
+        for key in self.keys:
+            if key.digest.matches(presented) and found is None:
+                found = key
+        return found
+
+
+TOKEN_COUNTERS = frozenset({"approximate"})
 
 
 @dataclass(frozen=True)
@@ -238,6 +279,7 @@ class EdgeConfig:
     models: tuple[ModelConfig, ...] = ()
     protocol_profiles: tuple[ProfileConfig, ...] = ()
     model_routes: tuple[ModelRoute, ...] = ()
+    client_api: ClientAPIConfig = ClientAPIConfig()
     source_path: str = ""
 
     def node(self, node_id: str) -> NodeConfig | None:

@@ -152,21 +152,23 @@ def _oneOf(section: Section, keys: tuple[str, ...]) -> str | None:
 
 
 def edgeNodeToken(
-    section: Section, *, baseDir: str, environ: Mapping[str, str]
+    section: Section, *, baseDir: str, environ: Mapping[str, str], name: str = "token"
 ) -> NodeToken | None:
     """
     ``nodes[].token`` / ``token_file`` / ``token_sha256`` (exactly one) as the digest-only
-    :class:`NodeToken` the Edge keeps.
+    :class:`NodeToken` the Edge keeps. ``name`` renames the family (``key`` / ``key_file`` /
+    ``key_sha256`` for client API keys).
     """
-    key = _oneOf(section, ("token", "token_file", "token_sha256"))
+    key = _oneOf(section, (name, f"{name}_file", f"{name}_sha256"))
     if key is None:
         return None
     path = section.pathOf(key)
     value = section.raw(key)
-    if key == "token_sha256":
+    if key == f"{name}_sha256":
         digest = parseSha256Hex(section.issues, path, value)
         return None if digest is None else NodeToken(digest)
-    token = _plaintextToken(section, key, value, baseDir, environ, _EDGE_HINT)
+    hint = _EDGE_HINT.replace("token", name)
+    token = _plaintextToken(section, key, value, baseDir, environ, hint, name)
     return None if token is None else NodeToken.fromPlaintext(token)
 
 
@@ -175,7 +177,7 @@ def nodeDaemonToken(section: Section, *, baseDir: str, environ: Mapping[str, str
     key = _oneOf(section, ("token", "token_file"))
     if key is None:
         return None
-    token = _plaintextToken(section, key, section.raw(key), baseDir, environ, _NODE_HINT)
+    token = _plaintextToken(section, key, section.raw(key), baseDir, environ, _NODE_HINT, "token")
     return None if token is None else Secret(token)
 
 
@@ -186,9 +188,10 @@ def _plaintextToken(
     baseDir: str,
     environ: Mapping[str, str],
     hint: str,
+    name: str,
 ) -> str | None:
     path = section.pathOf(key)
-    if key == "token":
+    if key == name:
         return resolveTokenReference(section.issues, path, value, environ, hint)
     if not isinstance(value, str) or not value.strip():
         shown = "empty" if isinstance(value, str) else typeName(value)
