@@ -12,6 +12,13 @@ The small admin HTTP surface (Klein), loopback by default.
   "sessions" | "ollama-tags" | "ollama-ps" | "ollama-show", "adapter"?, "target"?,
   "arguments"?}`` → the node's JSON answer.
 - ``DELETE /nodes/<node_id>/sessions/<session_id>?adapter=A&target=T``: end a CLI session.
+- ``POST /tunnels`` (debug, until the client HTTP ingress exists): ``{"node"?, "adapter",
+  "target", "operation", "body"?: {...}, "stream"?: bool, "method"?, "headers"?: {...},
+  "timeout_sec"?}`` opens a provider raw tunnel (no node: the single-node fallback) and streams
+  the provider's raw body back with its status and content type. The body sent is ``body`` with
+  ``model`` set to ``target`` (and, for chat_completions/responses/messages, ``stream`` set to
+  the flag). A client that goes away cancels the tunnel; an error after the response started
+  aborts the connection, so the client sees a truncated body rather than a clean end.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from twisted.web.resource import IResource
 
 from iop.edge.commands import CommandFailed, NodeCommander
 from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
+from iop.edge.tunnel import TunnelDispatcher, TunnelFailed, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent
 from iop.wire import runtime_pb2 as pb
 
@@ -74,6 +82,21 @@ _RUN_FIELDS = {
 }
 
 
+_TUNNEL_FIELDS = {
+    "node": str,
+    "adapter": str,
+    "target": str,
+    "operation": str,
+    "method": str,
+    "body": dict,
+    "stream": bool,
+    "headers": dict,
+    "timeout_sec": int,
+}
+# Operations whose request body carries ``stream``.
+_STREAMING_OPERATIONS = frozenset({"chat_completions", "responses", "messages"})
+
+
 class AdminApp:
     app = Klein()
     log = Logger()
@@ -83,10 +106,12 @@ class AdminApp:
         statusSnapshot: Callable[[], dict[str, Any]],
         runs: RunDispatcher | None = None,
         commands: NodeCommander | None = None,
+        tunnels: TunnelDispatcher | None = None,
     ) -> None:
         self._snapshot = statusSnapshot
         self._runs = runs
         self._commands = commands
+        self._tunnels = tunnels
 
     @app.route("/nodes/<string:node_id>/commands", methods=["POST"])
     def nodeCommand(self, request: IRequest, node_id: str) -> bytes | Deferred[bytes]:
@@ -243,6 +268,96 @@ class AdminApp:
         done = handle.whenDone()
         return done.addCallback(lambda _: b"")
 
+    @app.route("/tunnels", methods=["POST"])
+    def openTunnel(self, request: IRequest) -> bytes | Deferred[bytes]:
+        if self._tunnels is None or self._runs is None:
+            return _error(request, 503, "provider tunnels are not available on this edge")
+        try:
+            body = json.loads(request.content.read() or b"{}")  # type: ignore[attr-defined]
+        except ValueError:
+            return _error(request, 400, "request body must be JSON")
+        problem = _check_tunnel_body(body)
+        if problem:
+            return _error(request, 400, problem)
+        operation: str = body["operation"]
+        stream = bool(body.get("stream", False))
+        payload = dict(body.get("body", {}))
+        payload["model"] = body["target"]
+        if operation in _STREAMING_OPERATIONS:
+            payload["stream"] = stream
+        method = body.get("method") or ("GET" if operation == "models" else "POST")
+        headers = [("accept", "text/event-stream" if stream else "application/json")]
+        if method != "GET":
+            headers.insert(0, ("content-type", "application/json"))
+        headers += [(str(k), str(v)) for k, v in body.get("headers", {}).items()]
+        try:
+            node = self._runs.choose_node(body.get("node"))
+            tunnel = self._tunnels.open(
+                node,
+                adapter=body["adapter"],
+                target=body["target"],
+                operation=operation,
+                method=method,
+                headers=headers,
+                body=json.dumps(payload).encode() if method != "GET" else b"",
+                stream=stream,
+                timeout_sec=body.get("timeout_sec", 0),
+            )
+        except NoRoute as e:
+            return _error(request, 404, str(e))
+        except NodeUnavailable as e:
+            return _error(request, 503, str(e))
+        except DispatchError as e:
+            return _error(request, 400, str(e))
+        return self._relayTunnel(request, tunnel)
+
+    def _relayTunnel(self, request: IRequest, tunnel: TunnelStream) -> Deferred[bytes]:
+        gone: list[bool] = []
+
+        def clientGone(failure: Failure) -> None:
+            gone.append(True)
+            tunnel.cancel("client disconnected")
+
+        request.notifyFinish().addErrback(clientGone)  # type: ignore[attr-defined]
+
+        def started(response: tuple[int, list[tuple[str, str]]]) -> Deferred[bytes]:
+            status, headers = response
+            request.setResponseCode(status)
+            for name, value in headers:
+                if name.lower() == "content-type":
+                    request.setHeader(b"content-type", value.encode("latin-1"))
+                    break
+            request.setHeader(b"cache-control", b"no-store")
+            request.setHeader(b"x-iop-run-id", tunnel.run_id.encode())
+            registered = not gone
+            if registered:
+                request.registerProducer(tunnel, True)  # type: ignore[attr-defined]
+                # Send the status line and headers now, not with the first body bytes.
+                request.write(b"")
+            tunnel.deliverBody(lambda data: None if gone else request.write(data))
+            return tunnel.whenDone().addCallback(done, registered)
+
+        def done(outcome: TunnelOutcome, registered: bool) -> bytes:
+            if registered and not gone:
+                request.unregisterProducer()  # type: ignore[attr-defined]
+            if not outcome.ok and not gone:
+                self.log.warn(
+                    "tunnel {run_id} failed after its response started: {error}",
+                    run_id=tunnel.run_id,
+                    error=outcome.error,
+                )
+                transport = getattr(request, "transport", None)
+                if transport is not None:
+                    getattr(transport, "abortConnection", transport.loseConnection)()
+            return b""
+
+        def failed(failure: Failure) -> bytes:
+            failure.trap(TunnelFailed)
+            message = str(failure.value)
+            return _error(request, 503 if "at capacity" in message else 502, message)
+
+        return tunnel.whenStarted().addCallbacks(started, failed)
+
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
         from werkzeug.exceptions import HTTPException
@@ -255,6 +370,23 @@ class AdminApp:
 
     def resource(self) -> IResource:
         return self.app.resource()  # type: ignore[no-any-return]
+
+
+def _check_tunnel_body(body: Any) -> str:
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    for key, value in body.items():
+        kind = _TUNNEL_FIELDS.get(key)
+        if kind is None:
+            return f"unknown field {key!r}"
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"{key!r} must be a {kind.__name__}"
+    for key in ("adapter", "target", "operation"):
+        if not body.get(key):
+            return f"{key!r} is required"
+    if body.get("timeout_sec", 0) < 0:
+        return "'timeout_sec' must be >= 0"
+    return ""
 
 
 def _check_run_body(body: Any) -> str:

@@ -28,6 +28,7 @@ from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
+from iop.edge.tunnel import TunnelDispatcher
 from iop.security.tls import TLSConfigError, server_context_factory
 
 
@@ -81,7 +82,16 @@ class EdgeService(MultiService):
         self.nodeFactory.handlers["cancel_response"] = lambda conn, env: (
             self.commands.cancelResponse(conn, env.cancel_response)
         )
-        self.admin = AdminApp(self.snapshot, self.runs, self.commands)
+        # Provider raw tunnels: registered as a lifecycle observer, so a fenced node ends them.
+        self.tunnels = TunnelDispatcher(
+            self.registry,
+            reactor,
+            lambda conn, env: conn.sendEnvelope(env),  # type: ignore[attr-defined]
+        )
+        self.nodeFactory.handlers["provider_tunnel_frame"] = lambda conn, env: self.tunnels.frame(
+            conn, env.provider_tunnel_frame
+        )
+        self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry)

@@ -5,10 +5,11 @@
 The node's service opens its local run store (:class:`~iop.node.store.RunStore`, at
 ``store.path``) and, once it is open, starts its :class:`~iop.node.supervisor.NodeSupervisor`. A
 store that cannot be opened is fatal (exit 1). Every session the supervisor establishes gets, in
-the handshake's "install handlers" step, a :class:`~iop.node.runs.RunManager` (``run_request``,
-``cancel_request``) and a :class:`~iop.node.commands.NodeCommandHandler`
-(``node_command_request``); when the session is lost its runs are cancelled. At shutdown the
-supervisor stops first, then the store closes.
+the handshake's "install handlers" step, a :class:`~iop.node.runs.RunManager` (``run_request``),
+a :class:`~iop.node.tunnel.TunnelManager` (``provider_tunnel_request``), one ``cancel_request``
+handler routing to whichever owns the run id, and a :class:`~iop.node.commands.NodeCommandHandler`
+(``node_command_request``); when the session is lost its runs are cancelled and its tunnels
+aborted. At shutdown the supervisor stops first, then the store closes.
 
 When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
 the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
@@ -40,8 +41,10 @@ from iop.node.runs import RunManager
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
 from iop.node.transport import EdgeConnectionFactory, NodeSession, SessionSetup
+from iop.node.tunnel import TunnelManager
 from iop.runtime.interfaces import AdapterContext
 from iop.security.tls import TLSConfigError, client_connection_creator
+from iop.wire import runtime_pb2 as pb
 
 log = Logger()
 
@@ -100,13 +103,25 @@ def makeSessionSetup(
     transportInfo: Callable[[], Mapping[str, object]] | None = None,
 ) -> SessionSetup:
     """
-    The handshake hook that equips each new session: a :class:`RunManager` for runs and cancels
-    and a :class:`NodeCommandHandler` for node commands, both on the session's adapter registry;
-    when the session closes, its active runs are cancelled (and recorded as such).
+    The handshake hook that equips each new session: a :class:`RunManager` for runs, a
+    :class:`TunnelManager` for provider tunnels and a :class:`NodeCommandHandler` for node
+    commands, all on the session's adapter registry (so runs and tunnels share each adapter's
+    capacity gate). The session has one cancel handler: a ``CANCEL_RUN`` naming an open tunnel
+    goes to the tunnel manager, every other cancel to the run manager. When the session closes,
+    its active runs are cancelled (and recorded as such) and its tunnels aborted.
     """
 
     def setup(session: NodeSession) -> None:
         runs = RunManager(session.registry, session.send, store, clock, nodeId=session.node_id)
+        tunnels = TunnelManager(session.registry, session.send, clock, nodeId=session.node_id)
+
+        def cancelReceived(envelope: pb.Envelope) -> None:
+            request = envelope.cancel_request
+            if request.kind == pb.CANCEL_RUN and tunnels.isActive(request.run_id):
+                tunnels.cancelRequestReceived(envelope)
+            else:
+                runs.cancelRequestReceived(envelope)
+
         commands = NodeCommandHandler(
             session.registry,
             runs,
@@ -116,9 +131,11 @@ def makeSessionSetup(
             nodeId=session.node_id,
         )
         session.install("run_request", runs.runRequestReceived)
-        session.install("cancel_request", runs.cancelRequestReceived)
+        session.install("cancel_request", cancelReceived)
+        session.install("provider_tunnel_request", tunnels.tunnelRequestReceived)
         session.install("node_command_request", commands.commandReceived)
         session.whenClosed().addCallback(lambda _: runs.connectionLost())
+        session.whenClosed().addCallback(lambda _: tunnels.connectionLost())
 
     return setup
 

@@ -12,6 +12,7 @@ from iop.runtime.interfaces import (
     IOllamaAPI,
     IProvider,
     ISessionTerminator,
+    ITunnelProvider,
 )
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "IOllamaAPI",
     "IProvider",
     "ISessionTerminator",
+    "ITunnelProvider",
     "RuntimeEvent",
     "Usage",
 ]

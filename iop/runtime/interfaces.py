@@ -95,6 +95,30 @@ class ISessionTerminator(Interface):
         """End a session; True when it existed."""
 
 
+class ITunnelProvider(Interface):
+    """
+    Optional: HTTP providers that can serve the raw provider tunnel (OpenAI-compatible servers:
+    ``openai_compat``, ``vllm``). The Node opens the provider request itself, on the provider's
+    base URL, with its configured headers, its HTTP client and its clock; the body is the one the
+    Edge built, passed through untouched.
+    """
+
+    base_url = Attribute("The provider's base URL without a trailing slash (str).")
+    profile = Attribute(
+        "The resolved protocol profile delivered with the adapter config "
+        "(``iop.wire.runtime_pb2.RuntimeProfile``), or None when none was delivered."
+    )
+    idle_timeout = Attribute("Seconds to wait for the next upstream byte (float, > 0).")
+    http = Attribute("The treq-compatible HTTP client (``treq``, ``HTTPClient`` or ``StubTreq``).")
+    clock = Attribute("The reactor: timers, and the ``reactor=`` given to treq.")
+
+    def configured_headers() -> Mapping[str, str]:
+        """The configured upstream headers (credentials included): send, never log or echo."""
+
+    def redact(text: str) -> str:
+        """``text`` without any configured header value (an upstream may echo credentials)."""
+
+
 AdapterFactory = Callable[[Any, AdapterContext], IProvider]
 
 

@@ -20,30 +20,39 @@ Cancelling the Deferred that :meth:`OpenAICompatProvider.execute` returns aborts
 (or stops reading the body, which closes the connection) and emits nothing more; the caller emits
 the ``cancelled`` terminal. Configured headers carry credentials: they are sent, never logged,
 and appear in no ``repr`` and no error text.
+
+The provider is also an :class:`~iop.runtime.interfaces.ITunnelProvider`: the Node's provider
+tunnel (:mod:`iop.node.tunnel`) opens raw requests on its base URL with its configured headers.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import IDelayedCall, IPushProducer
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseFailed
-from twisted.web.http import PotentialDataLoss
+from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+# The cancellable body reader, shared with the provider tunnel.
+from iop.node.adapters.http_stream import ended_cleanly, read_body, read_limited
 from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
 from iop.runtime.events import RuntimeEvent, Usage
-from iop.runtime.interfaces import AdapterContext, Capabilities, Emit, ExecutionSpec, IProvider
+from iop.runtime.interfaces import (
+    AdapterContext,
+    Capabilities,
+    Emit,
+    ExecutionSpec,
+    IProvider,
+    ITunnelProvider,
+)
 from iop.wire import runtime_pb2 as pb
 
 DEFAULT_IDLE_TIMEOUT = 120.0
@@ -202,84 +211,6 @@ def text_tool_request(body: dict[str, Any], chat: ChatInput) -> tuple[dict[str, 
             messages.insert(0, {"role": "system", "content": instruction})
     retry["messages"] = messages
     return retry, instructed
-
-
-# -- reading a response body ------------------------------------------------------------------
-
-
-class _StopReading(Exception):
-    """Raised by a body callback that has read enough."""
-
-
-class _BodyReader(Protocol):
-    """
-    Hands each body chunk to ``onData``. ``finished`` fires with why the body ended (an
-    exception such as ``ResponseDone``), or fails with what ``onData`` raised. Cancelling
-    ``finished`` stops the transport (the connection closes, so the upstream sees the client go
-    away) and ignores later bytes.
-    """
-
-    def __init__(self, onData: Callable[[bytes], None]) -> None:
-        self._onData = onData
-        self._over = False
-        self.finished: Deferred[BaseException] = Deferred(self._cancel)
-
-    def dataReceived(self, data: bytes) -> None:
-        if self._over:
-            return
-        try:
-            self._onData(data)
-        except _StopReading:
-            self._stop()
-            self.finished.callback(ResponseDone("stopped reading"))
-        except BaseException:
-            failure = Failure()
-            self._stop()
-            self.finished.errback(failure)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if not self._over:
-            self._over = True
-            # The reason's exception, not the Failure: a Failure result would be an errback.
-            why = reason.value
-            self.finished.callback(why if why is not None else ConnectionDone())
-
-    def _stop(self) -> None:
-        self._over = True
-        if self.transport is not None:
-            # A response body's transport is the connection's push producer.
-            cast(IPushProducer, self.transport).stopProducing()
-
-    def _cancel(self, _: Deferred[BaseException]) -> None:
-        self._stop()
-
-
-async def read_body(response: IResponse, onData: Callable[[bytes], None]) -> BaseException:
-    reader = _BodyReader(onData)
-    response.deliverBody(reader)
-    return await reader.finished
-
-
-async def read_limited(response: IResponse, limit: int) -> tuple[bytes, bool]:
-    """Up to ``limit`` bytes of a body, and whether there was more."""
-    parts: list[bytes] = []
-    size = 0
-    truncated = False
-
-    def collect(data: bytes) -> None:
-        nonlocal size, truncated
-        parts.append(data[: limit - size])
-        size += len(parts[-1])
-        if size >= limit:
-            truncated = True
-            raise _StopReading()
-
-    await read_body(response, collect)
-    return b"".join(parts), truncated
-
-
-def ended_cleanly(reason: BaseException) -> bool:
-    return isinstance(reason, (ResponseDone, PotentialDataLoss))
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -589,7 +520,7 @@ class _Run:
         self._send(RuntimeEvent.complete(usage=usage, metadata=metadata))
 
 
-@implementer(IProvider)
+@implementer(IProvider, ITunnelProvider)
 class OpenAICompatProvider:
     """
     An OpenAI-compatible chat completions upstream. Subclasses adjust one server's dialect
@@ -601,7 +532,12 @@ class OpenAICompatProvider:
 
     def __init__(self, config: pb.AdapterConfig, ctx: AdapterContext) -> None:
         self.name: str = config.name or config.type or self.type
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
+        self.base_url: str = config.base_url.rstrip("/")
+        self.url = self.base_url + "/chat/completions"
+        self.profile: pb.RuntimeProfile | None = None
+        if config.HasField("profile"):
+            self.profile = pb.RuntimeProfile()
+            self.profile.CopyFrom(config.profile)
         self._headers = dict(config.headers)
         self.idle_timeout = (config.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
         self.request_timeout = config.request_timeout_ms / 1000.0
@@ -619,6 +555,10 @@ class OpenAICompatProvider:
 
     def execute(self, spec: ExecutionSpec, emit: Emit) -> Deferred[None]:
         return _Run(self, spec, emit).start()
+
+    def configured_headers(self) -> dict[str, str]:
+        """The configured upstream headers (credentials): sent, never logged or echoed."""
+        return dict(self._headers)
 
     def request_headers(self) -> dict[str, list[str]]:
         headers = {"Content-Type": ["application/json"], "Accept": ["text/event-stream"]}

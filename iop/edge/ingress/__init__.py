@@ -1,0 +1,1 @@
+"""Client-facing HTTP surfaces: OpenAI- and Anthropic-compatible."""

@@ -1,0 +1,1170 @@
+# -*- test-case-name: iop.test.edge.ingress.test_bridge -*-
+"""
+The Messages ↔ Chat bridge: Anthropic Messages requests served by OpenAI Chat Completions
+providers (over the provider tunnel) and by normalized runs (Ollama, CLI agents), with answers
+in the exact shapes of the Anthropic Messages API.
+
+Pure conversion: no I/O, no reactor. Four directions:
+
+- :func:`messages_to_chat`: a ``/v1/messages`` request body → a ``/chat/completions`` request
+  body for the served target.
+- :func:`chat_completion_to_message`: a non-streaming ``chat.completion`` → a ``message``.
+- :class:`ChatStreamToMessages`: ``chat.completion.chunk`` dicts → Anthropic stream events.
+- :class:`RunEventsToMessages` / :func:`run_events_to_message`: normalized
+  :class:`~iop.runtime.events.RuntimeEvent` s → Anthropic stream events / a ``message``.
+
+Stream events are ``(event_name, data)`` tuples in the order of the Messages streaming API:
+``message_start``; per content block ``content_block_start``, ``content_block_delta`` …,
+``content_block_stop`` (blocks never interleave: one is closed before the next opens);
+``message_delta`` (``stop_reason``, cumulative ``usage``); ``message_stop``. A failure is one
+``error`` event and nothing after it. :func:`format_sse` renders an event as SSE bytes. No
+``ping`` events are produced (:data:`PING` is there for a caller's keep-alive).
+
+Request mapping decisions (``messages_to_chat``):
+
+- ``system`` (a string or text blocks) becomes one leading ``system`` message; several text
+  blocks (here and in messages) are joined with a blank line.
+- A user message's ``tool_result`` blocks become ``role: tool`` messages, in order, ahead of the
+  rest of that message (the Messages API puts them first); their content is flattened to text,
+  ``is_error`` results are prefixed ``"Error: "``, and images inside a result are moved to the
+  user message that follows (a tool message carries only text).
+- Images: ``base64`` sources become ``data:`` URLs and ``url`` sources plain URLs, as
+  ``image_url`` parts; ``file`` sources are refused. ``document`` blocks are accepted when they
+  carry text (``text`` or ``content`` sources) and refused otherwise (a Chat backend has no PDF
+  input).
+- An assistant message's ``tool_use`` blocks become ``tool_calls`` (``input`` as JSON text); its
+  ``thinking``/``redacted_thinking`` blocks are dropped (a Chat backend cannot verify or replay
+  them). An assistant turn left with neither text nor tool calls is dropped.
+- ``tools`` (custom tools only; server tools are refused) become function tools; ``tool_choice``
+  ``auto``/``any``/``tool``/``none`` becomes ``auto``/``required``/``{function}``/``none``, and
+  ``disable_parallel_tool_use`` becomes ``parallel_tool_calls: false``.
+- ``max_tokens``, ``temperature``, ``top_p`` pass through, ``stop_sequences`` becomes ``stop``,
+  ``stream`` adds ``stream_options.include_usage``. ``top_k``, ``metadata``, ``service_tier`` and
+  other fields a Chat backend does not take are dropped.
+- ``thinking``: ``disabled`` is dropped. ``enabled`` needs the profile's thinking extension
+  (:func:`iop.edge.ingress.profiles.thinking_allowed`), else :class:`BridgeError`; its
+  ``budget_tokens`` becomes ``reasoning_effort`` (< 4096 ``low``, < 16384 ``medium``, else
+  ``high``), the Chat parameter reasoning backends (OpenAI, vLLM, Ollama) understand. ``adaptive``
+  (the model decides) sends nothing extra and is accepted without the extension: the answer then
+  simply has no thinking blocks.
+
+Answer mapping decisions:
+
+- Content order: a ``thinking`` block (from ``reasoning_content`` or ``reasoning``, only when
+  thinking is allowed; its ``signature`` is empty, there being nothing to sign), then text, then
+  ``tool_use`` blocks. Callers should pass ``thinking_allowed=profiles.thinking_allowed(profile)
+  and thinking_requested(body)`` so that a client that did not ask for thinking never sees a
+  thinking block, as with the real API.
+- ``stop_reason``: ``length`` → ``max_tokens``, ``content_filter`` → ``refusal``, any tool call →
+  ``tool_use``, a stop string reported by the backend (vLLM's ``stop_reason``) →
+  ``stop_sequence``, anything else → ``end_turn``.
+- Usage: ``input_tokens`` is ``prompt_tokens`` minus cached tokens and
+  ``cache_read_input_tokens`` the cached tokens (``prompt_tokens_details.cached_tokens``) when
+  reported, as Anthropic counts them; ``output_tokens`` is ``completion_tokens``. Nothing is
+  estimated: ``message_start`` carries ``input_tokens`` 0 (or the caller's figure) and the final
+  ``message_delta`` the reported totals.
+- Tool arguments that are not a JSON object become ``{"raw_arguments": "<text>"}`` rather than
+  being lost (an empty string is ``{}``).
+- Tool-call ids pass through unchanged, so a ``tool_result`` refers to the same id the backend
+  issued; a missing id gets a fresh ``toolu_…``.
+- Streaming tool calls are relayed by index as OpenAI servers send them, one after another; a
+  fragment for a call whose block was already closed (no known server does this) is dropped.
+- Normalized runs: ``metadata["openai_tool_calls"]`` become ``tool_use`` blocks; only when
+  ``metadata["openai_text_tool_fallback"] == "true"`` are tool calls also parsed out of the text
+  (:func:`iop.edge.ingress.tools.parse_text_tool_calls`). While streaming, text from a ``{`` or
+  ```` ``` ```` that could open such a ``{"tool_calls": …}`` reply is held back until the run
+  completes, so a tool-call reply never reaches the client as text; text that turns out not to be
+  one is sent in order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeGuard
+
+from iop.edge.ingress.profiles import THINKING_REQUIREMENT
+from iop.edge.ingress.tools import (
+    MARKER_MATCH,
+    MARKER_NO,
+    new_call_id,
+    parse_text_tool_calls,
+    tool_call_marker_state,
+)
+from iop.runtime.events import EventType, RuntimeEvent, Usage
+
+__all__ = [
+    "PING",
+    "BridgeError",
+    "ChatStreamToMessages",
+    "Event",
+    "RunEventsToMessages",
+    "UpstreamError",
+    "anthropic_error",
+    "chat_completion_to_message",
+    "format_sse",
+    "messages_to_chat",
+    "new_message_id",
+    "run_events_to_message",
+    "stop_reason_for",
+    "thinking_requested",
+]
+
+Event = tuple[str, dict[str, Any]]
+PING: Event = ("ping", {"type": "ping"})
+
+# thinking.budget_tokens below these → reasoning_effort low / medium; else high.
+EFFORT_LOW_BELOW = 4096
+EFFORT_MEDIUM_BELOW = 16384
+
+_BLOCK_JOIN = "\n\n"
+
+
+class BridgeError(Exception):
+    """
+    A request the bridge cannot convert. ``message`` is safe to show the client;
+    ``error_type`` is the Anthropic error type to answer with.
+    """
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class UpstreamError(BridgeError):
+    """The provider's answer could not be converted, or the run failed."""
+
+    error_type = "api_error"
+
+
+def anthropic_error(message: str, error_type: str = "api_error") -> dict[str, Any]:
+    """An Anthropic error body (also the data of a stream ``error`` event)."""
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def format_sse(event_name: str, data: Mapping[str, Any]) -> bytes:
+    """One server-sent event: ``event: <name>``, ``data: <compact JSON>``, a blank line."""
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event_name}\ndata: {payload}\n\n".encode()
+
+
+def new_message_id() -> str:
+    return new_call_id("msg_")
+
+
+def new_tool_use_id() -> str:
+    return new_call_id("toolu_")
+
+
+def thinking_requested(body: Mapping[str, Any]) -> bool:
+    """Whether a Messages request asks for thinking (``enabled`` or ``adaptive``)."""
+    thinking = body.get("thinking")
+    return isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+
+
+# -- request: Messages → Chat ------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _text_of(block: Mapping[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise BridgeError(f"{where}: a text block needs a string 'text'")
+    return text
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    if isinstance(system, list):
+        texts = []
+        for i, block in enumerate(system):
+            where = f"system[{i}]"
+            if not isinstance(block, dict) or block.get("type") != "text":
+                raise BridgeError(f"{where}: system blocks must be text blocks")
+            texts.append(_text_of(block, where))
+        return _BLOCK_JOIN.join(texts)
+    raise BridgeError("system: must be a string or a list of text blocks")
+
+
+def _image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise BridgeError(f"{where}: an image block needs a 'source' object")
+    kind = source.get("type")
+    if kind == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if not isinstance(media, str) or not media or not isinstance(data, str) or not data:
+            raise BridgeError(f"{where}: a base64 image needs 'media_type' and 'data' strings")
+        url = f"data:{media};base64,{data}"
+    elif kind == "url":
+        link = source.get("url")
+        if not isinstance(link, str) or not link:
+            raise BridgeError(f"{where}: a url image needs a 'url' string")
+        url = link
+    else:
+        raise BridgeError(f"{where}: image source type {kind!r} is not supported")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _document_text(block: Mapping[str, Any], where: str) -> str:
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if isinstance(source, dict) and kind == "text" and isinstance(source.get("data"), str):
+        body: str = source["data"]
+    elif isinstance(source, dict) and kind == "content":
+        content = source.get("content")
+        if isinstance(content, str):
+            body = content
+        elif isinstance(content, list):
+            body = _BLOCK_JOIN.join(
+                _text_of(b, f"{where}.source.content[{i}]")
+                for i, b in enumerate(content)
+                if isinstance(b, dict) and b.get("type") == "text"
+            )
+        else:
+            raise BridgeError(f"{where}: document content must be a string or text blocks")
+    else:
+        raise BridgeError(
+            f"{where}: document source type {kind!r} is not supported (only text documents)"
+        )
+    title = block.get("title")
+    return f"{title}\n\n{body}" if isinstance(title, str) and title else body
+
+
+def _tool_result(
+    block: Mapping[str, Any], where: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A tool message and the images the result carried."""
+    callId = block.get("tool_use_id")
+    if not isinstance(callId, str) or not callId:
+        raise BridgeError(f"{where}: a tool_result needs a 'tool_use_id' string")
+    content = block.get("content", "")
+    texts: list[str] = []
+    images: list[dict[str, Any]] = []
+    if isinstance(content, str):
+        texts.append(content)
+    elif isinstance(content, list):
+        for i, part in enumerate(content):
+            partWhere = f"{where}.content[{i}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                texts.append(_text_of(part, partWhere))
+            elif kind == "image":
+                images.append(_image_part(part, partWhere))
+                texts.append("[image]")
+            elif kind == "document":
+                texts.append(_document_text(part, partWhere))
+            else:
+                raise BridgeError(f"{partWhere}: {kind!r} blocks are not supported in tool results")
+    else:
+        raise BridgeError(f"{where}: tool_result content must be a string or a list of blocks")
+    text = "\n".join(texts)
+    isError = block.get("is_error")
+    if isError is not None and not isinstance(isError, bool):
+        raise BridgeError(f"{where}: 'is_error' must be a boolean")
+    if isError:
+        text = f"Error: {text}" if text else "Error"
+    return {"role": "tool", "tool_call_id": callId, "content": text}, images
+
+
+def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"role": "user", "content": content}]
+    if not isinstance(content, list):
+        raise BridgeError(f"{where}.content: must be a string or a list of content blocks")
+    tools: list[dict[str, Any]] = []
+    toolImages: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for i, block in enumerate(content):
+        blockWhere = f"{where}.content[{i}]"
+        kind = block.get("type") if isinstance(block, dict) else None
+        if not isinstance(block, dict):
+            raise BridgeError(f"{blockWhere}: must be a content block object")
+        if kind == "text":
+            parts.append({"type": "text", "text": _text_of(block, blockWhere)})
+        elif kind == "image":
+            parts.append(_image_part(block, blockWhere))
+        elif kind == "document":
+            parts.append({"type": "text", "text": _document_text(block, blockWhere)})
+        elif kind == "tool_result":
+            message, images = _tool_result(block, blockWhere)
+            tools.append(message)
+            toolImages.extend(images)
+        else:
+            raise BridgeError(f"{blockWhere}: {kind!r} blocks are not supported in user messages")
+    out = list(tools)
+    allParts = toolImages + parts
+    if allParts:
+        if all(part["type"] == "text" for part in allParts):
+            out.append({"role": "user", "content": _BLOCK_JOIN.join(p["text"] for p in allParts)})
+        else:
+            out.append({"role": "user", "content": allParts})
+    elif not tools:
+        out.append({"role": "user", "content": ""})
+    return out
+
+
+def _assistant_message(content: Any, where: str) -> dict[str, Any] | None:
+    if isinstance(content, str):
+        return {"role": "assistant", "content": content}
+    if not isinstance(content, list):
+        raise BridgeError(f"{where}.content: must be a string or a list of content blocks")
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for i, block in enumerate(content):
+        blockWhere = f"{where}.content[{i}]"
+        if not isinstance(block, dict):
+            raise BridgeError(f"{blockWhere}: must be a content block object")
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(_text_of(block, blockWhere))
+        elif kind == "tool_use":
+            callId, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+            if not isinstance(callId, str) or not callId:
+                raise BridgeError(f"{blockWhere}: a tool_use block needs an 'id' string")
+            if not isinstance(name, str) or not name:
+                raise BridgeError(f"{blockWhere}: a tool_use block needs a 'name' string")
+            if not isinstance(arguments, dict):
+                raise BridgeError(f"{blockWhere}: a tool_use block's 'input' must be an object")
+            calls.append(
+                {
+                    "id": callId,
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": json.dumps(arguments, ensure_ascii=False),
+                    },
+                }
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            raise BridgeError(
+                f"{blockWhere}: {kind!r} blocks are not supported in assistant messages"
+            )
+    if not texts and not calls:
+        return None
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": _BLOCK_JOIN.join(texts) if texts else None,
+    }
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _tools(tools: Any) -> list[dict[str, Any]]:
+    if not isinstance(tools, list):
+        raise BridgeError("tools: must be a list")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict):
+            raise BridgeError(f"{where}: must be an object")
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise BridgeError(f"{where}: tool type {kind!r} is not supported by this model")
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise BridgeError(f"{where}: a tool needs a 'name' string")
+        if not isinstance(schema, dict):
+            raise BridgeError(f"{where}: a tool needs an 'input_schema' object")
+        function: dict[str, Any] = {"name": name, "parameters": schema}
+        description = tool.get("description")
+        if isinstance(description, str) and description:
+            function["description"] = description
+        if isinstance(tool.get("strict"), bool):
+            function["strict"] = tool["strict"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _tool_choice(choice: Any, hasTools: bool, chat: dict[str, Any]) -> None:
+    if not isinstance(choice, dict):
+        raise BridgeError("tool_choice: must be an object")
+    kind = choice.get("type")
+    mapped: Any
+    if kind == "auto":
+        mapped = "auto"
+    elif kind == "any":
+        mapped = "required"
+    elif kind == "none":
+        mapped = "none"
+    elif kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise BridgeError("tool_choice: type 'tool' needs a 'name' string")
+        mapped = {"type": "function", "function": {"name": name}}
+    else:
+        raise BridgeError(f"tool_choice: unknown type {kind!r}")
+    if not hasTools:
+        if kind in ("any", "tool"):
+            raise BridgeError(f"tool_choice: type {kind!r} needs tools")
+        return
+    chat["tool_choice"] = mapped
+    if choice.get("disable_parallel_tool_use") is True and kind != "none":
+        chat["parallel_tool_calls"] = False
+
+
+def _thinking(thinking: Any, allowed: bool, chat: dict[str, Any]) -> None:
+    if not isinstance(thinking, dict):
+        raise BridgeError("thinking: must be an object")
+    kind = thinking.get("type")
+    if kind == "disabled" or kind == "adaptive":
+        return
+    if kind != "enabled":
+        raise BridgeError(f"thinking: type {kind!r} is not supported by this model")
+    budget = thinking.get("budget_tokens")
+    if not _is_int(budget) or budget < 1:
+        raise BridgeError("thinking: 'budget_tokens' must be a positive integer")
+    if not allowed:
+        raise BridgeError(
+            "thinking is not supported by this model's provider: its protocol profile needs "
+            f"{THINKING_REQUIREMENT} set to true"
+        )
+    if budget < EFFORT_LOW_BELOW:
+        chat["reasoning_effort"] = "low"
+    elif budget < EFFORT_MEDIUM_BELOW:
+        chat["reasoning_effort"] = "medium"
+    else:
+        chat["reasoning_effort"] = "high"
+
+
+def messages_to_chat(
+    body: dict[str, Any], *, target: str, thinking_allowed: bool
+) -> dict[str, Any]:
+    """
+    An Anthropic Messages request body as an OpenAI Chat Completions request body for the
+    served ``target``. Raises :class:`BridgeError` on a malformed or unconvertible request.
+    """
+    if not isinstance(body, dict):
+        raise BridgeError("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BridgeError("model: required string")
+    maxTokens = body.get("max_tokens")
+    if not _is_int(maxTokens) or maxTokens < 1:
+        raise BridgeError("max_tokens: required positive integer")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BridgeError("messages: required non-empty list")
+
+    chatMessages: list[dict[str, Any]] = []
+    if body.get("system") is not None:
+        system = _system_text(body["system"])
+        if system:
+            chatMessages.append({"role": "system", "content": system})
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise BridgeError(f"{where}: must be an object")
+        role = message.get("role")
+        if "content" not in message:
+            raise BridgeError(f"{where}: 'content' is required")
+        if role == "user":
+            chatMessages.extend(_user_messages(message["content"], where))
+        elif role == "assistant":
+            converted = _assistant_message(message["content"], where)
+            if converted is not None:
+                chatMessages.append(converted)
+        else:
+            raise BridgeError(
+                f"{where}.role: must be 'user' or 'assistant' (system goes in 'system')"
+            )
+
+    chat: dict[str, Any] = {"model": target, "messages": chatMessages, "max_tokens": maxTokens}
+    for name in ("temperature", "top_p"):
+        value = body.get(name)
+        if value is not None:
+            if not _is_number(value):
+                raise BridgeError(f"{name}: must be a number")
+            chat[name] = value
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+            raise BridgeError("stop_sequences: must be a list of strings")
+        if stops:
+            chat["stop"] = list(stops)
+    hasTools = False
+    if body.get("tools") is not None:
+        tools = _tools(body["tools"])
+        if tools:
+            chat["tools"] = tools
+            hasTools = True
+    if body.get("tool_choice") is not None:
+        _tool_choice(body["tool_choice"], hasTools, chat)
+    if body.get("thinking") is not None:
+        _thinking(body["thinking"], thinking_allowed, chat)
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise BridgeError("stream: must be a boolean")
+    if stream:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+# -- answers: shared pieces --------------------------------------------------------------------
+
+
+def _count(value: Any) -> int | None:
+    if _is_int(value) and value >= 0:
+        return int(value)
+    if isinstance(value, float) and value >= 0 and value.is_integer():
+        return int(value)
+    return None
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """Reported usage: ``prompt`` includes ``cached`` (OpenAI's way of counting)."""
+
+    prompt: int | None = None
+    completion: int | None = None
+    cached: int | None = None
+
+    @classmethod
+    def from_openai(cls, raw: Any) -> _Usage:
+        if not isinstance(raw, dict):
+            return cls()
+        details = raw.get("prompt_tokens_details")
+        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+        return cls(_count(raw.get("prompt_tokens")), _count(raw.get("completion_tokens")), cached)
+
+    @classmethod
+    def from_runtime(cls, usage: Usage | None) -> _Usage:
+        if usage is None:
+            return cls()
+        return cls(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
+
+    def input_tokens(self) -> int | None:
+        if self.prompt is None:
+            return None
+        return max(0, self.prompt - (self.cached or 0))
+
+    def as_message_usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
+            "input_tokens": self.input_tokens() or 0,
+            "output_tokens": self.completion or 0,
+        }
+        if self.cached is not None:
+            usage["cache_read_input_tokens"] = self.cached
+        return usage
+
+    def as_delta_usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {"output_tokens": self.completion or 0}
+        if self.prompt is not None:
+            usage["input_tokens"] = self.input_tokens()
+        if self.cached is not None:
+            usage["cache_read_input_tokens"] = self.cached
+        return usage
+
+
+def stop_reason_for(finish_reason: Any, *, tool_calls: bool) -> str:
+    """An Anthropic ``stop_reason`` for an OpenAI ``finish_reason``."""
+    if finish_reason == "length":
+        return "max_tokens"
+    if finish_reason == "content_filter":
+        return "refusal"
+    if tool_calls:
+        return "tool_use"
+    return "end_turn"
+
+
+def _tool_input(arguments: Any) -> dict[str, Any]:
+    """Tool-call arguments (JSON text) as a ``tool_use`` input object."""
+    if isinstance(arguments, dict):
+        return arguments
+    if arguments is None:
+        return {}
+    if not isinstance(arguments, str):
+        return {"raw_arguments": json.dumps(arguments)}
+    if not arguments.strip():
+        return {}
+    try:
+        parsed = json.loads(arguments)
+        if isinstance(parsed, str):
+            parsed = json.loads(parsed)
+    except ValueError:
+        return {"raw_arguments": arguments}
+    return parsed if isinstance(parsed, dict) else {"raw_arguments": arguments}
+
+
+def _reasoning_text(source: Mapping[str, Any]) -> str:
+    for key in ("reasoning_content", "reasoning"):
+        value = source.get(key)
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part["text"]
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _tool_use_block(call: Any) -> dict[str, Any] | None:
+    if not isinstance(call, dict):
+        return None
+    function = call.get("function")
+    source = function if isinstance(function, dict) else call
+    name = source.get("name")
+    callId = call.get("id")
+    return {
+        "type": "tool_use",
+        "id": callId if isinstance(callId, str) and callId else new_tool_use_id(),
+        "name": name if isinstance(name, str) else "",
+        "input": _tool_input(source.get("arguments")),
+    }
+
+
+def chat_completion_to_message(
+    completion: dict[str, Any], *, model: str, thinking_allowed: bool
+) -> dict[str, Any]:
+    """
+    A non-streaming OpenAI ``chat.completion`` as an Anthropic ``message`` (``model`` is the
+    client's model name). Raises :class:`UpstreamError` when it has no choice to convert.
+    """
+    if not isinstance(completion, dict):
+        raise UpstreamError("the provider's answer is not a JSON object")
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise UpstreamError("the provider's answer has no choices")
+    choice = choices[0]
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise UpstreamError("the provider's answer has no message")
+
+    content: list[dict[str, Any]] = []
+    reasoning = _reasoning_text(message)
+    if reasoning and thinking_allowed:
+        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
+    text = _content_text(message.get("content"))
+    refusal = message.get("refusal")
+    if not text and isinstance(refusal, str) and refusal:
+        text = refusal
+    if text:
+        content.append({"type": "text", "text": text})
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        block = _tool_use_block(call)
+        if block is not None:
+            content.append(block)
+
+    hasCalls = any(block["type"] == "tool_use" for block in content)
+    finish = choice.get("finish_reason")
+    stopReason = stop_reason_for(finish, tool_calls=hasCalls)
+    stopSequence = None
+    if isinstance(refusal, str) and refusal and not message.get("content"):
+        stopReason = "refusal"
+    elif finish == "stop" and not hasCalls and isinstance(choice.get("stop_reason"), str):
+        stopReason, stopSequence = "stop_sequence", choice["stop_reason"]
+    return {
+        "id": new_message_id(),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stopReason,
+        "stop_sequence": stopSequence,
+        "usage": _Usage.from_openai(completion.get("usage")).as_message_usage(),
+    }
+
+
+# -- answers: streams --------------------------------------------------------------------------
+
+
+class _MessageStream:
+    """
+    Emits the Anthropic event sequence for one message and keeps a snapshot of it. Blocks open
+    lazily and never interleave: opening one closes the one before.
+    """
+
+    def __init__(self, model: str, message_id: str | None, input_tokens: int) -> None:
+        self.message_id = message_id or new_message_id()
+        self.model = model
+        self._input_tokens = input_tokens
+        self.started = False
+        self.done = False
+        self.failed: str | None = None
+        self.content: list[dict[str, Any]] = []
+        self._tool_json: dict[int, str] = {}
+        # The open block: its kind ("text", "thinking", "tool_use") and key (a tool's index).
+        self._open: tuple[str, Any] | None = None
+        self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
+        self.usage = _Usage()
+
+    def start(self, out: list[Event]) -> None:
+        if self.started or self.done:
+            return
+        self.started = True
+        out.append(
+            (
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": self.message_id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": self.model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
+                    },
+                },
+            )
+        )
+
+    @property
+    def open_key(self) -> tuple[str, Any] | None:
+        return self._open
+
+    def close(self, out: list[Event]) -> None:
+        if self._open is None:
+            return
+        self._open = None
+        index = len(self.content) - 1
+        out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+
+    def _begin(self, key: tuple[str, Any], block: dict[str, Any], out: list[Event]) -> int:
+        self.close(out)
+        self.start(out)
+        self.content.append(block)
+        index = len(self.content) - 1
+        self._open = key
+        started = dict(block)
+        if block["type"] == "tool_use":
+            started["input"] = {}
+        out.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": started},
+            )
+        )
+        return index
+
+    def _delta(self, delta: dict[str, Any], out: list[Event]) -> None:
+        index = len(self.content) - 1
+        out.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
+        )
+
+    def text(self, text: str, out: list[Event]) -> None:
+        if not text or self.done:
+            return
+        if self._open != ("text", None):
+            self._begin(("text", None), {"type": "text", "text": ""}, out)
+        self.content[-1]["text"] += text
+        self._delta({"type": "text_delta", "text": text}, out)
+
+    def thinking(self, text: str, out: list[Event]) -> None:
+        if not text or self.done:
+            return
+        if self._open != ("thinking", None):
+            self._begin(
+                ("thinking", None), {"type": "thinking", "thinking": "", "signature": ""}, out
+            )
+        self.content[-1]["thinking"] += text
+        self._delta({"type": "thinking_delta", "thinking": text}, out)
+
+    def open_tool(self, key: Any, call_id: str, name: str, out: list[Event]) -> None:
+        block = {"type": "tool_use", "id": call_id or new_tool_use_id(), "name": name, "input": {}}
+        index = self._begin(("tool_use", key), block, out)
+        self._tool_json[index] = ""
+
+    def tool_json(self, partial: str, out: list[Event]) -> None:
+        """Argument text for the open tool block."""
+        if not partial or self._open is None or self._open[0] != "tool_use":
+            return
+        index = len(self.content) - 1
+        self._tool_json[index] += partial
+        self._delta({"type": "input_json_delta", "partial_json": partial}, out)
+
+    def has_tool_use(self) -> bool:
+        return any(block["type"] == "tool_use" for block in self.content)
+
+    def finish(
+        self, stop_reason: str, stop_sequence: str | None, usage: _Usage, out: list[Event]
+    ) -> None:
+        if self.done:
+            return
+        self.start(out)
+        self.close(out)
+        self.done = True
+        self.stop_reason, self.stop_sequence, self.usage = stop_reason, stop_sequence, usage
+        out.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                    "usage": usage.as_delta_usage(),
+                },
+            )
+        )
+        out.append(("message_stop", {"type": "message_stop"}))
+
+    def fail(self, message: str, error_type: str, out: list[Event]) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.failed = message
+        out.append(("error", anthropic_error(message, error_type)))
+
+    def _snapshot(self, index: int, block: dict[str, Any]) -> dict[str, Any]:
+        copy = dict(block)
+        if index in self._tool_json:
+            copy["input"] = _tool_input(self._tool_json[index])
+        return copy
+
+    def message(self) -> dict[str, Any]:
+        """The message as streamed so far (complete once the stream finished)."""
+        usage = self.usage.as_message_usage()
+        if self.usage.prompt is None:
+            usage["input_tokens"] = self._input_tokens
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [self._snapshot(i, block) for i, block in enumerate(self.content)],
+            "stop_reason": self.stop_reason,
+            "stop_sequence": self.stop_sequence,
+            "usage": usage,
+        }
+
+
+@dataclass
+class _PendingCall:
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    # pending (no block yet), open, or closed
+    state: str = "pending"
+
+
+class ChatStreamToMessages:
+    """
+    OpenAI ``chat.completion.chunk`` dicts in, Anthropic stream events out.
+
+    :meth:`feed` each parsed ``data:`` chunk (not ``[DONE]``), then :meth:`finish` at
+    ``[DONE]`` or the end of the body; or :meth:`fail` when the upstream failed. Each returns
+    the events to send, in order; after a terminal (``message_stop`` or ``error``) nothing more
+    is produced. ``message_start`` is sent with the first chunk. Only the first choice is
+    followed (the bridge never asks for ``n`` > 1).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        thinking_allowed: bool,
+        message_id: str | None = None,
+        input_tokens: int = 0,
+    ) -> None:
+        self._stream = _MessageStream(model, message_id, input_tokens)
+        self._thinking = thinking_allowed
+        self._calls: dict[int, _PendingCall] = {}
+        self._finish_reason: Any = None
+        self._stop_string: str | None = None
+        self._refused = False
+        self._usage = _Usage()
+
+    @property
+    def message_id(self) -> str:
+        return self._stream.message_id
+
+    @property
+    def done(self) -> bool:
+        return self._stream.done
+
+    def message(self) -> dict[str, Any]:
+        """The message as converted so far: a whole ``message`` once finished."""
+        return self._stream.message()
+
+    def start(self) -> list[Event]:
+        """``message_start`` now (else it goes out with the first chunk)."""
+        out: list[Event] = []
+        self._stream.start(out)
+        return out
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        if self._stream.done:
+            return out
+        if not isinstance(chunk, Mapping):
+            self._stream.fail("the provider sent a malformed stream chunk", "api_error", out)
+            return out
+        choices = chunk.get("choices")
+        error = chunk.get("error")
+        if error is not None and not choices:
+            message = error.get("message") if isinstance(error, dict) else error
+            text = message if isinstance(message, str) and message else "the provider failed"
+            self._stream.fail(text, "api_error", out)
+            return out
+        self._stream.start(out)
+        if isinstance(chunk.get("usage"), dict):
+            self._usage = _Usage.from_openai(chunk["usage"])
+        if not isinstance(choices, list) or not choices:
+            return out
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return out
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            reasoning = _reasoning_text(delta)
+            if reasoning and self._thinking:
+                self._stream.thinking(reasoning, out)
+            text = _content_text(delta.get("content"))
+            if text:
+                self._stream.text(text, out)
+            refusal = delta.get("refusal")
+            if isinstance(refusal, str) and refusal:
+                self._refused = True
+                self._stream.text(refusal, out)
+            calls = delta.get("tool_calls")
+            for position, call in enumerate(calls if isinstance(calls, list) else ()):
+                self._tool_delta(position, call, out)
+        if choice.get("finish_reason") is not None:
+            self._finish_reason = choice["finish_reason"]
+        if isinstance(choice.get("stop_reason"), str):
+            self._stop_string = choice["stop_reason"]
+        return out
+
+    def _tool_delta(self, position: int, delta: Any, out: list[Event]) -> None:
+        if not isinstance(delta, dict):
+            return
+        index = delta.get("index")
+        if not _is_int(index):
+            index = position
+        call = self._calls.setdefault(index, _PendingCall())
+        if call.state == "closed":
+            return
+        if call.state == "open" and self._stream.open_key != ("tool_use", index):
+            # Another block opened since: this call's block is closed for good.
+            call.state = "closed"
+            return
+        if isinstance(delta.get("id"), str) and delta["id"] and not call.id:
+            call.id = delta["id"]
+        function = delta.get("function")
+        fragment = ""
+        if isinstance(function, dict):
+            name = function.get("name")
+            if call.state == "pending" and isinstance(name, str) and name and name != call.name:
+                call.name = name if not call.name else call.name + name
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                fragment = arguments
+            elif isinstance(arguments, dict):
+                fragment = json.dumps(arguments, ensure_ascii=False)
+        if call.state == "pending":
+            call.arguments += fragment
+            if call.name:
+                self._open_call(index, call, out)
+        else:
+            self._stream.tool_json(fragment, out)
+
+    def _open_call(self, index: int, call: _PendingCall, out: list[Event]) -> None:
+        for other, pending in self._calls.items():
+            if pending.state == "open" and other != index:
+                pending.state = "closed"
+        self._stream.open_tool(index, call.id, call.name, out)
+        call.state = "open"
+        self._stream.tool_json(call.arguments, out)
+
+    def finish(self) -> list[Event]:
+        """The end of the upstream stream: open calls still pending, then the message's end."""
+        out: list[Event] = []
+        if self._stream.done:
+            return out
+        for index in sorted(self._calls):
+            call = self._calls[index]
+            if call.state == "pending":
+                self._open_call(index, call, out)
+        hasCalls = self._stream.has_tool_use()
+        stopReason = stop_reason_for(self._finish_reason, tool_calls=hasCalls)
+        stopSequence = None
+        if self._refused and not hasCalls:
+            stopReason = "refusal"
+        elif self._finish_reason == "stop" and not hasCalls and self._stop_string is not None:
+            stopReason, stopSequence = "stop_sequence", self._stop_string
+        self._stream.finish(stopReason, stopSequence, self._usage, out)
+        return out
+
+    def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
+        """The upstream failed: one ``error`` event (nothing if already terminated)."""
+        out: list[Event] = []
+        self._stream.fail(message, error_type, out)
+        return out
+
+
+_CANDIDATE = re.compile(r"[{`]")
+
+
+class RunEventsToMessages:
+    """
+    Normalized run events in, Anthropic stream events out: ``delta`` → text, ``reasoning_delta``
+    → thinking (only when allowed), ``complete`` → tool calls and the message's end, ``error``
+    and ``cancelled`` → an ``error`` event. See the module docstring for the text-tool fallback
+    and the hold-back of text that may be a tool-call reply.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        thinking_allowed: bool,
+        message_id: str | None = None,
+        input_tokens: int = 0,
+    ) -> None:
+        self._stream = _MessageStream(model, message_id, input_tokens)
+        self._thinking = thinking_allowed
+        # Text not sent yet because it may open a text tool call; locked once it surely does.
+        self._held = ""
+        self._locked = False
+
+    @property
+    def message_id(self) -> str:
+        return self._stream.message_id
+
+    @property
+    def done(self) -> bool:
+        return self._stream.done
+
+    @property
+    def failed(self) -> str | None:
+        """The error message, once the run failed or was cancelled."""
+        return self._stream.failed
+
+    def message(self) -> dict[str, Any]:
+        return self._stream.message()
+
+    def start(self) -> list[Event]:
+        out: list[Event] = []
+        self._stream.start(out)
+        return out
+
+    def feed(self, event: RuntimeEvent) -> list[Event]:
+        out: list[Event] = []
+        if self._stream.done:
+            return out
+        if event.type == EventType.ERROR:
+            self._stream.fail(event.error or "the run failed", "api_error", out)
+        elif event.type == EventType.CANCELLED:
+            reason = event.error or "cancelled"
+            self._stream.fail(f"the run was cancelled: {reason}", "api_error", out)
+        elif event.type == EventType.START:
+            self._stream.start(out)
+        elif event.type == EventType.DELTA:
+            self._stream.start(out)
+            self._text(event.delta, out)
+        elif event.type == EventType.REASONING_DELTA:
+            self._stream.start(out)
+            if self._thinking and event.delta:
+                if not self._locked:
+                    self._release(out)
+                self._stream.thinking(event.delta, out)
+        elif event.type == EventType.COMPLETE:
+            self._complete(event, out)
+        return out
+
+    def _release(self, out: list[Event]) -> None:
+        held, self._held = self._held, ""
+        self._stream.text(held, out)
+
+    def _text(self, delta: str, out: list[Event]) -> None:
+        if self._locked:
+            self._held += delta
+            return
+        pending, self._held = self._held + delta, ""
+        search = 0
+        while True:
+            match = _CANDIDATE.search(pending, search)
+            if match is None:
+                self._stream.text(pending, out)
+                return
+            position = match.start()
+            state = tool_call_marker_state(pending[position:])
+            if state == MARKER_NO:
+                search = position + 1
+                continue
+            self._stream.text(pending[:position], out)
+            self._held = pending[position:]
+            self._locked = state == MARKER_MATCH
+            return
+
+    def _complete(self, event: RuntimeEvent, out: list[Event]) -> None:
+        metadata = event.metadata
+        calls: list[Any] = []
+        raw = metadata.get("openai_tool_calls")
+        if raw:
+            try:
+                decoded = json.loads(raw)
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, list):
+                calls.extend(decoded)
+        if metadata.get("openai_text_tool_fallback") == "true" and self._held:
+            remaining, parsed = parse_text_tool_calls(self._held)
+            if parsed:
+                self._held = remaining
+                calls.extend(parsed)
+        self._locked = False
+        self._release(out)
+        for call in calls:
+            block = _tool_use_block(call)
+            if block is None:
+                continue
+            self._stream.open_tool(None, block["id"], block["name"], out)
+            self._stream.tool_json(json.dumps(block["input"], ensure_ascii=False), out)
+        hasCalls = self._stream.has_tool_use()
+        stopReason = stop_reason_for(metadata.get("finish_reason"), tool_calls=hasCalls)
+        self._stream.finish(stopReason, None, _Usage.from_runtime(event.usage), out)
+
+    def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
+        """The run is lost (say, its node went away): one ``error`` event."""
+        out: list[Event] = []
+        self._stream.fail(message, error_type, out)
+        return out
+
+
+def run_events_to_message(
+    events: Iterable[RuntimeEvent], *, model: str, thinking_allowed: bool
+) -> dict[str, Any]:
+    """
+    A whole run's events as one Anthropic ``message``. Raises :class:`UpstreamError` when the
+    run failed, was cancelled or ended without a terminal event.
+    """
+    converter = RunEventsToMessages(model=model, thinking_allowed=thinking_allowed)
+    for event in events:
+        converter.feed(event)
+        if converter.done:
+            break
+    if converter.failed is not None:
+        raise UpstreamError(converter.failed)
+    if not converter.done:
+        raise UpstreamError("the run ended without a result")
+    return converter.message()

@@ -1,0 +1,536 @@
+# -*- test-case-name: iop.test.edge.test_tunnel -*-
+"""
+Provider raw tunnels from the Edge: the request-bound stream of an OpenAI-compatible provider
+response, relayed by a node.
+
+``TunnelDispatcher.open`` sends a ``ProviderTunnelRequest`` on a ready node's connection and
+returns a :class:`TunnelStream`: the provider's status and headers
+(:meth:`TunnelStream.whenStarted`), its body bytes in order (:meth:`TunnelStream.deliverBody`),
+and how it ended
+(:meth:`TunnelStream.whenDone`, with the usage the node observed). The body is the passthrough
+source of truth: it goes to the one consumer and nowhere else (never to the event bus).
+
+It mirrors :class:`~iop.edge.dispatch.RunDispatcher`. Frames count only from the connection the
+tunnel was sent on, in strictly increasing ``sequence`` (anything else is dropped and logged).
+Every tunnel ends exactly once on the Edge side, whatever happens: the node's ``END`` or
+``ERROR``, a send failure, the node's disconnect (its generation fenced by the registry, in the
+authoritative path), or a cancel the node never answered (ended here after ``cancelGrace``).
+
+Backpressure: a stream is an ``IPushProducer``, so an HTTP response can register it. While the
+consumer is paused, body bytes are buffered up to ``maxBufferedBytes``; past that bound the
+tunnel is cancelled with the error ``client too slow`` instead of growing without limit.
+``stopProducing`` (the consumer went away) cancels the tunnel.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.edge.dispatch import DispatchError, NodeUnavailable
+from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
+from iop.runtime.events import Usage
+from iop.wire import runtime_pb2 as pb
+
+__all__ = [
+    "CANCEL_GRACE_SEC",
+    "CLIENT_TOO_SLOW",
+    "MAX_BUFFERED_BYTES",
+    "TunnelDispatcher",
+    "TunnelFailed",
+    "TunnelOutcome",
+    "TunnelStream",
+]
+
+# How long a cancelled tunnel waits for the node's own end before ending locally.
+CANCEL_GRACE_SEC = 10.0
+# Body bytes buffered for a paused (or not yet attached) consumer before the tunnel is cancelled.
+MAX_BUFFERED_BYTES = 8 * 1024 * 1024
+CLIENT_TOO_SLOW = "client too slow"
+CONSUMER_GONE = "client went away"
+
+T = TypeVar("T")
+HeaderList = list[tuple[str, str]]
+BodyWriter = Callable[[bytes], None]
+
+
+class TunnelFailed(DispatchError):
+    """A tunnel ended before the provider's response started; the message says why."""
+
+
+@dataclass(frozen=True)
+class TunnelOutcome:
+    """
+    How a tunnel ended. ``ok``: the node sent ``END`` after the whole body (whatever the HTTP
+    status: a provider 4xx/5xx is a passthrough, not an error). Otherwise ``error`` says why.
+    ``usage`` is what the node observed in the body, when the provider reported any.
+    """
+
+    ok: bool
+    error: str = ""
+    usage: Usage | None = None
+    status_code: int | None = None
+    body_bytes: int = 0
+
+
+def _waiter(waiters: list[Deferred[T]]) -> Deferred[T]:
+    """A fresh Deferred in ``waiters``; cancelling it just takes it out."""
+
+    def forget(d: Deferred[T]) -> None:
+        if d in waiters:
+            waiters.remove(d)
+
+    d: Deferred[T] = Deferred(forget)
+    waiters.append(d)
+    return d
+
+
+@implementer(IPushProducer)
+class TunnelStream:
+    """
+    One open tunnel as its caller sees it. Its identity is ``run_id`` (also the cancel key on
+    the node), with the node, adapter, target and operation it was sent to.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        run_id: str,
+        node_id: str,
+        adapter: str,
+        target: str,
+        operation: str,
+        dispatcher: TunnelDispatcher,
+        maxBufferedBytes: int = MAX_BUFFERED_BYTES,
+    ) -> None:
+        self.run_id = run_id
+        self.node_id = node_id
+        self.adapter = adapter
+        self.target = target
+        self.operation = operation
+        self._dispatcher = dispatcher
+        self._maxBuffered = maxBufferedBytes
+        self.status_code: int | None = None
+        self.headers: HeaderList = []
+        self.usage: Usage | None = None
+        self.outcome: TunnelOutcome | None = None
+        self.last_sequence = 0
+        self.body_bytes = 0
+        self.cancel_reason: str | None = None
+        self._startWaiters: list[Deferred[tuple[int, HeaderList]]] = []
+        self._doneWaiters: list[Deferred[TunnelOutcome]] = []
+        self._write: BodyWriter | None = None
+        self._pending: deque[bytes] = deque()
+        self._pendingBytes = 0
+        self._paused = False
+        self._discarding = False
+
+    def __repr__(self) -> str:
+        return f"<TunnelStream {self.run_id} node={self.node_id} adapter={self.adapter}>"
+
+    @property
+    def started(self) -> bool:
+        return self.status_code is not None
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._pendingBytes
+
+    # -- the caller's API --------------------------------------------------------------------
+
+    def whenStarted(self) -> Deferred[tuple[int, HeaderList]]:
+        """
+        A fresh Deferred firing with the provider's ``(status_code, headers)``, or failing with
+        :class:`TunnelFailed` when the tunnel ended before the response started.
+        """
+        if self.status_code is not None:
+            return succeed((self.status_code, list(self.headers)))
+        if self.outcome is not None:
+            return fail(TunnelFailed(self.outcome.error or "tunnel ended without a response"))
+        return _waiter(self._startWaiters)
+
+    def deliverBody(self, write: BodyWriter) -> None:
+        """
+        Send the body to ``write``, in order: the bytes that already arrived first, then each
+        chunk as it arrives. One consumer per stream.
+        """
+        if self._write is not None:
+            raise RuntimeError(f"tunnel {self.run_id} already has a body consumer")
+        self._write = write
+        self._flush()
+        self._maybeDone()
+
+    def whenDone(self) -> Deferred[TunnelOutcome]:
+        """
+        A fresh Deferred firing with the :class:`TunnelOutcome` once the tunnel has ended and its
+        consumer has been given every byte (a paused consumer is waited for).
+        """
+        if self.outcome is not None and self._drained():
+            return succeed(self.outcome)
+        return _waiter(self._doneWaiters)
+
+    def cancel(self, reason: str = "cancelled by caller") -> None:
+        """
+        Ask the node to cancel (``CancelRequest(CANCEL_RUN)``); idempotent. No more body bytes
+        are delivered; the tunnel ends with the error ``reason`` when the node confirms, or here
+        after the grace period.
+        """
+        self._dispatcher.cancel(self.run_id, reason)
+
+    # -- IPushProducer -----------------------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        self._flush()
+        self._maybeDone()
+
+    def stopProducing(self) -> None:
+        """The consumer is gone: drop what is buffered and cancel the tunnel."""
+        self._discard()
+        self.cancel(CONSUMER_GONE)
+        self._maybeDone()
+
+    # -- fed by the dispatcher ---------------------------------------------------------------
+
+    def _started(self, status_code: int, headers: HeaderList) -> None:
+        self.status_code = status_code
+        self.headers = headers
+        waiters, self._startWaiters = self._startWaiters, []
+        for d in waiters:
+            d.callback((status_code, list(headers)))
+
+    def _body(self, data: bytes) -> None:
+        self.body_bytes += len(data)
+        if self._discarding or not data:
+            return
+        if self._write is not None and not self._paused and not self._pending:
+            self._deliver(data)
+            return
+        self._pending.append(data)
+        self._pendingBytes += len(data)
+        if self._pendingBytes > self._maxBuffered:
+            self.log.warn(
+                "tunnel {run_id}: consumer too slow ({buffered} bytes buffered); cancelling",
+                run_id=self.run_id,
+                node_id=self.node_id,
+                buffered=self._pendingBytes,
+            )
+            self._discard()
+            self.cancel(CLIENT_TOO_SLOW)
+
+    def _cancelling(self, reason: str) -> None:
+        if self.cancel_reason is None:
+            self.cancel_reason = reason
+        self._discard()
+
+    def _finish(self, outcome: TunnelOutcome) -> None:
+        self.outcome = outcome
+        if self.status_code is None:
+            error = TunnelFailed(outcome.error or "tunnel ended without a response")
+            waiters, self._startWaiters = self._startWaiters, []
+            for d in waiters:
+                d.errback(error)
+        self._maybeDone()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _deliver(self, data: bytes) -> None:
+        assert self._write is not None
+        try:
+            self._write(data)
+        except Exception:
+            self.log.failure(
+                "tunnel {run_id}: the body consumer failed",
+                run_id=self.run_id,
+                node_id=self.node_id,
+            )
+            self._discard()
+            self.cancel("client write failed")
+
+    def _flush(self) -> None:
+        while self._pending and self._write is not None and not self._paused:
+            data = self._pending.popleft()
+            self._pendingBytes -= len(data)
+            self._deliver(data)
+
+    def _discard(self) -> None:
+        self._discarding = True
+        self._pending.clear()
+        self._pendingBytes = 0
+
+    def _drained(self) -> bool:
+        return not self._pending or self._write is None
+
+    def _maybeDone(self) -> None:
+        if self.outcome is None or not self._drained():
+            return
+        outcome = self.outcome
+        waiters, self._doneWaiters = self._doneWaiters, []
+        for d in waiters:
+            d.callback(outcome)
+
+
+@dataclass
+class _ActiveTunnel:
+    stream: TunnelStream
+    connection: object
+    generation: int
+    cancel_timer: IDelayedCall | None = field(default=None, repr=False)
+
+
+@implementer(INodeLifecycleObserver)
+class TunnelDispatcher:
+    """
+    Opens provider tunnels on ready nodes and relays their frames.
+
+    :param registry: who owns which node (ready connections, generations); the dispatcher
+        registers itself as a lifecycle observer so a fenced node ends its tunnels at once.
+    :param clock: the cancel grace timer.
+    :param send: ``send(connection, envelope)`` on a node connection.
+    :param cancelGrace: seconds a cancelled tunnel waits for the node's end.
+    :param maxBufferedBytes: body bytes buffered for a paused consumer before cancelling.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        registry: NodeRegistry,
+        clock: IReactorTime,
+        send: Callable[[object, pb.Envelope], None],
+        cancelGrace: float = CANCEL_GRACE_SEC,
+        maxBufferedBytes: int = MAX_BUFFERED_BYTES,
+    ) -> None:
+        self._registry = registry
+        self._clock = clock
+        self._send = send
+        self._cancelGrace = cancelGrace
+        self._maxBuffered = maxBufferedBytes
+        self._tunnels: dict[str, _ActiveTunnel] = {}
+        registry.addObserver(self)
+
+    # -- open --------------------------------------------------------------------------------
+
+    def open(
+        self,
+        node_id: str,
+        *,
+        adapter: str,
+        target: str,
+        operation: str,
+        method: str = "POST",
+        path: str = "",
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+        stream: bool = False,
+        timeout_sec: int = 0,
+        metadata: Mapping[str, str] | None = None,
+        profile: str = "",
+        run_id: str | None = None,
+    ) -> TunnelStream:
+        """
+        Send a ``ProviderTunnelRequest`` to ``node_id``'s ready connection. Raises
+        :class:`~iop.edge.dispatch.NodeUnavailable` when that node is not dispatch-ready and
+        :class:`~iop.edge.dispatch.DispatchError` for a run id already in use. A send failure
+        returns a stream that has already ended with an error.
+        """
+        connection = self._registry.readyConnection(node_id)
+        ownership = self._registry.ownershipOf(connection) if connection is not None else None
+        if connection is None or ownership is None:
+            raise NodeUnavailable(f"node {node_id!r} is not connected")
+        rid = run_id or f"tun-{uuid.uuid4().hex}"
+        if rid in self._tunnels:
+            raise DispatchError(f"tunnel {rid!r} is already active")
+        tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._maxBuffered)
+        self._tunnels[rid] = _ActiveTunnel(tunnel, connection, ownership.generation)
+        request = pb.ProviderTunnelRequest(
+            run_id=rid,
+            adapter=adapter,
+            target=target,
+            method=method,
+            path=path,
+            operation=operation,
+            headers=[pb.Header(name=name, value=value) for name, value in headers],
+            body=body,
+            stream=stream,
+            timeout_sec=timeout_sec,
+            profile=profile,
+        )
+        request.metadata.update(dict(metadata or {}))
+        try:
+            self._send(connection, pb.Envelope(provider_tunnel_request=request))
+        except Exception as e:
+            self.log.failure(
+                "sending tunnel {run_id} to node {node_id} failed", run_id=rid, node_id=node_id
+            )
+            self._finish(rid, f"could not send tunnel to node {node_id}: {e}")
+            return tunnel
+        self.log.info(
+            "tunnel {run_id} sent to node {node_id} ({adapter}/{target}, {operation})",
+            run_id=rid,
+            node_id=node_id,
+            adapter=adapter,
+            target=target,
+            operation=operation or path,
+            stream=stream,
+        )
+        return tunnel
+
+    # -- cancel ------------------------------------------------------------------------------
+
+    def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
+        """Ask the node to cancel ``run_id``; False when unknown or already being cancelled."""
+        active = self._tunnels.get(run_id)
+        if active is None or active.stream.cancel_reason is not None:
+            return False
+        active.stream._cancelling(reason)
+        try:
+            self._send(
+                active.connection,
+                pb.Envelope(
+                    cancel_request=pb.CancelRequest(
+                        kind=pb.CANCEL_RUN, run_id=run_id, reason=reason
+                    )
+                ),
+            )
+        except Exception:
+            self.log.failure("sending cancel for tunnel {run_id} failed", run_id=run_id)
+            self._finish(run_id, reason)
+            return True
+        self.log.info(
+            "cancelling tunnel {run_id} on node {node_id}: {reason}",
+            run_id=run_id,
+            node_id=active.stream.node_id,
+            reason=reason,
+        )
+        active.cancel_timer = self._clock.callLater(self._cancelGrace, self._cancelExpired, run_id)
+        return True
+
+    def _cancelExpired(self, run_id: str) -> None:
+        active = self._tunnels.get(run_id)
+        if active is None:
+            return
+        active.cancel_timer = None
+        self.log.warn(
+            "node {node_id} did not end cancelled tunnel {run_id}; ending it here",
+            node_id=active.stream.node_id,
+            run_id=run_id,
+        )
+        self._finish(run_id, active.stream.cancel_reason or "cancelled")
+
+    # -- inbound from nodes ------------------------------------------------------------------
+
+    def frame(self, connection: object, message: pb.ProviderTunnelFrame) -> None:
+        """One ``ProviderTunnelFrame`` from a node connection."""
+        active = self._tunnels.get(message.run_id)
+        if active is None or active.connection is not connection:
+            self.log.debug("dropping a frame of unknown tunnel {run_id}", run_id=message.run_id)
+            return
+        stream = active.stream
+        if message.sequence <= stream.last_sequence:
+            self.log.warn(
+                "dropping out-of-order frame {sequence} of tunnel {run_id} (after {last})",
+                sequence=message.sequence,
+                last=stream.last_sequence,
+                run_id=message.run_id,
+                node_id=stream.node_id,
+            )
+            return
+        stream.last_sequence = message.sequence
+        kind = message.kind
+        if kind == pb.RESPONSE_START:
+            if stream.started:
+                self._violation(stream, message, "a second RESPONSE_START")
+                return
+            stream._started(message.status_code, [(h.name, h.value) for h in message.headers])
+        elif kind == pb.BODY:
+            if not stream.started:
+                self._violation(stream, message, "BODY before RESPONSE_START")
+                return
+            stream._body(message.body)
+        elif kind == pb.USAGE:
+            stream.usage = Usage.from_proto(message.usage)
+        elif kind == pb.END:
+            if not stream.started:
+                self._finish(message.run_id, "tunnel ended without a response")
+            else:
+                self._finish(message.run_id, None)
+        elif kind == pb.ERROR:
+            if stream.cancel_reason is not None:
+                self.log.debug(
+                    "tunnel {run_id} ended on its node: {error}",
+                    run_id=message.run_id,
+                    error=message.error,
+                )
+            self._finish(message.run_id, message.error or "tunnel failed on the node")
+        else:
+            self._violation(stream, message, f"unknown frame kind {kind}")
+
+    def nodeReady(self, node_id: str, generation: int) -> None:
+        pass
+
+    def nodeFenced(self, node_id: str, generation: int) -> None:
+        """The node's ready generation is gone: its tunnels end with an error, now."""
+        for run_id, active in list(self._tunnels.items()):
+            if active.stream.node_id == node_id and active.generation == generation:
+                self._finish(run_id, f"node {node_id} disconnected during the tunnel")
+
+    # -- status ------------------------------------------------------------------------------
+
+    def active(self) -> list[TunnelStream]:
+        return [a.stream for a in self._tunnels.values()]
+
+    def get(self, run_id: str) -> TunnelStream | None:
+        active = self._tunnels.get(run_id)
+        return active.stream if active else None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _violation(self, stream: TunnelStream, message: pb.ProviderTunnelFrame, what: str) -> None:
+        self.log.warn(
+            "dropping frame {sequence} of tunnel {run_id}: {what}",
+            sequence=message.sequence,
+            run_id=message.run_id,
+            node_id=stream.node_id,
+            what=what,
+        )
+
+    def _finish(self, run_id: str, error: str | None) -> None:
+        """End ``run_id`` once: ``error`` None is a clean end; a cancel's reason wins."""
+        active = self._tunnels.pop(run_id, None)
+        if active is None:
+            return
+        if active.cancel_timer is not None and active.cancel_timer.active():
+            active.cancel_timer.cancel()
+        stream = active.stream
+        if stream.cancel_reason is not None:
+            # The caller gave up on this tunnel: whatever the node said, the body is incomplete.
+            error = stream.cancel_reason
+        outcome = TunnelOutcome(
+            ok=error is None,
+            error=error or "",
+            usage=stream.usage,
+            status_code=stream.status_code,
+            body_bytes=stream.body_bytes,
+        )
+        self.log.info(
+            "tunnel {run_id} on node {node_id} ended: {result}",
+            run_id=run_id,
+            node_id=stream.node_id,
+            result="ok" if error is None else error,
+            status_code=stream.status_code,
+            body_bytes=stream.body_bytes,
+        )
+        stream._finish(outcome)

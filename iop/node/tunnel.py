@@ -1,0 +1,919 @@
+# -*- test-case-name: iop.test.node.test_tunnel,iop.test.node.test_tunnel_properties -*-
+"""
+The Node's provider raw tunnel: one ``ProviderTunnelRequest`` becomes one HTTP request to an
+OpenAI-compatible provider, and its response goes back to the Edge as ordered
+``ProviderTunnelFrame``s, bytes untouched.
+
+::
+
+    ProviderTunnelRequest ─▶ adapter ─▶ ITunnelProvider? ─▶ operation → URL ─▶ gate.try_acquire()
+                               │             │                    │                  │
+                               └─ unknown ───┴─ not HTTP ─────────┴─ no path ────────┴─ full
+                                  disabled                                  ▼
+                                                          one ERROR frame (nothing queued)
+
+    open ─┬─ response ─▶ RESPONSE_START(status, headers) ─▶ BODY… ─┬─ body complete ─▶ [USAGE] END
+          │                                                        └─ connection broke ─▶ ERROR
+          ├─ connect failure (no response) ───────────────────────────────────────────────▶ ERROR
+          ├─ CANCEL_RUN ──────────────▶ ERROR "cancelled…"   (request aborted / connection closed)
+          ├─ idle / overall timeout ──▶ ERROR "upstream idle…" / "request timed out…"  (aborted)
+          └─ edge session lost ───────▶ aborted; nothing can be sent
+                                         │
+                           ended: timers stopped, slot released, exactly once
+
+Frames per run id carry ``sequence`` 1, 2, 3…: at most one ``RESPONSE_START``, first;
+``BODY`` frames only after it, each at most :data:`BODY_FRAME_BYTES`, concatenating to exactly
+the bytes the upstream sent; then exactly one ``END`` or ``ERROR``, and nothing after it. An
+upstream non-2xx answer is not an error: it is passed through (``RESPONSE_START`` with its
+status, its body, ``END``). ``USAGE`` is observation only: the body is read on the side (SSE
+events or one JSON document) for the usage the provider reported, and one ``USAGE`` frame goes
+out before ``END`` when there was any. The body itself is never parsed into anything else,
+re-encoded or held back.
+
+Admission goes through the adapter instance's :class:`~iop.node.adapters.capacity.CapacityGate`,
+the same gate normalized runs use. The slot is released before the last frame goes out, so an
+Edge that dispatches the next request on seeing ``END``/``ERROR`` finds it free.
+
+Credentials: the adapter's configured headers are sent upstream and appear nowhere else (not in
+frames, errors or logs); a request's own headers pass only through an allow-list and can never
+replace a configured header or carry credentials of their own.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+
+from iop.node.adapters.capacity import Slot
+from iop.node.adapters.http_stream import ended_cleanly, read_body
+from iop.node.adapters.openai_compat import describe_failure, token_count
+from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
+from iop.node.adapters.sse import SSEParser
+from iop.runtime.events import Usage
+from iop.runtime.interfaces import ITunnelProvider
+from iop.wire import runtime_pb2 as pb
+
+__all__ = [
+    "BODY_FRAME_BYTES",
+    "DEFAULT_OPERATION_PATHS",
+    "TunnelFrames",
+    "TunnelManager",
+    "UsageObserver",
+    "filter_response_headers",
+    "upstream_request_headers",
+]
+
+# A BODY frame carries at most this many bytes; larger upstream chunks are split.
+BODY_FRAME_BYTES = 256 * 1024
+DEFAULT_IDLE_TIMEOUT = 120.0
+# A non-streaming body larger than this is still passed through, but not parsed for usage.
+USAGE_JSON_LIMIT = 32 * 1024 * 1024
+CONNECTION_LOST_REASON = "edge connection lost"
+CANCELLED = "cancelled"
+
+# Provider paths of the named operations, when the adapter's profile does not name them.
+DEFAULT_OPERATION_PATHS: Mapping[str, str] = {
+    "chat_completions": "/chat/completions",
+    "responses": "/responses",
+    "messages": "/messages",
+    "count_tokens": "/messages/count_tokens",
+    "models": "/models",
+}
+# Operations whose answers report token usage (an empty operation: tell by the body's shape).
+USAGE_OPERATIONS = frozenset({"chat_completions", "responses", "messages", ""})
+
+ALLOWED_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+# Request headers of the Edge's request that may reach the provider. Everything else is dropped.
+FORWARDED_REQUEST_HEADERS = frozenset(
+    {
+        "content-type",
+        "accept",
+        "user-agent",
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-beta",
+        "x-request-id",
+        "idempotency-key",
+    }
+)
+# Never taken from the request, whatever the allow-list says: credentials are the adapter's.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie"}
+)
+# Response headers that describe one hop (or the body's framing) and are not passed back.
+HOP_BY_HOP_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}"
+
+
+# -- headers ----------------------------------------------------------------------------------
+
+
+def _clean(value: str) -> bool:
+    return "\r" not in value and "\n" not in value and "\0" not in value
+
+
+def upstream_request_headers(
+    configured: Mapping[str, str],
+    requested: Iterable[pb.Header],
+    authHeader: str = "",
+    hasBody: bool = True,
+) -> tuple[Headers, list[str]]:
+    """
+    The headers of the provider request: the adapter's ``configured`` headers (credentials),
+    plus those of ``requested`` whose names are on :data:`FORWARDED_REQUEST_HEADERS` and are not
+    configured, not the profile's ``authHeader`` and not a credential header. A body without a
+    content type is sent as ``application/json``. Also returns the names of the dropped request
+    headers (for a debug log: names only, never values).
+    """
+    blocked = {name.strip().lower() for name in configured} | CREDENTIAL_HEADERS
+    if authHeader:
+        blocked.add(authHeader.strip().lower())
+    out: dict[str, list[str]] = {}
+    dropped: list[str] = []
+    for header in requested:
+        name = header.name.strip().lower()
+        if name in FORWARDED_REQUEST_HEADERS and name not in blocked and _clean(header.value):
+            out.setdefault(name, []).append(header.value)
+        else:
+            dropped.append(name)
+    if hasBody and "content-type" not in out and "content-type" not in blocked:
+        out["content-type"] = ["application/json"]
+    for name, value in configured.items():
+        out[name] = [value]
+    return Headers(out), dropped
+
+
+def filter_response_headers(
+    headers: Headers, redact: Callable[[str], str] = lambda text: text
+) -> list[tuple[str, str]]:
+    """
+    The provider's response headers to pass back: without hop-by-hop and length headers (and
+    any named by ``Connection``), each value through ``redact``.
+    """
+    named = {
+        token.strip().lower()
+        for value in headers.getRawHeaders(b"connection", [])
+        for token in value.decode("latin-1").split(",")
+    }
+    out: list[tuple[str, str]] = []
+    for rawName, values in headers.getAllRawHeaders():
+        name = rawName.decode("latin-1")
+        lowered = name.lower()
+        if lowered in HOP_BY_HOP_HEADERS or lowered in named:
+            continue
+        for value in values:
+            out.append((name, redact(value.decode("latin-1"))))
+    return out
+
+
+# -- usage observation ------------------------------------------------------------------------
+
+
+def _details(raw: Mapping[str, Any], section: str, name: str) -> int | None:
+    value = raw.get(section)
+    return token_count(value.get(name)) if isinstance(value, dict) else None
+
+
+def openai_chat_usage(raw: Mapping[str, Any]) -> Usage:
+    """Chat Completions ``usage``: prompt/completion tokens and the reported details."""
+    return Usage(
+        input_tokens=token_count(raw.get("prompt_tokens")) or 0,
+        output_tokens=token_count(raw.get("completion_tokens")) or 0,
+        reasoning_tokens=_details(raw, "completion_tokens_details", "reasoning_tokens"),
+        cached_input_tokens=_details(raw, "prompt_tokens_details", "cached_tokens"),
+    )
+
+
+def openai_responses_usage(raw: Mapping[str, Any]) -> Usage:
+    """Responses API ``response.usage``: input/output tokens and the reported details."""
+    return Usage(
+        input_tokens=token_count(raw.get("input_tokens")) or 0,
+        output_tokens=token_count(raw.get("output_tokens")) or 0,
+        reasoning_tokens=_details(raw, "output_tokens_details", "reasoning_tokens"),
+        cached_input_tokens=_details(raw, "input_tokens_details", "cached_tokens"),
+    )
+
+
+def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
+    """
+    Anthropic Messages ``usage``. Anthropic's ``input_tokens`` leaves out cache reads and
+    writes; ``input_tokens`` here is the whole prompt (as OpenAI's ``prompt_tokens`` is), and
+    ``cached_input_tokens`` the cache reads, when reported.
+    """
+    cacheRead = token_count(raw.get("cache_read_input_tokens"))
+    cacheWrite = token_count(raw.get("cache_creation_input_tokens"))
+    prompt = (token_count(raw.get("input_tokens")) or 0) + (cacheRead or 0) + (cacheWrite or 0)
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=token_count(raw.get("output_tokens")) or 0,
+        cached_input_tokens=cacheRead,
+    )
+
+
+class UsageObserver:
+    """
+    Reads a copy of a response body on the side and finds the usage the provider reported in
+    it; never changes the body and never raises (a body it cannot read just has no usage).
+
+    ``sse=True``: Server-Sent Events — OpenAI Chat chunks with ``usage`` (the last one wins),
+    OpenAI Responses ``response.completed`` (``response.usage``), Anthropic ``message_start``
+    (``message.usage``) merged with ``message_delta`` (``usage``). Otherwise one JSON document:
+    a Chat completion, a Responses ``response`` or an Anthropic ``message``.
+    """
+
+    log = Logger()
+
+    def __init__(self, sse: bool, jsonLimit: int = USAGE_JSON_LIMIT) -> None:
+        self._sse = sse
+        self._parser = SSEParser() if sse else None
+        self._jsonLimit = jsonLimit
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._broken = False
+        self._chat: Mapping[str, Any] | None = None
+        self._responses: Mapping[str, Any] | None = None
+        self._anthropic: dict[str, Any] | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self._broken:
+            return
+        try:
+            if self._parser is not None:
+                for event in self._parser.feed(data):
+                    self._event(event.data)
+            else:
+                self._size += len(data)
+                if self._size > self._jsonLimit:
+                    self._stop("the body is too large to look for usage in")
+                    return
+                self._parts.append(data)
+        except Exception as e:
+            self._stop(f"{type(e).__name__}: {e}")
+
+    def finish(self) -> Usage | None:
+        """The usage found in the whole body, or None."""
+        if self._broken:
+            return None
+        try:
+            if self._parser is not None:
+                for event in self._parser.finish():
+                    self._event(event.data)
+            else:
+                self._document(b"".join(self._parts))
+        except Exception as e:
+            self._stop(f"{type(e).__name__}: {e}")
+            return None
+        if self._anthropic is not None:
+            return anthropic_usage(self._anthropic)
+        if self._responses is not None:
+            return openai_responses_usage(self._responses)
+        if self._chat is not None:
+            return openai_chat_usage(self._chat)
+        return None
+
+    def _stop(self, why: str) -> None:
+        self._broken = True
+        self._parts = []
+        self.log.debug("not observing tunnel usage: {why}", why=why)
+
+    def _event(self, data: str) -> None:
+        if data.strip() == "[DONE]":
+            return
+        try:
+            value = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(value, dict):
+            return
+        kind = value.get("type")
+        if kind == "message_start":
+            message = value.get("message")
+            usage = message.get("usage") if isinstance(message, dict) else None
+            if isinstance(usage, dict):
+                self._anthropic = dict(usage)
+        elif kind == "message_delta":
+            usage = value.get("usage")
+            if isinstance(usage, dict):
+                merged = dict(self._anthropic or {})
+                merged.update({k: v for k, v in usage.items() if v is not None})
+                self._anthropic = merged
+        elif isinstance(kind, str) and kind.startswith("response."):
+            response = value.get("response")
+            usage = response.get("usage") if isinstance(response, dict) else None
+            if isinstance(usage, dict):
+                self._responses = usage
+        elif isinstance(value.get("usage"), dict):
+            self._chat = value["usage"]
+
+    def _document(self, raw: bytes) -> None:
+        if not raw.strip():
+            return
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            return
+        if not isinstance(value, dict) or not isinstance(value.get("usage"), dict):
+            return
+        usage = value["usage"]
+        if value.get("type") == "message":
+            self._anthropic = dict(usage)
+        elif value.get("object") == "response":
+            self._responses = usage
+        elif "prompt_tokens" in usage or "completion_tokens" in usage:
+            self._chat = usage
+
+
+# -- frames -----------------------------------------------------------------------------------
+
+
+class _FrameState(enum.Enum):
+    NEW = "new"
+    STARTED = "started"
+    ENDED = "ended"
+
+
+class TunnelFrames:
+    """
+    The frames of one tunnel, in an order that is always valid: every method sends its frame
+    only when it may come next (and says whether it did), so no caller can produce
+    ``BODY`` before ``RESPONSE_START``, a second ``RESPONSE_START``, or anything after
+    ``END``/``ERROR``. Sequences are 1, 2, 3…; a ``BODY`` larger than ``bodyFrameBytes`` is
+    split over several frames.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        run_id: str,
+        send: Callable[[pb.ProviderTunnelFrame], None],
+        bodyFrameBytes: int = BODY_FRAME_BYTES,
+    ) -> None:
+        if bodyFrameBytes < 1:
+            raise ValueError("bodyFrameBytes must be at least 1")
+        self.run_id = run_id
+        self._send = send
+        self._bodyFrameBytes = bodyFrameBytes
+        self._state = _FrameState.NEW
+        self.sequence = 0
+        self.body_bytes = 0
+        self.status_code: int | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._state is not _FrameState.NEW
+
+    @property
+    def ended(self) -> bool:
+        return self._state is _FrameState.ENDED
+
+    def start(self, status_code: int, headers: Sequence[tuple[str, str]]) -> bool:
+        if not self._expect(_FrameState.NEW, "RESPONSE_START"):
+            return False
+        self._state = _FrameState.STARTED
+        self.status_code = status_code
+        self._emit(
+            pb.ProviderTunnelFrame(
+                kind=pb.RESPONSE_START,
+                status_code=status_code,
+                headers=[pb.Header(name=name, value=value) for name, value in headers],
+            )
+        )
+        return True
+
+    def body(self, data: bytes) -> bool:
+        if not self._expect(_FrameState.STARTED, "BODY"):
+            return False
+        step = self._bodyFrameBytes
+        for offset in range(0, len(data), step):
+            piece = data[offset : offset + step]
+            self.body_bytes += len(piece)
+            self._emit(pb.ProviderTunnelFrame(kind=pb.BODY, body=piece))
+        return True
+
+    def usage(self, usage: Usage) -> bool:
+        if not self._expect(_FrameState.STARTED, "USAGE"):
+            return False
+        self._emit(pb.ProviderTunnelFrame(kind=pb.USAGE, usage=usage.to_proto()))
+        return True
+
+    def end(self) -> bool:
+        if not self._expect(_FrameState.STARTED, "END"):
+            return False
+        self._state = _FrameState.ENDED
+        self._emit(pb.ProviderTunnelFrame(kind=pb.END, end=True))
+        return True
+
+    def error(self, message: str) -> bool:
+        if self._state is _FrameState.ENDED:
+            self._dropped("ERROR")
+            return False
+        self._state = _FrameState.ENDED
+        self._emit(pb.ProviderTunnelFrame(kind=pb.ERROR, end=True, error=message))
+        return True
+
+    def _expect(self, state: _FrameState, kind: str) -> bool:
+        if self._state is state:
+            return True
+        self._dropped(kind)
+        return False
+
+    def _dropped(self, kind: str) -> None:
+        self.log.warn(
+            "not sending {kind} frame of tunnel {run_id}: the tunnel is {state}",
+            kind=kind,
+            run_id=self.run_id,
+            state=self._state.value,
+        )
+
+    def _emit(self, frame: pb.ProviderTunnelFrame) -> None:
+        self.sequence += 1
+        frame.run_id = self.run_id
+        frame.sequence = self.sequence
+        self._send(frame)
+
+
+# -- one tunnel -------------------------------------------------------------------------------
+
+
+class _Tunnel:
+    """One admitted tunnel: its timers, its upstream exchange, and its single end."""
+
+    def __init__(
+        self,
+        manager: TunnelManager,
+        request: pb.ProviderTunnelRequest,
+        instance: AdapterInstance,
+        provider: ITunnelProvider,
+        slot: Slot,
+        method: str,
+        url: str,
+        path: str,
+        headers: Headers,
+    ) -> None:
+        self.manager = manager
+        self.run_id = request.run_id
+        self.instance = instance
+        self.provider = provider
+        self.operation = request.operation
+        self.stream = request.stream
+        self.timeout_sec = float(request.timeout_sec)
+        self.method = method
+        self.path = path
+        self._url = url
+        self._headers = headers
+        self._body = request.body
+        self._slot = slot
+        self.started_at = manager.clock.seconds()
+        self.frames = TunnelFrames(self.run_id, manager._sendFrame, manager.bodyFrameBytes)
+        self.over = False
+        self._inner: Deferred[None] | None = None
+        self._idleCall: IDelayedCall | None = None
+        self._boundCall: IDelayedCall | None = None
+        self._idle = float(provider.idle_timeout or DEFAULT_IDLE_TIMEOUT)
+
+    @property
+    def adapter(self) -> str:
+        return self.instance.name
+
+    def start(self) -> None:
+        self._arm()
+        self._inner = Deferred.fromCoroutine(self._main())
+        self._inner.addErrback(self._failed)
+
+    def abort(self, reason: str) -> bool:
+        """End now with ERROR ``reason`` and abort the upstream exchange; False if over."""
+        if self.over:
+            return False
+        self._end(reason)
+        inner = self._inner
+        if inner is not None and not inner.called:
+            inner.cancel()
+        return True
+
+    # -- the exchange ------------------------------------------------------------------------
+
+    async def _main(self) -> None:
+        provider = self.provider
+        response: IResponse = await provider.http.request(
+            self.method,
+            self._url,
+            headers=self._headers,
+            data=self._body if self._body else None,
+            unbuffered=True,
+            allow_redirects=False,
+            reactor=provider.clock,
+        )
+        if self.over:
+            return
+        self._touch()
+        self.frames.start(response.code, filter_response_headers(response.headers, provider.redact))
+        observer = self._observer(response)
+
+        def onData(data: bytes) -> None:
+            self._touch()
+            self.frames.body(data)
+            if observer is not None:
+                observer.feed(data)
+
+        reason = await read_body(response, onData)
+        if self.over:
+            return
+        if not ended_cleanly(reason):
+            self._end(
+                f"upstream connection lost after {self.frames.body_bytes} body bytes: "
+                f"{describe_failure(reason)}"
+            )
+            return
+        usage = observer.finish() if observer is not None else None
+        if usage is not None:
+            self.frames.usage(usage)
+        self._end(None)
+
+    def _observer(self, response: IResponse) -> UsageObserver | None:
+        if self.operation not in USAGE_OPERATIONS or not 200 <= response.code < 300:
+            return None
+        contentType = (response.headers.getRawHeaders(b"content-type") or [b""])[0].lower()
+        if contentType.startswith(b"text/event-stream"):
+            return UsageObserver(sse=True)
+        if b"json" in contentType:
+            return UsageObserver(sse=False)
+        return UsageObserver(sse=self.stream)
+
+    def _failed(self, failure: Failure) -> None:
+        if self.over:
+            return
+        why = describe_failure(failure.value) if failure.value is not None else "unknown failure"
+        if self.frames.started:
+            self._end(f"upstream connection lost after {self.frames.body_bytes} body bytes: {why}")
+        else:
+            self._end(f"upstream request failed: {why}")
+
+    # -- time bounds -------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        clock = self.manager.clock
+        if self.timeout_sec > 0:
+            self._boundCall = clock.callLater(
+                self.timeout_sec,
+                self._expired,
+                f"request timed out after {_seconds(self.timeout_sec)}s",
+            )
+        self._idleCall = clock.callLater(
+            self._idle, self._expired, f"upstream idle for {_seconds(self._idle)}s"
+        )
+
+    def _touch(self) -> None:
+        if self._idleCall is not None and self._idleCall.active():
+            self._idleCall.reset(self._idle)
+
+    def _disarm(self) -> None:
+        for call in (self._idleCall, self._boundCall):
+            if call is not None and call.active():
+                call.cancel()
+        self._idleCall = self._boundCall = None
+
+    def _expired(self, reason: str) -> None:
+        self.manager._timedOut(self, reason)
+
+    # -- the one end -------------------------------------------------------------------------
+
+    def _end(self, error: str | None) -> None:
+        """Stop timers, release the slot, send END (``error`` None) or ERROR, exactly once."""
+        if self.over:
+            return
+        self.over = True
+        self._disarm()
+        self._slot.release()
+        self.manager._forget(self)
+        if error is None:
+            self.frames.end()
+        else:
+            self.frames.error(self.provider.redact(error))
+        self.manager._ended(self, error)
+
+
+# -- the manager ------------------------------------------------------------------------------
+
+
+class TunnelManager:
+    """
+    Serves the Edge's ``ProviderTunnelRequest``s of one session on the adapters of
+    ``registry``.
+
+    :param registry: the session's adapter instances (providers and capacity gates).
+    :param send: sends one envelope to the Edge.
+    :param clock: idle and overall timeouts.
+    :param nodeId: for logs.
+    :param bodyFrameBytes: the largest body a ``BODY`` frame carries.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        registry: AdapterRegistry,
+        send: Callable[[pb.Envelope], None],
+        clock: IReactorTime,
+        nodeId: str = "",
+        bodyFrameBytes: int = BODY_FRAME_BYTES,
+    ) -> None:
+        self._registry = registry
+        self._send = send
+        self.clock = clock
+        self._nodeId = nodeId
+        self.bodyFrameBytes = bodyFrameBytes
+        self._active: dict[str, _Tunnel] = {}
+        self._closed = False
+        self._counts = {"completed": 0, "error": 0, "cancelled": 0, "rejected": 0}
+
+    # -- envelope handlers (install these on the session) -------------------------------------
+
+    def tunnelRequestReceived(self, envelope: pb.Envelope) -> None:
+        """The ``provider_tunnel_request`` handler."""
+        self.submit(envelope.provider_tunnel_request)
+
+    def cancelRequestReceived(self, envelope: pb.Envelope) -> None:
+        """
+        A ``CANCEL_RUN`` for a tunnel: abort it (its ERROR frame goes out) and answer with a
+        ``CancelResponse``.
+        """
+        request = envelope.cancel_request
+        ok = request.kind == pb.CANCEL_RUN and self.cancel(request.run_id, request.reason)
+        self._safeSend(
+            pb.Envelope(
+                cancel_response=pb.CancelResponse(
+                    kind=request.kind,
+                    run_id=request.run_id,
+                    session_id=request.session_id,
+                    ok=ok,
+                    reason="" if ok else f"no active tunnel {request.run_id!r} on this node",
+                )
+            ),
+            request.run_id,
+        )
+
+    # -- tunnels -----------------------------------------------------------------------------
+
+    def submit(self, request: pb.ProviderTunnelRequest) -> None:
+        """Admit and open one tunnel, or refuse it with a single ``ERROR`` frame."""
+        runId = request.run_id
+        if self._closed:
+            self.log.warn(
+                "ignoring provider tunnel {run_id}: the edge connection is gone",
+                run_id=runId,
+                node_id=self._nodeId,
+            )
+            return
+        if not runId:
+            self._refuse(request, "provider tunnel request without a run_id")
+            return
+        if runId in self._active:
+            self._refuse(request, f"tunnel {runId!r} is already active on this node")
+            return
+        try:
+            instance = self._registry.resolve(request.adapter)
+        except UnknownAdapter as e:
+            self._refuse(request, str(e))
+            return
+        if not instance.enabled or instance.provider is None:
+            self._refuse(request, f"adapter {instance.name!r} is disabled")
+            return
+        provider = ITunnelProvider(instance.provider, None)
+        if provider is None:
+            self._refuse(
+                request,
+                f"adapter {instance.name!r} (type {instance.type}) cannot serve provider tunnels;"
+                " only HTTP providers (openai_compat, vllm) can",
+            )
+            return
+        if request.credential_lease or request.HasField("credential_binding"):
+            # Fail closed: this node cannot verify a managed credential lease.
+            self._refuse(request, "managed credential leases are not supported by this node")
+            return
+        method = (request.method or "POST").upper()
+        if method not in ALLOWED_METHODS:
+            self._refuse(request, f"method {request.method!r} is not allowed for provider tunnels")
+            return
+        path, problem = self._path(request, instance, provider)
+        if problem:
+            self._refuse(request, problem)
+            return
+        gate = instance.gate
+        slot = gate.try_acquire()
+        if slot is None:
+            self._refuse(
+                request, f"adapter {instance.name!r} is at capacity ({gate.in_use}/{gate.limit})"
+            )
+            return
+        profile = provider.profile
+        headers, dropped = upstream_request_headers(
+            provider.configured_headers(),
+            request.headers,
+            authHeader=profile.auth_header if profile is not None else "",
+            hasBody=bool(request.body),
+        )
+        if dropped:
+            self.log.debug(
+                "tunnel {run_id}: request headers not forwarded: {names}",
+                run_id=runId,
+                names=sorted(set(dropped)),
+                node_id=self._nodeId,
+            )
+        tunnel = _Tunnel(
+            self,
+            request,
+            instance,
+            provider,
+            slot,
+            method,
+            provider.base_url + path,
+            path,
+            headers,
+        )
+        self._active[runId] = tunnel
+        self.log.info(
+            "tunnel {run_id} opened on adapter {adapter}: {method} {path}"
+            " ({operation}, {in_use}/{limit})",
+            run_id=runId,
+            adapter=instance.name,
+            target=request.target,
+            method=method,
+            path=path,
+            operation=request.operation or "path",
+            stream=request.stream,
+            in_use=gate.in_use,
+            limit=gate.limit,
+            node_id=self._nodeId,
+        )
+        tunnel.start()
+
+    def isActive(self, run_id: str) -> bool:
+        """Whether ``run_id`` names an open tunnel (cancel routing asks this)."""
+        return run_id in self._active
+
+    def __contains__(self, run_id: object) -> bool:
+        return run_id in self._active
+
+    def cancel(self, run_id: str, reason: str = "") -> bool:
+        """Abort an open tunnel: the upstream is disconnected, its ERROR says ``cancelled``."""
+        tunnel = self._active.get(run_id)
+        if tunnel is None:
+            return False
+        message = f"{CANCELLED}: {reason}" if reason else CANCELLED
+        self.log.info(
+            "cancelling tunnel {run_id} on adapter {adapter}: {reason}",
+            run_id=run_id,
+            adapter=tunnel.adapter,
+            reason=reason or "cancelled by edge",
+            node_id=self._nodeId,
+        )
+        return tunnel.abort(message)
+
+    def connectionLost(self, reason: str = CONNECTION_LOST_REASON) -> None:
+        """The session is gone: abort every tunnel (nothing more can be sent) and free its slot."""
+        self._closed = True
+        tunnels = list(self._active.values())
+        if tunnels:
+            self.log.warn(
+                "edge connection lost; aborting {count} provider tunnel(s)",
+                count=len(tunnels),
+                node_id=self._nodeId,
+            )
+        for tunnel in tunnels:
+            tunnel.abort(reason)
+
+    # -- status ------------------------------------------------------------------------------
+
+    def activeCount(self, adapter: str | None = None) -> int:
+        if adapter is None:
+            return len(self._active)
+        return sum(1 for tunnel in self._active.values() if tunnel.adapter == adapter)
+
+    def describe(self) -> dict[str, object]:
+        """Open tunnels (identities and progress only) and counters of ended ones."""
+        return {
+            "active": [
+                {
+                    "run_id": tunnel.run_id,
+                    "adapter": tunnel.adapter,
+                    "operation": tunnel.operation,
+                    "started_unix_ms": int(tunnel.started_at * 1000),
+                    "status_code": tunnel.frames.status_code,
+                    "body_bytes": tunnel.frames.body_bytes,
+                }
+                for tunnel in self._active.values()
+            ],
+            **self._counts,
+        }
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _path(
+        self,
+        request: pb.ProviderTunnelRequest,
+        instance: AdapterInstance,
+        provider: ITunnelProvider,
+    ) -> tuple[str, str]:
+        """The provider path of the request, or a reason it has none."""
+        operation = request.operation
+        if operation:
+            profile = provider.profile
+            path = profile.operations.get(operation, "") if profile is not None else ""
+            path = path or DEFAULT_OPERATION_PATHS.get(operation, "")
+            if not path:
+                return "", f"adapter {instance.name!r} has no path for operation {operation!r}"
+            return (path if path.startswith("/") else "/" + path), ""
+        path = request.path
+        if not path:
+            return "", "provider tunnel request without an operation or a path"
+        if not path.startswith("/") or path.startswith("//") or not _clean(path) or " " in path:
+            return "", "provider tunnel path must be a relative path starting with '/'"
+        return path, ""
+
+    def _sendFrame(self, frame: pb.ProviderTunnelFrame) -> None:
+        self._safeSend(pb.Envelope(provider_tunnel_frame=frame), frame.run_id)
+
+    def _safeSend(self, envelope: pb.Envelope, runId: str) -> None:
+        if self._closed:
+            return
+        try:
+            self._send(envelope)
+        except Exception:
+            self.log.failure(
+                "sending {kind} to the edge failed",
+                kind=envelope.WhichOneof("message"),
+                run_id=runId,
+                node_id=self._nodeId,
+            )
+
+    def _refuse(self, request: pb.ProviderTunnelRequest, reason: str) -> None:
+        self._counts["rejected"] += 1
+        self.log.warn(
+            "refusing provider tunnel {run_id} for adapter {adapter}: {error}",
+            run_id=request.run_id,
+            adapter=request.adapter,
+            error=reason,
+            node_id=self._nodeId,
+        )
+        TunnelFrames(request.run_id, self._sendFrame).error(reason)
+
+    def _forget(self, tunnel: _Tunnel) -> None:
+        if self._active.get(tunnel.run_id) is tunnel:
+            del self._active[tunnel.run_id]
+
+    def _timedOut(self, tunnel: _Tunnel, reason: str) -> None:
+        self.log.warn(
+            "tunnel {run_id} on adapter {adapter}: {error}",
+            run_id=tunnel.run_id,
+            adapter=tunnel.adapter,
+            error=reason,
+            node_id=self._nodeId,
+        )
+        tunnel.abort(reason)
+
+    def _ended(self, tunnel: _Tunnel, error: str | None) -> None:
+        if error is None:
+            outcome = "completed"
+        elif error.startswith(CANCELLED) or error == CONNECTION_LOST_REASON:
+            outcome = "cancelled"
+        else:
+            outcome = "error"
+        self._counts[outcome] += 1
+        self.log.info(
+            "tunnel {run_id} on adapter {adapter} ended: {outcome}{detail}",
+            run_id=tunnel.run_id,
+            adapter=tunnel.adapter,
+            outcome=outcome,
+            detail=f" ({tunnel.provider.redact(error)})" if error else "",
+            status_code=tunnel.frames.status_code,
+            body_bytes=tunnel.frames.body_bytes,
+            frames=tunnel.frames.sequence,
+            node_id=self._nodeId,
+        )
