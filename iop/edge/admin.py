@@ -37,6 +37,8 @@ from twisted.web.resource import IResource
 
 from iop.edge.commands import CommandFailed, NodeCommander
 from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
+from iop.edge.gateway import Dispatch, EdgeGateway
+from iop.edge.pool import Overloaded, QueueTimeout, Unavailable, UnknownModel
 from iop.edge.tunnel import TunnelDispatcher, TunnelFailed, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent
 from iop.wire import runtime_pb2 as pb
@@ -67,6 +69,13 @@ def event_json(handle: RunHandle, event: RuntimeEvent) -> dict[str, Any]:
         out["session_id"] = event.session_id
     return out
 
+
+_POOL_ERRORS: dict[type, int] = {
+    UnknownModel: 404,
+    Unavailable: 503,
+    Overloaded: 429,
+    QueueTimeout: 503,
+}
 
 _RUN_FIELDS = {
     "model": str,
@@ -107,11 +116,13 @@ class AdminApp:
         runs: RunDispatcher | None = None,
         commands: NodeCommander | None = None,
         tunnels: TunnelDispatcher | None = None,
+        gateway: EdgeGateway | None = None,
     ) -> None:
         self._snapshot = statusSnapshot
         self._runs = runs
         self._commands = commands
         self._tunnels = tunnels
+        self._gateway = gateway
 
     @app.route("/nodes/<string:node_id>/commands", methods=["POST"])
     def nodeCommand(self, request: IRequest, node_id: str) -> bytes | Deferred[bytes]:
@@ -232,6 +243,9 @@ class AdminApp:
             "max_tokens": body.get("max_tokens", 0),
             "metadata": {str(k): str(v) for k, v in body.get("metadata", {}).items()},
         }
+        gateway = self._gateway
+        if "model" in body and gateway is not None and gateway.model(body["model"]) is not None:
+            return self._submitPooled(request, gateway, body["model"], options)
         try:
             if "model" in body:
                 handle = self._runs.submit_model_run(body["model"], **options)
@@ -246,6 +260,38 @@ class AdminApp:
         except DispatchError as e:
             return _error(request, 400, str(e))
         return self._stream(request, handle)
+
+    def _submitPooled(
+        self, request: IRequest, gateway: EdgeGateway, model: str, options: dict[str, Any]
+    ) -> Deferred[bytes]:
+        """
+        A ``models[]`` key: take a provider lease from the pool (waiting in its queue when every
+        candidate is busy), then run it as a normalized run on the chosen provider. This debug
+        surface always uses the normalized run path, whatever the provider type.
+        """
+        options.pop("node_id", None)
+        prompt_tokens = (len(options["input"]) + 3) // 4
+        waiting = gateway.dispatch(model, prompt_tokens=prompt_tokens)
+        request.notifyFinish().addErrback(lambda _: waiting.cancel())  # type: ignore[attr-defined]
+
+        def chosen(dispatch: Dispatch) -> Deferred[bytes] | bytes:
+            try:
+                handle = gateway.run(dispatch, **options)
+            except DispatchError as e:
+                return _error(request, 503, str(e))
+            return self._stream(request, handle)
+
+        def failed(failure: Failure) -> bytes | Failure:
+            if failure.check(defer.CancelledError):
+                return b""
+            code = _POOL_ERRORS.get(type(failure.value))
+            if code is None:
+                return failure
+            if code == 429:
+                request.setHeader(b"retry-after", b"1")
+            return _error(request, code, str(failure.value))
+
+        return waiting.addCallbacks(chosen, failed)
 
     def _stream(self, request: IRequest, handle: RunHandle) -> Deferred[bytes]:
         request.setResponseCode(200)

@@ -24,7 +24,9 @@ from iop.edge.admin import AdminApp
 from iop.edge.commands import NodeCommander
 from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus
+from iop.edge.gateway import EdgeGateway
 from iop.edge.payload import build_node_payload
+from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
@@ -51,8 +53,11 @@ class EdgeService(MultiService):
         super().__init__()
         self.config = config
         self.bus = EventBus(reactor)
+        # The provider pool observes node readiness first: fencing returns leases before the
+        # dispatchers end that node's runs and tunnels.
+        self.pool = ProviderPool(config, reactor)
         self.registry = NodeRegistry(
-            config, lambda node: build_node_payload(config, node), self.bus, reactor
+            config, lambda node: build_node_payload(config, node), self.bus, reactor, [self.pool]
         )
         self.nodeFactory = NodeConnectionFactory(
             self.registry,
@@ -91,10 +96,11 @@ class EdgeService(MultiService):
         self.nodeFactory.handlers["provider_tunnel_frame"] = lambda conn, env: self.tunnels.frame(
             conn, env.provider_tunnel_frame
         )
-        self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels)
+        self.gateway = EdgeGateway(config, self.pool, self.runs, self.tunnels)
+        self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
 
     def snapshot(self) -> dict[str, Any]:
-        return snapshot(self.config, self.registry)
+        return snapshot(self.config, self.registry, self.pool)
 
 
 def makeService(options: Options, reactor: IReactorTime | None = None) -> IService:

@@ -1,0 +1,558 @@
+# -*- test-case-name: iop.test.edge.test_pool -*-
+"""
+The Edge provider pool: the ``models[]`` catalog, live candidates, selection and capacity leases.
+
+:class:`ProviderPool` is the one public entry. It is pure logic (no I/O; time comes from the
+injected clock) and is driven synchronously by the node registry as an
+:class:`~iop.edge.registry.INodeLifecycleObserver`, by the dispatcher through :meth:`acquire` and
+:meth:`Lease.release`, and by config refresh through :meth:`ProviderPool.set_enabled`. Waiting is
+delegated to :mod:`iop.edge.queue`, whose docstring states the per-model-group queue limit and
+timeout rules.
+
+Candidates
+    A model key's candidates are its ``ModelProviderRef``\\ s whose provider is enabled and whose
+    node's active generation is dispatch-ready ("live"). Leases are keyed by
+    ``node_id + provider_id``: every model key pointing at one provider shares its capacity.
+
+Long context
+    A request is long for provider P when ``P.long_context_threshold > 0`` and
+    ``prompt_tokens >= P.long_context_threshold`` (threshold 0 = never long). A long request holds
+    one normal slot *and* one long slot. ``long_capacity`` caps concurrent long requests on P;
+    ``long_capacity == 0`` means there is no separate long cap and only ``capacity`` applies.
+    P has room for a request when ``in_flight < capacity`` and (the request is not long, or
+    ``long_capacity == 0``, or ``long_in_flight < long_capacity``).
+
+Selection
+    Among live candidates with room: the lowest ``in_flight``; ties → the lower ``priority``
+    number; ties → round-robin per model key, rotating through the tied candidates in config order
+    starting after the one this key chose last (so repeated acquire/release cycles alternate
+    between equals).
+
+Queue
+    No candidate with room → the request waits (FIFO across all model groups). Releases, node
+    ready and enabling a provider pump the waiters in arrival order. No live candidate at all →
+    ``Unavailable`` at once, also for waiters when a fence or a disable removes their last live
+    candidate (not at queue timeout).
+
+Generations
+    Only the node's active generation's fence changes anything: its leases are returned exactly
+    once, its providers go offline, every waiter is re-evaluated. A new ready generation starts
+    with zero occupancy. Stale callbacks (an old generation's ready or fence) and the release of a
+    lease whose generation was fenced change nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.config.model import EdgeConfig, ModelProviderRef, ProviderConfig
+from iop.edge.queue import Waiter, WaitQueue, queue_limit, queue_timeout
+from iop.edge.registry import INodeLifecycleObserver
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+class PoolError(Exception):
+    """
+    An acquire that produced no lease. The message is safe to show a client (it names the
+    requested model, never a node, token or endpoint); ``code`` is a stable machine name.
+    """
+
+    code: ClassVar[str] = "pool_error"
+
+    def __init__(self, message: str, model_id: str) -> None:
+        super().__init__(message)
+        self.model_id = model_id
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+
+class UnknownModel(PoolError):
+    """The model key is not in ``models[]``."""
+
+    code = "model_not_found"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"model {model_id!r} is not configured", model_id)
+
+
+class Unavailable(PoolError):
+    """No live candidate: every provider of the model is disabled or its node is not ready."""
+
+    code = "unavailable"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(f"no provider is available for model {model_id!r}", model_id)
+
+
+class Overloaded(PoolError):
+    """The model group's queue is full."""
+
+    code = "overloaded"
+
+    def __init__(self, model_id: str, limit: int) -> None:
+        super().__init__(
+            f"model {model_id!r} is overloaded: {limit} requests are already waiting", model_id
+        )
+        self.limit = limit
+
+
+class QueueTimeout(PoolError):
+    """No provider freed up within the model group's queue timeout."""
+
+    code = "queue_timeout"
+
+    def __init__(self, model_id: str, timeout: float) -> None:
+        super().__init__(
+            f"timed out after {timeout:g}s waiting for a provider for model {model_id!r}",
+            model_id,
+        )
+        self.timeout = timeout
+
+
+# ---------------------------------------------------------------------------------------------
+# Leases
+
+
+@dataclass
+class _LeaseState:
+    released: bool = False
+    fenced: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Lease:
+    """
+    One held slot (or, for a long request, one normal plus one long slot) on
+    ``node_id + provider_id`` in connection generation ``generation``.
+
+    :meth:`release` is idempotent: only the first call frees the slot(s) and pumps the queue. If
+    the generation was fenced first, the fence already returned the slot(s) and release changes
+    nothing. Identity is the object: two leases are never equal.
+    """
+
+    provider_id: str
+    node_id: str
+    generation: int
+    # The adapter instance on the node (``ProviderConfig.adapter_instance``).
+    adapter: str
+    # The served target for this model key (``ModelProviderRef.target``).
+    target: str
+    model_id: str
+    provider_type: str
+    category: str
+    usage_attribution: str
+    long: bool
+    _onRelease: Callable[[Lease], None] = field(repr=False)
+    _state: _LeaseState = field(default_factory=_LeaseState, repr=False)
+
+    @property
+    def released(self) -> bool:
+        """``release()`` has been called."""
+        return self._state.released
+
+    @property
+    def fenced(self) -> bool:
+        """The node's generation was fenced while this lease was held (slot already returned)."""
+        return self._state.fenced
+
+    def release(self) -> None:
+        if self._state.released:
+            return
+        self._state.released = True
+        self._onRelease(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Catalog and live state
+
+
+def is_long(provider: ProviderConfig, prompt_tokens: int) -> bool:
+    """Whether a request of ``prompt_tokens`` is long-context for ``provider``."""
+    threshold = provider.long_context_threshold
+    return threshold > 0 and prompt_tokens >= threshold
+
+
+class _Resource:
+    """Live state of one configured provider: enabled toggle, active generation, leases."""
+
+    def __init__(self, node_id: str, config: ProviderConfig) -> None:
+        self.node_id = node_id
+        self.config = config
+        self.enabled = config.enabled
+        self.generation: int | None = None
+        self.leases: set[Lease] = set()
+        self.long_in_flight = 0
+        # Model keys that list this provider.
+        self.models: set[str] = set()
+
+    @property
+    def provider_id(self) -> str:
+        return self.config.id
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.leases)
+
+    @property
+    def live(self) -> bool:
+        return self.enabled and self.generation is not None
+
+    def is_long(self, prompt_tokens: int) -> bool:
+        return is_long(self.config, prompt_tokens)
+
+    def has_room(self, long: bool) -> bool:
+        if self.in_flight >= self.config.capacity:
+            return False
+        cap = self.config.long_capacity
+        return not long or cap == 0 or self.long_in_flight < cap
+
+    def hold(self, lease: Lease) -> None:
+        self.leases.add(lease)
+        if lease.long:
+            self.long_in_flight += 1
+
+    def drop(self, lease: Lease) -> bool:
+        """Free ``lease``'s slot(s) if it still holds them; whether it did."""
+        if lease not in self.leases:
+            return False
+        self.leases.remove(lease)
+        if lease.long:
+            self.long_in_flight -= 1
+        return True
+
+    def fence(self) -> int:
+        """Go offline, returning every held lease exactly once; how many."""
+        returned = len(self.leases)
+        for lease in self.leases:
+            lease._state.fenced = True
+        self.leases.clear()
+        self.long_in_flight = 0
+        self.generation = None
+        return returned
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    ref: ModelProviderRef
+    resource: _Resource
+    # Position in the model key's provider list (config order), for round-robin.
+    index: int
+
+
+@dataclass
+class _NodeState:
+    resources: list[_Resource]
+    active: int | None = None
+    # The highest generation this node has been made ready with; older readies are stale.
+    seen: int = 0
+
+
+def select(
+    candidates: Sequence[_Candidate], prompt_tokens: int, start: int, size: int
+) -> _Candidate | None:
+    """
+    The candidate to lease, or None when none has room: lowest ``in_flight``, then lower
+    ``priority``, then the first in config order at or after position ``start`` (cyclically over
+    ``size`` positions).
+    """
+    best: _Candidate | None = None
+    bestKey: tuple[int, int, int] | None = None
+    for c in candidates:
+        res = c.resource
+        if not res.has_room(res.is_long(prompt_tokens)):
+            continue
+        key = (res.in_flight, res.config.priority, (c.index - start) % size)
+        if bestKey is None or key < bestKey:
+            best, bestKey = c, key
+    return best
+
+
+_ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# The pool
+
+
+@implementer(INodeLifecycleObserver)
+class ProviderPool:
+    """
+    Provider selection, capacity leases and the wait queue for ``models[]``. See the module
+    docstring for the rules.
+    """
+
+    log = Logger()
+
+    def __init__(self, config: EdgeConfig, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._resources: dict[str, _Resource] = {}
+        self._nodes: dict[str, _NodeState] = {}
+        for node in config.nodes:
+            resources = [_Resource(node.id, p) for p in node.providers]
+            self._nodes[node.id] = _NodeState(resources)
+            for res in resources:
+                self._resources[res.provider_id] = res
+        self._models: dict[str, tuple[_Candidate, ...]] = {}
+        for model in config.models:
+            candidates: list[_Candidate] = []
+            for ref in model.providers:
+                found = self._resources.get(ref.provider_id)
+                if found is None or found.provider_id in {c.ref.provider_id for c in candidates}:
+                    self.log.warn(
+                        "model {model_id}: ignoring unknown or repeated provider {provider_id}",
+                        model_id=model.id,
+                        provider_id=ref.provider_id,
+                    )
+                    continue
+                candidates.append(_Candidate(ref, found, len(candidates)))
+                found.models.add(model.id)
+            self._models[model.id] = tuple(candidates)
+        # Per model key: the config position where the next round-robin tie-break starts.
+        self._rr: dict[str, int] = {}
+        self._queue: WaitQueue[Lease] = WaitQueue(
+            clock, expired=self._expired, discard=lambda lease: lease.release()
+        )
+
+    # -- acquire -----------------------------------------------------------------------------
+
+    def acquire(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Lease]:
+        """
+        A lease on a provider of ``model_id``: at once when a live candidate has room, else after
+        waiting in the queue. Fails with :class:`UnknownModel`, :class:`Unavailable`,
+        :class:`Overloaded` or :class:`QueueTimeout`. Cancelling the Deferred while it waits
+        withdraws the request.
+        """
+        candidates = self._models.get(model_id)
+        if candidates is None:
+            return fail(UnknownModel(model_id))
+        outcome = self._decide(model_id, prompt_tokens)
+        if isinstance(outcome, Lease):
+            return succeed(outcome)
+        if outcome is not None:
+            self.log.info("no live provider for model {model_id}", model_id=model_id)
+            return fail(outcome)
+        enabled = [c.resource.config for c in candidates if c.resource.enabled]
+        limit = queue_limit(enabled)
+        if self._queue.waiting(model_id) >= limit:
+            self.log.warn(
+                "queue for model {model_id} is full ({limit}): rejecting",
+                model_id=model_id,
+                limit=limit,
+            )
+            return fail(Overloaded(model_id, limit))
+        return self._queue.enqueue(model_id, prompt_tokens, queue_timeout(enabled))
+
+    # -- authoritative lifecycle -------------------------------------------------------------
+
+    def nodeReady(self, node_id: str, generation: int) -> None:
+        node = self._nodes.get(node_id)
+        if node is None:
+            self.log.warn("ready for unconfigured node {node_id} ignored", node_id=node_id)
+            return
+        if node.active == generation:
+            return
+        if generation <= node.seen:
+            self.log.info(
+                "stale ready of node {node_id} (generation {generation}) ignored",
+                node_id=node_id,
+                generation=generation,
+            )
+            return
+        node.seen = generation
+        if node.active is not None:
+            self._fenceNode(node_id, node)
+        node.active = generation
+        for res in node.resources:
+            res.generation = generation
+        self.log.info(
+            "node {node_id} providers active (generation {generation})",
+            node_id=node_id,
+            generation=generation,
+        )
+        self._pump()
+
+    def nodeFenced(self, node_id: str, generation: int) -> None:
+        node = self._nodes.get(node_id)
+        if node is None or node.active is None or node.active != generation:
+            self.log.info(
+                "stale fence of node {node_id} (generation {generation}) ignored",
+                node_id=node_id,
+                generation=generation,
+            )
+            return
+        self._fenceNode(node_id, node)
+        self._pump()
+
+    def set_enabled(self, provider_id: str, enabled: bool) -> None:
+        """
+        Live enable/disable. Disabling excludes the provider from selection at once and fails
+        waiters left without a live candidate; leases it holds stay valid until released.
+        Enabling pumps the queue. Raises ``KeyError`` for an unconfigured provider.
+        """
+        res = self._resources.get(provider_id)
+        if res is None:
+            raise KeyError(f"unknown provider {provider_id!r}")
+        if res.enabled == enabled:
+            return
+        res.enabled = enabled
+        self.log.info(
+            "provider {provider_id} on node {node_id} {state}",
+            provider_id=provider_id,
+            node_id=res.node_id,
+            state="enabled" if enabled else "disabled",
+        )
+        self._pump()
+
+    # -- observation -------------------------------------------------------------------------
+
+    def counters(self, node_id: str, provider_id: str) -> dict[str, int]:
+        """
+        :class:`~iop.edge.status.ProviderCounters`: lease occupancy of the provider's active
+        generation and the pending requests that include it as a live candidate. All zero when
+        the provider is offline, disabled or not on ``node_id``.
+        """
+        res = self._resources.get(provider_id)
+        if res is None or res.node_id != node_id or not res.live:
+            return dict(_ZERO)
+        queued = longQueued = 0
+        for waiter in self._queue:
+            if waiter.model_id in res.models:
+                queued += 1
+                if res.is_long(waiter.prompt_tokens):
+                    longQueued += 1
+        return {
+            "in_flight": res.in_flight,
+            "long_in_flight": res.long_in_flight,
+            "queued": queued,
+            "long_queued": longQueued,
+        }
+
+    def snapshot(self) -> dict[str, Any]:
+        """
+        For tests and debugging: every provider's raw state (``in_flight``/``long_in_flight`` are
+        the held leases even while disabled; ``queued``/``long_queued`` as in :meth:`counters`)
+        and the waiters in arrival order.
+        """
+        providers: dict[str, dict[str, Any]] = {}
+        for pid, res in self._resources.items():
+            live = self.counters(res.node_id, pid)
+            providers[pid] = {
+                "node_id": res.node_id,
+                "generation": res.generation,
+                "enabled": res.enabled,
+                "live": res.live,
+                "capacity": res.config.capacity,
+                "long_capacity": res.config.long_capacity,
+                "in_flight": res.in_flight,
+                "long_in_flight": res.long_in_flight,
+                "queued": live["queued"],
+                "long_queued": live["long_queued"],
+            }
+        return {
+            "providers": providers,
+            "waiters": [
+                {
+                    "model_id": w.model_id,
+                    "prompt_tokens": w.prompt_tokens,
+                    "enqueued_at": w.enqueued_at,
+                    "timeout": w.timeout,
+                }
+                for w in self._queue
+            ],
+        }
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _decide(self, model_id: str, prompt_tokens: int) -> Lease | PoolError | None:
+        """A lease when a live candidate has room, ``Unavailable`` when none is live, else None."""
+        candidates = self._models.get(model_id, ())
+        live = [c for c in candidates if c.resource.live]
+        if not live:
+            return Unavailable(model_id)
+        chosen = select(live, prompt_tokens, self._rr.get(model_id, 0), len(candidates))
+        if chosen is None:
+            return None
+        self._rr[model_id] = (chosen.index + 1) % len(candidates)
+        return self._grant(model_id, chosen, prompt_tokens)
+
+    def _grant(self, model_id: str, chosen: _Candidate, prompt_tokens: int) -> Lease:
+        res = chosen.resource
+        assert res.generation is not None
+        lease = Lease(
+            provider_id=res.provider_id,
+            node_id=res.node_id,
+            generation=res.generation,
+            adapter=res.config.adapter_instance,
+            target=chosen.ref.target,
+            model_id=model_id,
+            provider_type=res.config.type,
+            category=res.config.category,
+            usage_attribution=res.config.usage_attribution,
+            long=res.is_long(prompt_tokens),
+            _onRelease=self._release,
+        )
+        res.hold(lease)
+        self.log.debug(
+            "leased provider {provider_id} on node {node_id} for model {model_id}",
+            provider_id=res.provider_id,
+            node_id=res.node_id,
+            model_id=model_id,
+        )
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        res = self._resources[lease.provider_id]
+        if not res.drop(lease):
+            return
+        self.log.debug(
+            "released provider {provider_id} on node {node_id} for model {model_id}",
+            provider_id=lease.provider_id,
+            node_id=lease.node_id,
+            model_id=lease.model_id,
+        )
+        self._pump()
+
+    def _fenceNode(self, node_id: str, node: _NodeState) -> None:
+        generation = node.active
+        node.active = None
+        returned = sum(res.fence() for res in node.resources)
+        self.log.info(
+            "node {node_id} generation {generation} fenced: {returned} leases returned",
+            node_id=node_id,
+            generation=generation,
+            returned=returned,
+        )
+
+    def _pump(self) -> None:
+        self._queue.settle(lambda w: self._decide(w.model_id, w.prompt_tokens))
+
+    def _expired(self, waiter: Waiter[Lease]) -> BaseException:
+        self.log.info(
+            "request for model {model_id} timed out after {timeout}s in the queue",
+            model_id=waiter.model_id,
+            timeout=waiter.timeout,
+        )
+        return QueueTimeout(waiter.model_id, waiter.timeout)
+
+
+__all__ = [
+    "Lease",
+    "Overloaded",
+    "PoolError",
+    "ProviderPool",
+    "QueueTimeout",
+    "Unavailable",
+    "UnknownModel",
+    "is_long",
+]

@@ -1,0 +1,190 @@
+# -*- test-case-name: iop.test.edge.test_queue -*-
+"""
+Waiting for a provider: the FIFO of pending acquires, per-model-group limits, queue timeouts and
+the pump's mechanics.
+
+This module decides *when* a waiter is looked at and how its outcome reaches it; *what* a waiter
+gets (a lease, an error, or nothing yet) is decided by the caller's ``decide`` function
+(:class:`iop.edge.pool.ProviderPool`). It knows nothing about providers beyond the two limit
+rules below.
+
+Limits of a model group
+-----------------------
+Both are computed when a request is about to queue, from the providers of the model group that are
+*enabled* at that moment (the live enabled toggle counts; node connectivity does not, so a node
+that comes and goes does not make the limits flap):
+
+- queue limit = the sum of ``max_queue`` over those providers, where a provider's
+  ``max_queue == 0`` counts as :data:`DEFAULT_MAX_QUEUE` (100). When the group already has that
+  many waiters the request fails ``Overloaded`` at once; nothing is dropped silently.
+- queue timeout = the largest ``queue_timeout_sec`` among those providers, where ``0`` counts as
+  :data:`DEFAULT_QUEUE_TIMEOUT_SEC` (60 s). A waiter still waiting then fails ``QueueTimeout``
+  (on the injected clock). The timeout is fixed per waiter when it queues.
+
+Pump
+----
+:meth:`WaitQueue.settle` makes one pass over every waiter in arrival order (FIFO across all model
+groups). A waiter the decision leaves waiting is skipped, so a later waiter for other providers may
+proceed. All decisions of a pass are made, and the queue updated, before any outcome is delivered:
+no caller code runs inside a pass, so a callback that releases, acquires or cancels re-entrantly
+sees a settled queue. A decided outcome whose Deferred has meanwhile been cancelled is handed to
+``discard`` (the pool releases the lease), so a granted lease never leaks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from iop.config.model import ProviderConfig
+
+DEFAULT_MAX_QUEUE = 100
+DEFAULT_QUEUE_TIMEOUT_SEC = 60.0
+
+T = TypeVar("T")
+
+
+def queue_limit(providers: Iterable[ProviderConfig]) -> int:
+    """A model group's queue limit: sum of ``max_queue`` (0 → :data:`DEFAULT_MAX_QUEUE`)."""
+    return sum(p.max_queue if p.max_queue > 0 else DEFAULT_MAX_QUEUE for p in providers)
+
+
+def queue_timeout(providers: Iterable[ProviderConfig]) -> float:
+    """
+    A model group's queue timeout: max of ``queue_timeout_sec`` (0 →
+    :data:`DEFAULT_QUEUE_TIMEOUT_SEC`); the default when there are no providers.
+    """
+    return max(
+        (
+            p.queue_timeout_sec if p.queue_timeout_sec > 0 else DEFAULT_QUEUE_TIMEOUT_SEC
+            for p in providers
+        ),
+        default=DEFAULT_QUEUE_TIMEOUT_SEC,
+    )
+
+
+@dataclass(eq=False)
+class Waiter(Generic[T]):
+    """One pending acquire."""
+
+    seq: int
+    model_id: str
+    prompt_tokens: int
+    timeout: float
+    enqueued_at: float
+    deferred: Deferred[T] = field(repr=False)
+    timer: IDelayedCall | None = field(default=None, repr=False)
+
+
+class WaitQueue(Generic[T]):
+    """
+    Pending acquires in arrival order, each with its own timeout timer and a cancellable Deferred.
+
+    :param expired: builds the exception a waiter fails with when its timeout passes.
+    :param discard: disposes of a decided result nobody can receive any more (its Deferred was
+        cancelled between decision and delivery).
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        expired: Callable[[Waiter[T]], BaseException],
+        discard: Callable[[T], None],
+    ) -> None:
+        self._clock = clock
+        self._expired = expired
+        self._discard = discard
+        self._waiters: dict[int, Waiter[T]] = {}
+        self._perModel: dict[str, int] = {}
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._waiters)
+
+    def __iter__(self) -> Iterator[Waiter[T]]:
+        """The waiters in arrival order (a snapshot: safe to change the queue meanwhile)."""
+        return iter(list(self._waiters.values()))
+
+    def waiting(self, model_id: str) -> int:
+        """How many waiters the model group ``model_id`` has."""
+        return self._perModel.get(model_id, 0)
+
+    def enqueue(self, model_id: str, prompt_tokens: int, timeout: float) -> Deferred[T]:
+        """
+        Queue a waiter that fails with ``expired(waiter)`` after ``timeout`` seconds. Cancelling
+        the returned Deferred removes the waiter and its timer.
+        """
+        self._seq += 1
+        seq = self._seq
+
+        def cancel(d: Deferred[T]) -> None:
+            waiter = self._waiters.get(seq)
+            if waiter is not None:
+                self._remove(waiter)
+
+        d: Deferred[T] = Deferred(cancel)
+        waiter = Waiter(seq, model_id, prompt_tokens, timeout, self._clock.seconds(), d)
+        self._waiters[seq] = waiter
+        self._perModel[model_id] = self._perModel.get(model_id, 0) + 1
+        waiter.timer = self._clock.callLater(timeout, self._expire, seq)
+        return d
+
+    def settle(self, decide: Callable[[Waiter[T]], T | BaseException | None]) -> None:
+        """
+        The pump: one FIFO pass asking ``decide`` about every waiter (``None`` = keep waiting),
+        then deliver every decided outcome.
+        """
+        decided: list[tuple[Waiter[T], T | BaseException]] = []
+        for waiter in list(self._waiters.values()):
+            outcome = decide(waiter)
+            if outcome is None:
+                continue
+            self._remove(waiter)
+            decided.append((waiter, outcome))
+        for waiter, outcome in decided:
+            self._deliver(waiter.deferred, outcome)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _remove(self, waiter: Waiter[T]) -> None:
+        del self._waiters[waiter.seq]
+        left = self._perModel[waiter.model_id] - 1
+        if left:
+            self._perModel[waiter.model_id] = left
+        else:
+            del self._perModel[waiter.model_id]
+        timer, waiter.timer = waiter.timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def _expire(self, seq: int) -> None:
+        waiter = self._waiters.get(seq)
+        if waiter is None:
+            return
+        waiter.timer = None
+        self._remove(waiter)
+        self._deliver(waiter.deferred, self._expired(waiter))
+
+    def _deliver(self, d: Deferred[T], outcome: T | BaseException) -> None:
+        if isinstance(outcome, BaseException):
+            if not d.called:
+                d.errback(outcome)
+        elif d.called:
+            self._discard(outcome)
+        else:
+            d.callback(outcome)
+
+
+__all__ = [
+    "DEFAULT_MAX_QUEUE",
+    "DEFAULT_QUEUE_TIMEOUT_SEC",
+    "WaitQueue",
+    "Waiter",
+    "queue_limit",
+    "queue_timeout",
+]
