@@ -5,6 +5,7 @@ each cluster in its own directory with its own ports and token.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import signal
@@ -23,6 +24,10 @@ import pytest
 import yaml
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
+# Client API keys of a cluster whose config uses :meth:`Cluster.client_api`: one for every model,
+# one limited to the models named there.
+CLIENT_KEY = "sk-systest-all-models"
+LIMITED_CLIENT_KEY = "sk-systest-limited"
 
 
 def free_port() -> int:
@@ -80,10 +85,48 @@ class Cluster:
     admin_port: int
     env: dict[str, str]
     daemons: list[Daemon] = field(default_factory=list)
+    # The client API listener (OpenAI/Anthropic-compatible), when the config opens one.
+    client_port: int = field(default_factory=free_port)
 
     @property
     def admin(self) -> str:
         return f"http://127.0.0.1:{self.admin_port}"
+
+    @property
+    def client_url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def client_api(
+        self,
+        *,
+        limited_models: list[str] | None = None,
+        model_routes: list[dict[str, Any]] | None = None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """
+        An ``openai:`` section: the client listener on :attr:`client_port` with auth on, the key
+        :data:`CLIENT_KEY` for every model and :data:`LIMITED_CLIENT_KEY` for
+        ``limited_models`` (both held as sha256 digests), plus ``model_routes``.
+        """
+        keys: list[dict[str, Any]] = [
+            {"name": "all", "key_sha256": hashlib.sha256(CLIENT_KEY.encode()).hexdigest()}
+        ]
+        if limited_models:
+            keys.append(
+                {
+                    "name": "limited",
+                    "key_sha256": hashlib.sha256(LIMITED_CLIENT_KEY.encode()).hexdigest(),
+                    "models": limited_models,
+                }
+            )
+        section: dict[str, Any] = {
+            "listen": f"tcp:{self.client_port}:interface=127.0.0.1",
+            "auth": {"enabled": True, "keys": keys},
+            **extra,
+        }
+        if model_routes:
+            section["model_routes"] = model_routes
+        return section
 
     def write_edge_config(self, **overrides: Any) -> Path:
         config: dict[str, Any] = {
@@ -254,6 +297,9 @@ class Cluster:
             self.write_edge_config()
         edge = self.daemon("iop-edge", config, "edge").start()
         wait_until(lambda: port_open(self.admin_port), 20, "edge admin port")
+        section = yaml.safe_load(config.read_text()).get("openai") or {}
+        if section.get("listen"):
+            wait_until(lambda: port_open(self.client_port), 20, "edge client API port")
         return edge
 
     def start_node(self, name: str = "node") -> Daemon:

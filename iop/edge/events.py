@@ -1,6 +1,6 @@
 # -*- test-case-name: iop.test.edge.test_events -*-
 """
-In-process fanout of node lifecycle events to observers.
+In-process fanout of node lifecycle events and per-request usage events to observers.
 
 Observers only: nothing that must happen (lease return, fencing, queue settlement) rides this
 bus. Each subscriber gets its own bounded queue drained on a later reactor turn, so a slow or
@@ -14,9 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
+
+from iop.runtime.events import Usage
 
 
 class NodeEventKind(Enum):
@@ -35,13 +38,36 @@ class NodeEvent:
     at: float = 0.0
 
 
-Subscriber = Callable[[NodeEvent], object]
+@dataclass(frozen=True)
+class UsageEvent:
+    """
+    One client request finished (a run or a tunnel): what it used and whom it is attributed to.
+    ``usage`` is what the provider reported (None when it reported nothing; never estimated);
+    ``outcome`` is the run's terminal type (``complete``, ``error``, ``cancelled``) or, for a
+    tunnel, ``complete`` / ``error``.
+    """
+
+    model: str
+    provider_id: str
+    node_id: str
+    target: str
+    usage_attribution: str
+    outcome: str
+    usage: Usage | None = None
+    at: float = 0.0
+    kind: str = "request.finished"
+
+
+BusEvent = NodeEvent | UsageEvent
+# A subscriber receives every event published (NodeEvent and UsageEvent alike); one that wants
+# a single kind filters with isinstance.
+Subscriber = Callable[[Any], object]
 
 
 @dataclass
 class _Subscription:
     callback: Subscriber
-    pending: deque[NodeEvent] = field(default_factory=deque)
+    pending: deque[BusEvent] = field(default_factory=deque)
     dropped: int = 0
     scheduled: IDelayedCall | None = None
     active: bool = True
@@ -70,7 +96,7 @@ class EventBus:
 
         return unsubscribe
 
-    def publish(self, event: NodeEvent) -> None:
+    def publish(self, event: BusEvent) -> None:
         for sub in self._subscriptions:
             if len(sub.pending) >= self._maxPending:
                 sub.dropped += 1
@@ -89,4 +115,5 @@ class EventBus:
             try:
                 sub.callback(event)
             except Exception:
-                self.log.failure("event subscriber failed on {kind}", kind=event.kind.value)
+                kind = event.kind if isinstance(event, UsageEvent) else event.kind.value
+                self.log.failure("event subscriber failed on {kind}", kind=kind)

@@ -178,6 +178,7 @@ class EdgeGateway:
         except Exception:
             dispatch.release()
             raise
+
         def finished(terminal: RuntimeEvent) -> RuntimeEvent:
             self._finished(dispatch, terminal.usage, terminal.type.value)
             return terminal

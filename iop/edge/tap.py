@@ -3,7 +3,9 @@
 ``twistd iop-edge``: options and the service tree.
 
 ``makeService(options, reactor=...)`` wires config → registry → node listener (TLS unless the
-config explicitly asks for loopback plaintext) and the Klein admin listener into a MultiService.
+config explicitly asks for loopback plaintext), the Klein admin listener and, when
+``openai.listen`` is set, the client API listener (OpenAI- and Anthropic-compatible) into a
+MultiService. Every finished client request publishes a :class:`~iop.edge.events.UsageEvent`.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
 from iop.edge.commands import NodeCommander
 from iop.edge.dispatch import RunDispatcher
-from iop.edge.events import EventBus
-from iop.edge.gateway import EdgeGateway
+from iop.edge.events import EventBus, UsageEvent
+from iop.edge.gateway import Dispatch, EdgeGateway
+from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
+from iop.runtime.events import Usage
 from iop.security.tls import TLSConfigError, server_context_factory
 
 
@@ -52,6 +56,7 @@ class EdgeService(MultiService):
     def __init__(self, config: EdgeConfig, reactor: Any) -> None:
         super().__init__()
         self.config = config
+        self._clock = reactor
         self.bus = EventBus(reactor)
         # The provider pool observes node readiness first: fencing returns leases before the
         # dispatchers end that node's runs and tunnels.
@@ -96,8 +101,26 @@ class EdgeService(MultiService):
         self.nodeFactory.handlers["provider_tunnel_frame"] = lambda conn, env: self.tunnels.frame(
             conn, env.provider_tunnel_frame
         )
-        self.gateway = EdgeGateway(config, self.pool, self.runs, self.tunnels)
+        self.gateway = EdgeGateway(
+            config, self.pool, self.runs, self.tunnels, onFinished=self.requestFinished
+        )
+        self.clients = ClientApp(self.gateway, config.client_api, reactor)
         self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
+
+    def requestFinished(self, dispatch: Dispatch, usage: Usage | None, outcome: str) -> None:
+        """A client request ended: its usage and attribution go on the event bus."""
+        self.bus.publish(
+            UsageEvent(
+                model=dispatch.model,
+                provider_id=dispatch.provider_id or "",
+                node_id=dispatch.node_id,
+                target=dispatch.target,
+                usage_attribution=dispatch.usage_attribution,
+                outcome=outcome,
+                usage=usage,
+                at=self._clock.seconds(),
+            )
+        )
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)
@@ -129,4 +152,12 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     admin._raiseSynchronously = True
     admin.setName("admin")
     admin.setServiceParent(edge)
+
+    if config.client_api.listen:
+        clients = StreamServerEndpointService(
+            serverFromString(reactor, config.client_api.listen), edge.clients.site()
+        )
+        clients._raiseSynchronously = True
+        clients.setName("clients")
+        clients.setServiceParent(edge)
     return edge

@@ -100,7 +100,7 @@ def main() -> int:
             subprocess.Popen(twistd_command("iop-node", DEMO_CONFIG / "node.yaml"), env=env)
         )
         admin = f"http://{ADMIN[0]}:{ADMIN[1]}"
-        run = "curl -N -X POST " + admin + "/runs -d '{\"model\": \"%s\", \"input\": \"hello\"}'"
+        run = "curl -N -X POST " + admin + '/runs -d \'{"model": "%s", "input": "hello"}\''
         print(
             "\nIOP demo is up: edge (nodes on 127.0.0.1:7443, TLS), node demo-a, and fake\n"
             "providers behind it (OpenAI-compatible :9001, Ollama :9002, a scripted CLI agent).\n"

@@ -14,12 +14,26 @@ Routes:
   ``tools`` gets a native call to its first tool, arguments split over several chunks — unless
   the fake rejects tools, then it answers 400. Model ``fail-500`` answers 500; model
   ``fail-midstream`` sends a few chunks and drops the connection.
+- ``POST /v1/responses`` (only with ``responses_api`` / ``--responses-api``; otherwise 404 like
+  any unknown route): a minimal OpenAI Responses API answer of the same text (one ``message``
+  output item with one ``output_text`` part; ``max_output_tokens`` caps it, then the status is
+  ``incomplete``), streamed as the Responses API's semantic SSE events (``response.created`` …
+  ``response.output_text.delta`` … ``response.completed``, no ``[DONE]``) or as one
+  ``response`` object. No tools, no reasoning items.
+- ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (only with ``anthropic_api`` /
+  ``--anthropic-api``; otherwise 404): a minimal **Anthropic-shaped** upstream, so the Edge's
+  native Messages path (an ``anthropic_messages`` protocol profile over the raw tunnel) has
+  something real to talk to: one text block of the same text (``max_tokens`` required and
+  capping it), streamed as Anthropic stream events or as one ``message``; the token count is
+  the fake's usual word count. Requests without an ``anthropic-version`` header are refused
+  (400) as the real API does; errors use the Anthropic error shape. No tools, no thinking.
 - ``GET /_fake/stats``: :class:`FakeStats` as JSON.
 
 Token delays run on the injected clock, so unit tests drive them with ``task.Clock``.
 
 CLI: ``python -m iop.testing.fake_openai --port 9001 [--host 127.0.0.1] [--tokens N]
-[--chunk-tokens N] [--delay-ms N] [--reject-tools] [--models a,b]``.
+[--chunk-tokens N] [--delay-ms N] [--reject-tools] [--models a,b] [--responses-api]
+[--anthropic-api]``.
 """
 
 from __future__ import annotations
@@ -106,13 +120,16 @@ class FakeSettings:
     delay_ms: int = 0
     reject_tools: bool = False
     models: tuple[str, ...] = ("demo-model",)
+    responses_api: bool = False
+    anthropic_api: bool = False
 
 
 @dataclass
 class FakeStats:
     """
-    ``total_requests`` counts chat completion requests (rejected ones too). A stream is active
-    from its first byte until it finishes, the client goes away, or the fake drops it.
+    ``total_requests`` counts requests to the answering routes (chat completions, responses,
+    messages; rejected ones too). A stream is active from its first byte until it finishes, the
+    client goes away, or the fake drops it.
     """
 
     total_requests: int = 0
@@ -168,11 +185,21 @@ class FakeOpenAI:
         delay_ms: int = 0,
         reject_tools: bool = False,
         models: Sequence[str] = ("demo-model",),
+        responses_api: bool = False,
+        anthropic_api: bool = False,
     ) -> None:
         if tokens < 0 or chunk_tokens < 1 or delay_ms < 0:
             raise ValueError("tokens >= 0, chunk_tokens >= 1 and delay_ms >= 0, please")
         self.clock = clock
-        self.settings = FakeSettings(tokens, chunk_tokens, delay_ms, reject_tools, tuple(models))
+        self.settings = FakeSettings(
+            tokens,
+            chunk_tokens,
+            delay_ms,
+            reject_tools,
+            tuple(models),
+            responses_api,
+            anthropic_api,
+        )
         self.requests: list[ReceivedRequest] = []
         self._stats = FakeStats()
         self._ids = itertools.count(1)
@@ -190,6 +217,12 @@ class FakeOpenAI:
         root.putChild(b"_fake", fake)
         v1.putChild(b"models", _Models(self))
         v1.putChild(b"chat", chat)
+        if self.settings.responses_api:
+            v1.putChild(b"responses", _Post(self._responses))
+        if self.settings.anthropic_api:
+            messages = _Post(self._messages)
+            v1.putChild(b"messages", messages)
+            messages.putChild(b"count_tokens", _Post(self._countTokens))
         chat.putChild(b"completions", _ChatCompletions(self))
         fake.putChild(b"stats", _Stats(self))
         return root
@@ -362,6 +395,258 @@ class FakeOpenAI:
             "usage": answer.usage,
         }
 
+    # -- responses (minimal) ----------------------------------------------------------------
+
+    def _readJSON(self, request: Request) -> Any:
+        self._stats.total_requests += 1
+        raw = request.content.read() if request.content is not None else b""
+        headers = {
+            name.decode("latin-1").lower(): values[0].decode("latin-1")
+            for name, values in request.requestHeaders.getAllRawHeaders()
+        }
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        self.requests.append(ReceivedRequest(body, headers))
+        return body
+
+    def _textAnswer(self, limit: Any) -> tuple[list[str], bool]:
+        """The answer tokens, and whether ``limit`` cut them short."""
+        count = self.settings.tokens
+        if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < count:
+            return fake_tokens(limit), True
+        return fake_tokens(count), False
+
+    def _responses(self, request: Request) -> bytes | int:
+        body = self._readJSON(request)
+        if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
+            return self._reject(request, 400, "'input' is required", param="input")
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        inputs = body["input"]
+        if isinstance(inputs, str):
+            promptTokens = len(inputs.split())
+        else:
+            promptTokens = sum(
+                word_count(item.get("content")) for item in inputs if isinstance(item, dict)
+            )
+        tokens, cut = self._textAnswer(body.get("max_output_tokens"))
+        number = next(self._ids)
+        responseId, itemId = f"resp_fake_{number}", f"msg_fake_{number}"
+        text = "".join(tokens)
+        part = {"type": "output_text", "text": text, "annotations": []}
+        item = {
+            "type": "message",
+            "id": itemId,
+            "status": "incomplete" if cut else "completed",
+            "role": "assistant",
+            "content": [part],
+        }
+        usage = {
+            "input_tokens": promptTokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": len(tokens),
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": promptTokens + len(tokens),
+        }
+
+        def response(status: str, output: list[Any], final: bool) -> dict[str, Any]:
+            return {
+                "id": responseId,
+                "object": "response",
+                "created_at": int(self.clock.seconds()),
+                "status": status,
+                "model": model,
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if cut and final else None,
+                "instructions": body.get("instructions"),
+                "metadata": {},
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "usage": usage if final else None,
+            }
+
+        done = response("incomplete" if cut else "completed", [item], True)
+        if body.get("stream") is not True:
+            data = json.dumps(done).encode()
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            _Writer(
+                self, request, [(data, len(tokens))], self.settings.delay_ms, None, False
+            ).start()
+            return NOT_DONE_YET
+        events: list[tuple[dict[str, Any], int]] = [
+            ({"type": "response.created", "response": response("in_progress", [], False)}, 0),
+            ({"type": "response.in_progress", "response": response("in_progress", [], False)}, 0),
+            (
+                {
+                    "type": "response.output_item.added",
+                    "output_index": 0,
+                    "item": {**item, "status": "in_progress", "content": []},
+                },
+                0,
+            ),
+            (
+                {
+                    "type": "response.content_part.added",
+                    "item_id": itemId,
+                    "output_index": 0,
+                    "content_index": 0,
+                    "part": {**part, "text": ""},
+                },
+                0,
+            ),
+        ]
+        located = {"item_id": itemId, "output_index": 0, "content_index": 0}
+        for token in tokens:
+            events.append(
+                (
+                    {
+                        "type": "response.output_text.delta",
+                        **located,
+                        "delta": token,
+                        "logprobs": [],
+                    },
+                    1,
+                )
+            )
+        events += [
+            ({"type": "response.output_text.done", **located, "text": text, "logprobs": []}, 0),
+            ({"type": "response.content_part.done", **located, "part": part}, 0),
+            ({"type": "response.output_item.done", "output_index": 0, "item": item}, 0),
+            (
+                {
+                    "type": "response.incomplete" if cut else "response.completed",
+                    "response": done,
+                },
+                0,
+            ),
+        ]
+        steps = [
+            (_namedEvent(event["type"], {**event, "sequence_number": i}), weight)
+            for i, (event, weight) in enumerate(events)
+        ]
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
+        return NOT_DONE_YET
+
+    # -- Anthropic Messages (minimal) -------------------------------------------------------
+
+    def _anthropicReject(self, request: Request, code: int, message: str) -> bytes:
+        self._stats.rejected_requests += 1
+        request.setResponseCode(code)
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(
+            {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+        ).encode()
+
+    def _anthropicRequest(self, request: Request, needsMaxTokens: bool) -> dict[str, Any] | bytes:
+        """The request body, or the bytes of the error answer."""
+        body = self._readJSON(request)
+        if not request.requestHeaders.hasHeader(b"anthropic-version"):
+            return self._anthropicReject(request, 400, "anthropic-version: header is required")
+        if not isinstance(body, dict):
+            return self._anthropicReject(request, 400, "request body must be a JSON object")
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return self._anthropicReject(request, 400, "messages: field required")
+        maxTokens = body.get("max_tokens")
+        if needsMaxTokens and (not isinstance(maxTokens, int) or maxTokens < 1):
+            return self._anthropicReject(request, 400, "max_tokens: field required")
+        return body
+
+    def _anthropicPromptTokens(self, body: dict[str, Any]) -> int:
+        system = body.get("system")
+        total = word_count(system) if system is not None else 0
+        for message in body["messages"]:
+            if isinstance(message, dict):
+                total += word_count(message.get("content"))
+        return total
+
+    def _countTokens(self, request: Request) -> bytes:
+        body = self._anthropicRequest(request, needsMaxTokens=False)
+        if isinstance(body, bytes):
+            return body
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"application/json")
+        self._stats.completed_responses += 1
+        return json.dumps({"input_tokens": self._anthropicPromptTokens(body)}).encode()
+
+    def _messages(self, request: Request) -> bytes | int:
+        body = self._anthropicRequest(request, needsMaxTokens=True)
+        if isinstance(body, bytes):
+            return body
+        model = body.get("model") if isinstance(body.get("model"), str) else ""
+        tokens, cut = self._textAnswer(body["max_tokens"])
+        promptTokens = self._anthropicPromptTokens(body)
+        stopReason = "max_tokens" if cut else "end_turn"
+        messageId = f"msg_fake_{next(self._ids)}"
+        message: dict[str, Any] = {
+            "id": messageId,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [{"type": "text", "text": "".join(tokens)}],
+            "stop_reason": stopReason,
+            "stop_sequence": None,
+            "usage": {"input_tokens": promptTokens, "output_tokens": len(tokens)},
+        }
+        if body.get("stream") is not True:
+            data = json.dumps(message).encode()
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            _Writer(
+                self, request, [(data, len(tokens))], self.settings.delay_ms, None, False
+            ).start()
+            return NOT_DONE_YET
+        started = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {"input_tokens": promptTokens, "output_tokens": 0},
+        }
+        events: list[tuple[dict[str, Any], int]] = [
+            ({"type": "message_start", "message": started}, 0),
+            (
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                },
+                0,
+            ),
+        ]
+        for token in tokens:
+            delta = {"type": "text_delta", "text": token}
+            events.append(({"type": "content_block_delta", "index": 0, "delta": delta}, 1))
+        events += [
+            ({"type": "content_block_stop", "index": 0}, 0),
+            (
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stopReason, "stop_sequence": None},
+                    "usage": {"output_tokens": len(tokens)},
+                },
+                0,
+            ),
+            ({"type": "message_stop"}, 0),
+        ]
+        steps = [(_namedEvent(event["type"], event), weight) for event, weight in events]
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
+        return NOT_DONE_YET
+
+
+def _namedEvent(name: str, data: dict[str, Any]) -> bytes:
+    """One SSE event with an ``event:`` line, as the Responses and Messages APIs send them."""
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
 
 def _validate(body: Any) -> str | None:
     if not isinstance(body, dict):
@@ -501,6 +786,28 @@ class _ChatCompletions(Resource):
         return self._fake._chat(request)
 
 
+class _Post(_Directory):
+    """A POST-only route answered by one of the fake's methods (children: more routes)."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__()
+        self._answer = answer
+
+    def getChild(self, path: bytes, request: Request) -> IResource:
+        if not path:
+            return self
+        return super().getChild(path, request)
+
+    def render_POST(self, request: Request) -> bytes | int:
+        result: bytes | int = self._answer(request)
+        return result
+
+    def render(self, request: Request) -> bytes:
+        if request.method == b"POST":
+            return self.render_POST(request)  # type: ignore[return-value]
+        return _NotFound().render(request)
+
+
 class _Stats(_JSONResource):
     isLeaf = True
 
@@ -524,6 +831,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--delay-ms", type=int, default=0, help="delay per token")
     parser.add_argument("--reject-tools", action="store_true", help="answer 400 to tools")
     parser.add_argument("--models", default="demo-model", help="comma-separated model ids")
+    parser.add_argument(
+        "--responses-api", action="store_true", help="also answer POST /v1/responses"
+    )
+    parser.add_argument(
+        "--anthropic-api",
+        action="store_true",
+        help="also answer POST /v1/messages and /v1/messages/count_tokens (Anthropic-shaped)",
+    )
     return parser.parse_args(list(argv))
 
 
@@ -540,6 +855,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         chunk_tokens=args.chunk_tokens,
         delay_ms=args.delay_ms,
         reject_tools=args.reject_tools,
+        responses_api=args.responses_api,
+        anthropic_api=args.anthropic_api,
         models=models or ["demo-model"],
     )
     port = reactor.listenTCP(args.port, fake.site(), interface=args.host)

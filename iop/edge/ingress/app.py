@@ -1,0 +1,148 @@
+# -*- test-case-name: iop.test.edge.ingress.test_common -*-
+"""
+The client listener's Klein app: the OpenAI- and Anthropic-compatible surfaces on one port.
+
+=====================================  =========================================================
+``GET /v1/models``                      the catalog (OpenAI list; Anthropic list when the
+                                        request carries ``anthropic-version``)
+``GET /v1/models/{id}``                 one model, same rule
+``POST /v1/chat/completions``           :mod:`.openai`
+``POST /v1/responses``                  :mod:`.openai`
+``POST /v1/messages``                   :mod:`.anthropic`
+``POST /v1/messages/count_tokens``      :mod:`.anthropic`
+=====================================  =========================================================
+
+Every error is a JSON body in the shape of the surface asked (see :mod:`.common`); an unknown
+path or method gets the Anthropic shape under ``/v1/messages`` or with an ``anthropic-version``
+header, the OpenAI shape otherwise. An unexpected failure is logged and answered 500 (or, once a
+stream has started, the connection is cut).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from klein import Klein
+from twisted.internet.defer import CancelledError
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.web.iweb import IRequest
+from twisted.web.resource import IResource
+
+from iop.config.model import ClientAPIConfig
+from iop.edge.ingress.anthropic import AnthropicSurface
+from iop.edge.ingress.common import (
+    ANTHROPIC,
+    OPENAI,
+    ApiError,
+    ClientSite,
+    Exchange,
+    Gateway,
+    header,
+    render_error,
+)
+from iop.edge.ingress.openai import OpenAISurface
+
+__all__ = ["ClientApp"]
+
+Handler = Callable[[Exchange], Awaitable[bytes]]
+
+
+def surface_of(request: IRequest) -> str:
+    """Which surface's error shape a request expects."""
+    path = request.path.decode("latin-1", errors="replace")  # type: ignore[attr-defined]
+    if path.startswith("/v1/messages") or header(request, "anthropic-version") is not None:
+        return ANTHROPIC
+    return OPENAI
+
+
+class ClientApp:
+    """The client HTTP API; :meth:`site` is what the ``openai.listen`` endpoint serves."""
+
+    app = Klein()
+    log = Logger()
+
+    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
+        self._config = config
+        self.openai = OpenAISurface(gateway, config, clock)
+        self.anthropic = AnthropicSurface(gateway, config, clock)
+
+    async def _guard(self, request: IRequest, surface: str, handler: Handler) -> bytes:
+        exchange = Exchange(request)
+        try:
+            return await handler(exchange)
+        except ApiError as e:
+            if exchange.started:
+                self.log.warn(
+                    "client request failed after its response started: {error}",
+                    error=e.message,
+                    status=e.status,
+                )
+                exchange.abort()
+                return b""
+            return render_error(request, surface, e)
+        except CancelledError:
+            raise
+        except Exception:
+            self.log.failure("client request failed")
+            if exchange.started:
+                exchange.abort()
+                return b""
+            return render_error(request, surface, ApiError(500, "internal error"))
+
+    @app.route("/v1/models", methods=["GET"])
+    async def models(self, request: IRequest) -> bytes:
+        if surface_of(request) == ANTHROPIC:
+            return await self._guard(request, ANTHROPIC, self.anthropic.models)
+        return await self._guard(request, OPENAI, self.openai.models)
+
+    @app.route("/v1/models/<path:model_id>", methods=["GET"])
+    async def model(self, request: IRequest, model_id: str) -> bytes:
+        if surface_of(request) == ANTHROPIC:
+            return await self._guard(
+                request, ANTHROPIC, lambda ex: self.anthropic.model(ex, model_id)
+            )
+        return await self._guard(request, OPENAI, lambda ex: self.openai.model(ex, model_id))
+
+    @app.route("/v1/chat/completions", methods=["POST"])
+    async def chatCompletions(self, request: IRequest) -> bytes:
+        return await self._guard(request, OPENAI, self.openai.chat_completions)
+
+    @app.route("/v1/responses", methods=["POST"])
+    async def responses(self, request: IRequest) -> bytes:
+        return await self._guard(request, OPENAI, self.openai.responses)
+
+    @app.route("/v1/messages", methods=["POST"])
+    async def messages(self, request: IRequest) -> bytes:
+        return await self._guard(request, ANTHROPIC, self.anthropic.messages)
+
+    @app.route("/v1/messages/count_tokens", methods=["POST"])
+    async def countTokens(self, request: IRequest) -> bytes:
+        return await self._guard(request, ANTHROPIC, self.anthropic.count_tokens)
+
+    @app.handle_errors(Exception)
+    def error(self, request: IRequest, failure: Any) -> bytes:
+        from werkzeug.exceptions import HTTPException
+
+        exc = failure.value
+        surface = surface_of(request)
+        if isinstance(exc, HTTPException):
+            code = exc.code or 500
+            method = request.method.decode("latin-1", errors="replace")
+            path = request.path.decode("latin-1", errors="replace")  # type: ignore[attr-defined]
+            message = (
+                f"no route for {method} {path}"
+                if code in (404, 405)
+                else (exc.description or exc.name)
+            )
+            return render_error(request, surface, ApiError(code, message))
+        self.log.failure("client request failed", failure)
+        return render_error(request, surface, ApiError(500, "internal error"))
+
+    def resource(self) -> IResource:
+        return self.app.resource()  # type: ignore[no-any-return]
+
+    def site(self) -> ClientSite:
+        """The ``Site`` for the client listener, enforcing ``openai.max_body_bytes``."""
+        return ClientSite(self.resource(), self._config.max_body_bytes)

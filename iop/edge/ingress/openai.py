@@ -1,0 +1,598 @@
+# -*- test-case-name: iop.test.edge.ingress.test_openai -*-
+"""
+The OpenAI-compatible client surface.
+
+- ``GET /v1/models`` (and ``GET /v1/models/{id}``): the catalog — ``models[]`` keys, then
+  ``openai.model_routes[]`` ids — in the OpenAI list shape, limited to the models the caller's
+  key may use.
+- ``POST /v1/chat/completions``, streaming or not. The wire comes from the provider the gateway
+  chose:
+
+  - **tunnel** (``openai_compat``/``vllm``): the client's body, with ``model`` replaced by the
+    served target and the output-limit policy applied (``max_tokens``/``max_completion_tokens``;
+    a request with neither gets ``max_tokens`` when the model has a default), everything else
+    (``stream_options`` included) as the client sent it. The provider's status, content type and
+    body bytes come back untouched, with backpressure.
+  - **run** (Ollama, CLI agents): the client's body is the run input (an OpenAI chat request,
+    :mod:`iop.runtime.chat_input`); the run's events become ``chat.completion.chunk`` SSE
+    (:class:`RunEventsToChunks`) or one ``chat.completion``. ``delta`` → ``delta.content``,
+    ``reasoning_delta`` → ``delta.reasoning_content``, native tool calls
+    (``metadata["openai_tool_calls"]``) → ``delta.tool_calls`` / ``message.tool_calls``; tool calls
+    written as text are parsed only when ``metadata["openai_text_tool_fallback"] == "true"``
+    (and while streaming a request with tools, text that may open such a reply is held back until
+    the run completes, so it never reaches the client as content). ``finish_reason`` is
+    ``tool_calls`` when there are calls, else the adapter's, else ``stop``; a final usage chunk
+    (``choices: []``) follows when the request asked ``stream_options.include_usage``; then
+    ``data: [DONE]``. A run that fails after the stream started ends with one
+    ``data: {"error": {...}}`` chunk (the OpenAI SDK raises it) and no ``[DONE]``.
+
+- ``POST /v1/responses``: only to providers whose protocol profile's driver is
+  ``openai_responses`` (tunnel operation ``responses``), passed through like a chat tunnel, with
+  the policy applied to ``max_output_tokens``; anything else is 400 ``unsupported``.
+
+A model whose candidate providers cannot all serve an operation is refused with 400 before any
+provider is chosen: the pool picks by load, never by capability, so a mixed pool would answer
+differently from one request to the next.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IRequest
+
+from iop.config.model import ClientAPIConfig, ProfileConfig
+from iop.edge.dispatch import RunHandle
+from iop.edge.gateway import Dispatch
+from iop.edge.ingress.common import (
+    ApiError,
+    Exchange,
+    Gateway,
+    authenticate,
+    authorize,
+    bad_request,
+    collect_run,
+    dispatch,
+    dispatch_error,
+    json_bytes,
+    max_tokens_for,
+    optional_bool,
+    positive_int,
+    read_json,
+    relay_tunnel,
+    render_json,
+    required_model,
+    run_error,
+    stream_run,
+    thinking_budget_for,
+    unsupported,
+)
+from iop.edge.ingress.profiles import Unsupported
+from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
+from iop.edge.ingress.tools import (
+    MARKER_MATCH,
+    MARKER_NO,
+    new_call_id,
+    parse_text_tool_calls,
+    tool_call_marker_state,
+)
+from iop.runtime.chat_input import InputError, parse_chat_input
+from iop.runtime.events import EventType, RuntimeEvent, Usage
+
+__all__ = [
+    "DRIVER_RESPONSES",
+    "OpenAISurface",
+    "RunEventsToChunks",
+    "check_chat",
+    "check_responses",
+    "openai_usage",
+]
+
+DRIVER_CHAT = "openai_chat"
+DRIVER_RESPONSES = "openai_responses"
+FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+DONE = b"data: [DONE]\n\n"
+OWNER = "iop"
+
+_CANDIDATE = re.compile(r"[{`]")
+
+
+# -- capability rules --------------------------------------------------------------------------
+
+
+def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> None:
+    """
+    Whether a provider with ``profile`` serves Chat Completions; raises :class:`Unsupported`.
+    No profile (a run provider, or an OpenAI-compatible adapter configured without one) is a
+    plain chat backend with streaming and tools.
+    """
+    if profile is None:
+        return
+    chat = profile.driver == DRIVER_CHAT or any(
+        name == "chat_completions" for name, _ in profile.operations
+    )
+    if not chat:
+        raise Unsupported(
+            f"protocol profile {profile.name!r} (driver {profile.driver!r}) does not serve "
+            "chat completions"
+        )
+    if stream and "streaming" not in profile.capabilities:
+        raise Unsupported(
+            f"protocol profile {profile.name!r} does not support streaming "
+            "(no 'streaming' capability)"
+        )
+    if tools and "tools" not in profile.capabilities:
+        raise Unsupported(
+            f"protocol profile {profile.name!r} does not support tools (no 'tools' capability)"
+        )
+
+
+def check_responses(profile: ProfileConfig | None, *, stream: bool) -> None:
+    """Whether a provider with ``profile`` serves the Responses API; raises :class:`Unsupported`."""
+    if profile is None or profile.driver != DRIVER_RESPONSES:
+        name = "no protocol profile" if profile is None else f"protocol profile {profile.name!r}"
+        raise Unsupported(
+            f"the Responses API needs a provider with an openai_responses protocol profile; "
+            f"this model's provider has {name}"
+        )
+    if stream and "streaming" not in profile.capabilities:
+        raise Unsupported(
+            f"protocol profile {profile.name!r} does not support streaming "
+            "(no 'streaming' capability)"
+        )
+
+
+# -- run events → chat completion chunks -------------------------------------------------------
+
+
+def openai_usage(usage: Usage) -> dict[str, Any]:
+    """Usage as OpenAI reports it (details only where the provider reported them)."""
+    out: dict[str, Any] = {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+    if usage.cached_input_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": usage.cached_input_tokens}
+    if usage.reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return out
+
+
+def _tool_call(call: Any) -> dict[str, Any] | None:
+    """One tool call in ``message.tool_calls`` shape (arguments as JSON text), or None."""
+    if not isinstance(call, dict):
+        return None
+    function = call.get("function")
+    source = function if isinstance(function, dict) else call
+    name = source.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    arguments = source.get("arguments")
+    if arguments is None:
+        arguments = "{}"
+    elif not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    callId = call.get("id")
+    return {
+        "id": callId if isinstance(callId, str) and callId else new_call_id(),
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+class RunEventsToChunks:
+    """
+    A normalized run's events in, OpenAI ``chat.completion.chunk`` dicts out (:meth:`feed`
+    returns the chunks each event produces; after the terminal event nothing more). The same
+    object accumulates the whole answer: :meth:`completion` is the ``chat.completion`` of a
+    run that completed. ``hold_back``: the request had tools, so text that may open a text
+    tool-call reply is held until the run completes.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        include_usage: bool = False,
+        hold_back: bool = False,
+        completion_id: str | None = None,
+        created: int | None = None,
+    ) -> None:
+        self.id = completion_id or f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time()) if created is None else created
+        self.model = model
+        self._includeUsage = include_usage
+        self._holdBack = hold_back
+        self._started = False
+        self._held = ""
+        self._locked = False
+        self.content = ""
+        self.reasoning = ""
+        self.tool_calls: list[dict[str, Any]] = []
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+        self.failed: str | None = None
+        self.terminal: RuntimeEvent | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.terminal is not None
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self._includeUsage:
+            chunk["usage"] = None
+        return chunk
+
+    def _start(self, out: list[dict[str, Any]]) -> None:
+        if not self._started:
+            self._started = True
+            out.append(self._chunk({"role": "assistant", "content": ""}))
+
+    def _emit_text(self, text: str, out: list[dict[str, Any]]) -> None:
+        if text:
+            self._start(out)
+            self.content += text
+            out.append(self._chunk({"content": text}))
+
+    def _text(self, delta: str, out: list[dict[str, Any]]) -> None:
+        if not self._holdBack:
+            self._emit_text(delta, out)
+            return
+        if self._locked:
+            self._held += delta
+            return
+        pending, self._held = self._held + delta, ""
+        search = 0
+        while True:
+            match = _CANDIDATE.search(pending, search)
+            if match is None:
+                self._emit_text(pending, out)
+                return
+            position = match.start()
+            state = tool_call_marker_state(pending[position:])
+            if state == MARKER_NO:
+                search = position + 1
+                continue
+            self._emit_text(pending[:position], out)
+            self._held = pending[position:]
+            self._locked = state == MARKER_MATCH
+            return
+
+    def feed(self, event: RuntimeEvent) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        if self.done:
+            return out
+        if event.type == EventType.START:
+            self._start(out)
+        elif event.type == EventType.DELTA:
+            self._start(out)
+            self._text(event.delta, out)
+        elif event.type == EventType.REASONING_DELTA:
+            if event.delta:
+                self._start(out)
+                self.reasoning += event.delta
+                out.append(self._chunk({"reasoning_content": event.delta}))
+        elif event.type == EventType.COMPLETE:
+            self.terminal = event
+            self._complete(event, out)
+        else:
+            self.terminal = event
+            self.failed = run_error(event).message
+            out.append(
+                {
+                    "error": {
+                        "message": self.failed,
+                        "type": "server_error",
+                        "param": None,
+                        "code": "upstream_error",
+                    }
+                }
+            )
+        return out
+
+    def _complete(self, event: RuntimeEvent, out: list[dict[str, Any]]) -> None:
+        self._start(out)
+        metadata = event.metadata
+        calls: list[Any] = []
+        raw = metadata.get("openai_tool_calls")
+        if raw:
+            try:
+                decoded = json.loads(raw)
+            except ValueError:
+                decoded = None
+            if isinstance(decoded, list):
+                calls.extend(decoded)
+        held, self._held, self._locked = self._held, "", False
+        if metadata.get("openai_text_tool_fallback") == "true":
+            # The fallback's reply is the whole text; parse what was held, or all of it when
+            # nothing was (a request streamed without hold-back, or a non-stream answer).
+            source = held if held else (self.content if not self._holdBack else "")
+            remaining, parsed = parse_text_tool_calls(source)
+            if parsed:
+                calls.extend(parsed)
+                if held:
+                    held = remaining
+                else:
+                    self.content = remaining
+        self._emit_text(held, out)
+        for call in calls:
+            converted = _tool_call(call)
+            if converted is None:
+                continue
+            index = len(self.tool_calls)
+            self.tool_calls.append(converted)
+            out.append(self._chunk({"tool_calls": [{"index": index, **converted}]}))
+        reported = metadata.get("finish_reason")
+        if self.tool_calls:
+            finish = "tool_calls"
+        elif reported in FINISH_REASONS:
+            finish = str(reported)
+        else:
+            finish = "stop"
+        self.finish_reason = finish
+        self.usage = event.usage
+        out.append(self._chunk({}, finish))
+        if self._includeUsage:
+            out.append(
+                {
+                    "id": self.id,
+                    "object": "chat.completion.chunk",
+                    "created": self.created,
+                    "model": self.model,
+                    "choices": [],
+                    "usage": openai_usage(event.usage) if event.usage is not None else None,
+                }
+            )
+
+    def completion(self) -> dict[str, Any]:
+        """The whole ``chat.completion`` (call once the run completed)."""
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content if self.content or not self.tool_calls else None,
+            "refusal": None,
+        }
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        if self.tool_calls:
+            message["tool_calls"] = self.tool_calls
+        out: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason or "stop",
+                }
+            ],
+        }
+        if self.usage is not None:
+            out["usage"] = openai_usage(self.usage)
+        return out
+
+
+def sse_chunks(chunks: list[dict[str, Any]], *, done: bool) -> bytes:
+    """Chunks as ``data:`` events, then ``data: [DONE]`` when ``done``."""
+    data = b"".join(b"data: " + json_bytes(chunk) + b"\n\n" for chunk in chunks)
+    return data + DONE if done else data
+
+
+# -- the surface -------------------------------------------------------------------------------
+
+
+def _stream_options(body: dict[str, Any]) -> bool:
+    """Whether the request asked for a final usage chunk (validating ``stream_options``)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", param="stream_options")
+    include = options.get("include_usage")
+    if include is not None and not isinstance(include, bool):
+        raise bad_request(
+            "'stream_options.include_usage' must be a boolean", param="stream_options"
+        )
+    return include is True
+
+
+class OpenAISurface:
+    """The OpenAI-compatible routes' logic (Klein routing lives in :mod:`.app`)."""
+
+    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
+        self._gateway = gateway
+        self._config = config
+        self._clock = clock
+        self._created = int(clock.seconds())
+
+    # -- catalog -----------------------------------------------------------------------------
+
+    def visible_models(self, request: IRequest) -> list[str]:
+        """The catalog as the caller's key sees it (authenticating the request)."""
+        key = authenticate(request, self._config)
+        return [m for m in self._gateway.model_ids() if key is None or key.allows(m)]
+
+    def _model_entry(self, model_id: str) -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": self._created, "owned_by": OWNER}
+
+    async def models(self, exchange: Exchange) -> bytes:
+        ids = self.visible_models(exchange.request)
+        return render_json(
+            exchange.request, {"object": "list", "data": [self._model_entry(m) for m in ids]}
+        )
+
+    async def model(self, exchange: Exchange, model_id: str) -> bytes:
+        key = authenticate(exchange.request, self._config)
+        authorize(key, model_id)
+        self._require(model_id)
+        return render_json(exchange.request, self._model_entry(model_id))
+
+    def _require(self, model: str) -> None:
+        if model not in self._gateway.model_ids():
+            raise ApiError(404, f"model {model!r} does not exist", code="model_not_found")
+
+    def _check_candidates(self, model: str, check: Callable[[ProfileConfig | None], None]) -> None:
+        for profile in self._gateway.candidate_profiles(model):
+            try:
+                check(profile)
+            except Unsupported as e:
+                raise unsupported(e.message) from None
+
+    # -- chat completions --------------------------------------------------------------------
+
+    async def chat_completions(self, exchange: Exchange) -> bytes:
+        request = exchange.request
+        key = authenticate(request, self._config)
+        body = read_json(request, self._config.max_body_bytes)
+        model = required_model(body)
+        authorize(key, model)
+        stream = optional_bool(body, "stream")
+        includeUsage = _stream_options(body)
+        try:
+            chat = parse_chat_input(json_bytes(body).decode())
+        except InputError as e:
+            raise bad_request(str(e), param="messages") from None
+        tools = bool(chat.tools)
+        limits = {
+            name: positive_int(body, name) for name in ("max_tokens", "max_completion_tokens")
+        }
+        self._require(model)
+        self._check_candidates(
+            model, lambda profile: check_chat(profile, stream=stream, tools=tools)
+        )
+        chosen = await dispatch(self._gateway, exchange, model, estimate_prompt_tokens_openai(body))
+        try:
+            check_chat(chosen.profile, stream=stream, tools=tools)
+            if chosen.wire == "run" and body.get("n") not in (None, 1):
+                raise Unsupported("'n' other than 1 is not supported by this model's provider")
+        except Unsupported as e:
+            chosen.release()
+            raise unsupported(e.message) from None
+        policy = self._gateway.model(model)
+        payload = dict(body)
+        payload["model"] = chosen.target
+        present = {name: value for name, value in limits.items() if value is not None}
+        for name, value in present.items():
+            payload[name] = max_tokens_for(value, policy)
+        if not present:
+            default = max_tokens_for(None, policy)
+            if default is not None:
+                payload["max_tokens"] = default
+        if chosen.wire == "tunnel":
+            return await self._tunnel(exchange, chosen, "chat_completions", payload, stream)
+        limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
+        thinking = 0 if body.get("reasoning_effort") == "none" else thinking_budget_for(policy)
+        handle = self._run(chosen, payload, limit, thinking)
+        converter = RunEventsToChunks(
+            model=model,
+            include_usage=stream and includeUsage,
+            hold_back=stream and tools,
+            created=int(self._clock.seconds()),
+        )
+        if stream:
+
+            def convert(event: RuntimeEvent) -> bytes:
+                chunks = converter.feed(event)
+                return sse_chunks(chunks, done=event.type == EventType.COMPLETE)
+
+            await stream_run(exchange, handle, "text/event-stream", convert)
+            return b""
+        events = await collect_run(exchange, handle)
+        for event in events:
+            converter.feed(event)
+        terminal = converter.terminal
+        if terminal is None:
+            raise ApiError(502, "the run ended without a result", code="upstream_error")
+        if terminal.type != EventType.COMPLETE:
+            raise run_error(terminal)
+        return render_json(request, converter.completion())
+
+    def _run(
+        self, chosen: Dispatch, payload: dict[str, Any], limit: int, thinking: int
+    ) -> RunHandle:
+        try:
+            return self._gateway.run(
+                chosen,
+                input=json_bytes(payload).decode(),
+                max_tokens=limit,
+                thinking_token_budget=thinking,
+            )
+        except Exception as e:
+            mapped = dispatch_error(e)
+            if mapped is None:
+                raise
+            raise mapped from None
+
+    async def _tunnel(
+        self,
+        exchange: Exchange,
+        chosen: Dispatch,
+        operation: str,
+        payload: dict[str, Any],
+        stream: bool,
+    ) -> bytes:
+        headers = [
+            ("content-type", "application/json"),
+            ("accept", "text/event-stream" if stream else "application/json"),
+        ]
+        try:
+            tunnel = self._gateway.tunnel(
+                chosen,
+                operation=operation,
+                body=json_bytes(payload),
+                stream=stream,
+                headers=headers,
+            )
+        except Exception as e:
+            mapped = dispatch_error(e)
+            if mapped is None:
+                raise
+            raise mapped from None
+        await relay_tunnel(exchange, tunnel)
+        return b""
+
+    # -- responses ---------------------------------------------------------------------------
+
+    async def responses(self, exchange: Exchange) -> bytes:
+        request = exchange.request
+        key = authenticate(request, self._config)
+        body = read_json(request, self._config.max_body_bytes)
+        model = required_model(body)
+        authorize(key, model)
+        stream = optional_bool(body, "stream")
+        inputs = body.get("input")
+        if inputs is not None and not isinstance(inputs, str | list):
+            raise bad_request("'input' must be a string or a list of items", param="input")
+        requested = positive_int(body, "max_output_tokens")
+        self._require(model)
+        self._check_candidates(model, lambda profile: check_responses(profile, stream=stream))
+        chosen = await dispatch(self._gateway, exchange, model, estimate_prompt_tokens_openai(body))
+        try:
+            check_responses(chosen.profile, stream=stream)
+            if chosen.wire != "tunnel":
+                raise Unsupported("the Responses API is served only through a provider tunnel")
+        except Unsupported as e:
+            chosen.release()
+            raise unsupported(e.message) from None
+        payload = dict(body)
+        payload["model"] = chosen.target
+        limit = max_tokens_for(requested, self._gateway.model(model))
+        if limit is not None:
+            payload["max_output_tokens"] = limit
+        return await self._tunnel(exchange, chosen, "responses", payload, stream)
