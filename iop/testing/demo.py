@@ -1,12 +1,12 @@
 """
-``make run``: serve the demo — one Edge and one Node from ``etc/iop/demo/`` on loopback, over
+``make run``: serve the demo — one Edge and two Nodes from ``etc/iop/demo/`` on loopback, over
 real TLS with a locally generated development CA, plus the fake providers the node serves: an
 OpenAI-compatible upstream, an Ollama upstream and a scripted CLI coding agent.
 
 Creates ``var/demo/`` on first use (dev PKI, a random node token, the agent's workspace; kept so
 restarts reuse them), starts the fakes, ``twistd -n iop-edge`` and ``twistd -n iop-node`` as
 child processes, prints how to try it, and stops everything on Ctrl-C. The token reaches both
-daemons as ``${IOP_DEMO_NODE_TOKEN}``; it is never written into the configs.
+daemons as ``${IOP_DEMO_NODE_TOKEN}`` / ``${IOP_DEMO_NODE_B_TOKEN}``; never into the configs.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ FAKES = (
 )
 
 
-def demo_token(state: Path) -> str:
-    path = state / "node.token"
+def demo_token(state: Path, name: str = "node") -> str:
+    path = state / f"{name}.token"
     if not path.exists():
         state.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -45,6 +45,10 @@ def demo_token(state: Path) -> str:
 def twistd_command(plugin: str, config: Path) -> list[str]:
     twistd = Path(sys.executable).with_name("twistd")
     return [str(twistd), "--nodaemon", "--pidfile=", "--logfile=-", plugin, "--config", str(config)]
+
+
+# Children run in their own sessions: a Ctrl-C on the terminal reaches only this launcher, which
+# stops each child once (a second signal would make twistd try to stop a stopped reactor).
 
 
 def wait_for_port(host: str, port: int, timeout: float) -> bool:
@@ -68,6 +72,7 @@ def main() -> int:
     env = dict(
         os.environ,
         IOP_DEMO_NODE_TOKEN=demo_token(STATE),
+        IOP_DEMO_NODE_B_TOKEN=demo_token(STATE, "node-b"),
         # The node finds the scripted agent (iop-fake-cli-agent) next to this interpreter.
         PATH=os.pathsep.join([bindir, os.environ.get("PATH", "")]),
     )
@@ -85,26 +90,43 @@ def main() -> int:
                 subprocess.Popen(
                     [sys.executable, "-m", f"iop.testing.{module}", "--port", str(port), *args],
                     env=env,
+                    start_new_session=True,
                 )
             )
             if not wait_for_port("127.0.0.1", port, timeout=20):
                 print(f"{module} did not start on port {port}", file=sys.stderr)
                 return 1
         children.append(
-            subprocess.Popen(twistd_command("iop-edge", DEMO_CONFIG / "edge.yaml"), env=env)
+            subprocess.Popen(
+                twistd_command("iop-edge", DEMO_CONFIG / "edge.yaml"),
+                env=env,
+                start_new_session=True,
+            )
         )
         if not wait_for_port(*ADMIN, timeout=20):
             print("iop-edge did not start; see its log above", file=sys.stderr)
             return 1
-        children.append(
-            subprocess.Popen(twistd_command("iop-node", DEMO_CONFIG / "node.yaml"), env=env)
-        )
+        for config in ("node.yaml", "node-b.yaml"):
+            children.append(
+                subprocess.Popen(
+                    twistd_command("iop-node", DEMO_CONFIG / config),
+                    env=env,
+                    start_new_session=True,
+                )
+            )
         admin = f"http://{ADMIN[0]}:{ADMIN[1]}"
         run = "curl -N -X POST " + admin + '/runs -d \'{"model": "%s", "input": "hello"}\''
+        chat = (
+            "curl -N http://127.0.0.1:8080/v1/chat/completions -H 'authorization: Bearer "
+            "sk-iop-demo' -H 'content-type: application/json' -d '{\"model\": \"demo-pool\", "
+            '"stream": true, "messages": [{"role": "user", "content": "hello"}]}\''
+        )
         print(
-            "\nIOP demo is up: edge (nodes on 127.0.0.1:7443, TLS), node demo-a, and fake\n"
-            "providers behind it (OpenAI-compatible :9001, Ollama :9002, a scripted CLI agent).\n"
-            f"  curl {admin}/status\n"
+            "\nIOP demo is up: edge (nodes on 127.0.0.1:7443 over TLS, client API on :8080 with\n"
+            "key sk-iop-demo, admin on :8081), nodes demo-a and demo-b, and fake providers behind\n"
+            "them (OpenAI-compatible :9001, Ollama :9002, a scripted CLI agent).\n"
+            f"  {chat}\n"
+            f"  curl {admin}/status      # run three chats at once and watch the queue\n"
             f"  {run % 'demo-openai'}\n"
             f"  {run % 'demo-ollama'}\n"
             f"  {run % 'demo-cli'}\n"
