@@ -821,7 +821,9 @@ class ConfigInStepTests(SynchronousTestCase):
         return parse_edge_config(data, base_dir=os.path.dirname(path), environ=environ)
 
     def test_demo_client_api(self) -> None:
-        config = self.load(os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u")
+        config = self.load(
+            os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u"
+        )
         api = config.client_api
         self.assertEqual(api.listen, "tcp:8080:interface=127.0.0.1")
         self.assertTrue(api.auth)
@@ -844,7 +846,9 @@ class ConfigInStepTests(SynchronousTestCase):
             raise SkipTest("README.md is not in this tree")
         with open(README) as f:
             text = f.read()
-        config = self.load(os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u")
+        config = self.load(
+            os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u"
+        )
         ids = {m.id for m in config.models} | {r.model for r in config.model_routes}
         used = set(re.findall(r'"(demo-[a-z]+)"', text))
         self.assertTrue(used)
