@@ -229,6 +229,23 @@ class ClientSite(Site):
         super().__init__(resource, requestFactory=_Request)
         self.displayTracebacks = False
 
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        protocol.makeConnection = _noDelayFirst(protocol.makeConnection)
+        return protocol
+
+
+def _noDelayFirst(makeConnection: Any) -> Any:
+    """Streams are many small writes: send each at once (TCP_NODELAY) rather than wait on ACKs."""
+
+    def noDelayMakeConnection(transport: Any) -> None:
+        setNoDelay = getattr(transport, "setTcpNoDelay", None)
+        if setNoDelay is not None:
+            setNoDelay(True)
+        makeConnection(transport)
+
+    return noDelayMakeConnection
+
 
 def read_json(request: IRequest, limit: int) -> dict[str, Any]:
     """The request body as a JSON object: 413 past ``limit`` bytes, 400 when not an object."""
