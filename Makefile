@@ -43,3 +43,25 @@ package-check:
 
 clean:
 	rm -rf build dist *.egg-info _trial_temp .pytest_cache .mypy_cache .ruff_cache var
+
+# Benchmark: IOP vs the upstream called directly vs the LiteLLM proxy, side by side (bench/).
+# LiteLLM lives in its own bench-only venv, created on first use (~2 min, ~750 MB). Pinned: the
+# newest releases' proxy extra needs packages the registry does not serve yet.
+BENCH_VENV      ?= bench/.venv-litellm
+LITELLM_VERSION ?= 1.106.12
+BENCH_ARGS      ?=
+
+.PHONY: bench bench-smoke
+
+$(BENCH_VENV)/.installed:
+	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q 'litellm[proxy]==$(LITELLM_VERSION)'
+	touch $@
+
+bench: $(STAMP) $(BENCH_VENV)/.installed
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# Seconds: no LiteLLM, levels 1 and 4, a handful of requests, a tiny scale scenario.
+bench-smoke: $(STAMP)
+	$(BIN)/python -m bench --smoke $(BENCH_ARGS)

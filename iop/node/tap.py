@@ -46,6 +46,10 @@ from iop.runtime.interfaces import AdapterContext
 from iop.security.tls import TLSConfigError, client_connection_creator
 from iop.wire import runtime_pb2 as pb
 
+# Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
+# request beyond the second concurrent one would dial, and then close, its own TCP connection.
+UPSTREAM_KEEPALIVE_PER_HOST = 256
+
 log = Logger()
 
 
@@ -214,6 +218,7 @@ def makeService(
         )
     store = RunStore(config.store_path, reactor, storeExecutor)
     httpPool = HTTPConnectionPool(reactor, persistent=True)
+    httpPool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
     adapterContext = AdapterContext(reactor=reactor, http=HTTPClient(Agent(reactor, pool=httpPool)))
     supervisor: NodeSupervisor | None = None
 

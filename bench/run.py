@@ -1,0 +1,709 @@
+"""
+``python -m bench`` / ``python bench/run.py``: IOP vs the upstream called directly vs the LiteLLM
+proxy, in one run, on one machine, against one fake upstream.
+
+Throughput scenario (upstream without delay). Targets, all answering a streaming
+``POST /v1/chat/completions`` (or Ollama's ``POST /api/chat`` for ``direct-ollama``):
+
+- ``direct``: the load generator calls the fake OpenAI upstream itself (the physical limit);
+- ``direct-ollama``: the same for the fake Ollama upstream (the baseline of ``iop-run``);
+- ``iop-tunnel``: the Edge's OpenAI-compatible listener, pooled model over an ``openai_compat``
+  provider: the raw provider tunnel (Edge ⇄ Node ``ProviderTunnel*`` frames, bytes untouched);
+- ``iop-run``: the same listener, pooled model over an ``ollama`` provider: the normalized path
+  (``RunRequest`` to the Node, Ollama NDJSON → ``RunEvent`` deltas → OpenAI SSE chunks on the
+  Edge). This is the path every non-OpenAI provider takes;
+- ``litellm``: the LiteLLM proxy (own virtualenv, one worker) in front of the fake OpenAI
+  upstream.
+
+For each concurrency level the targets run one after the other (so drift hits all alike), each
+with a short warm-up, then a fixed number of timed requests, from a separate load-generator
+process (:mod:`bench.loadgen`). Before and after each, ``/proc`` gives every server's RSS and CPU
+seconds.
+
+Scale scenario (fresh Edge + Node, slow upstream): the Edge's RSS with N idle fake nodes
+connected (:mod:`bench.fakenodes`, the real TLS + protobuf wire) and with M concurrent slow
+streams in flight, per connection and per stream (LiteLLM's RSS under the same streams beside
+it when it is available).
+
+Results: ``<out>/<date>-<alias>.json`` and ``.md`` (``smoke-…`` in smoke mode), the Markdown's
+first rows being the ratios IOP/direct and IOP/LiteLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # ``python bench/run.py``: make the repository root importable.
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import report
+from bench.loadgen import combine
+from bench.procs import BenchError, Children, ProcSample, sample, wait_until
+from bench.systems import (
+    IOP,
+    LITELLM_MODEL,
+    OLLAMA_MODEL,
+    OPENAI_MODEL,
+    RUN_MODEL,
+    TUNNEL_MODEL,
+    LiteLLM,
+    Upstream,
+    litellm_available,
+    start_iop,
+    start_litellm,
+    start_upstream,
+    stop_quietly,
+)
+
+BENCH_DIR = Path(__file__).resolve().parent
+DEFAULT_VENV = BENCH_DIR / ".venv-litellm"
+ALL_TARGETS = ("direct", "direct-ollama", "iop-tunnel", "iop-run", "litellm")
+HOST_ALIAS = f"python-{os.cpu_count() or 0}core"
+PROMPT = "Write a short story about a gateway that measured itself."
+
+
+@dataclass
+class Settings:
+    smoke: bool
+    levels: list[int]
+    requests: int
+    rounds: int
+    warmup: int
+    targets: list[str]
+    tokens: int
+    chunk_tokens: int
+    out: Path
+    alias: str
+    litellm_venv: Path
+    idle_nodes: int
+    stream_levels: list[int]
+    stream_tokens: int
+    stream_delay_ms: int
+    skip_scale: bool
+    keep: bool
+    label: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "smoke": self.smoke,
+            "levels": self.levels,
+            "requests_per_level": self.requests,
+            "rounds_per_level": self.rounds,
+            "warmup_per_round": self.warmup,
+            "targets": self.targets,
+            "tokens_per_response": self.tokens,
+            "chunk_tokens": self.chunk_tokens,
+            "upstream_delay_ms": 0,
+            "scale": {
+                "idle_nodes": self.idle_nodes,
+                "stream_levels": self.stream_levels,
+                "stream_tokens": self.stream_tokens,
+                "stream_delay_ms_per_token": self.stream_delay_ms,
+            },
+        }
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    path: str
+    body: dict[str, Any]
+    fmt: str
+    # The servers this target's requests go through (besides the load generator).
+    servers: list[str]
+    # The direct target with the same upstream (its latency is subtracted for "added latency").
+    baseline: str | None
+
+
+@dataclass
+class World:
+    """Everything running for one scenario."""
+
+    children: Children = field(default_factory=Children)
+    pids: dict[str, int] = field(default_factory=dict)
+    openai: Upstream | None = None
+    ollama: Upstream | None = None
+    iop: IOP | None = None
+    litellm: LiteLLM | None = None
+
+    def samples(self) -> dict[str, ProcSample]:
+        return {name: sample(pid) for name, pid in self.pids.items()}
+
+    def check(self) -> None:
+        for child in self.children.items:
+            child.check()
+
+
+def chat_body(model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+    }
+
+
+def build_targets(world: World, names: list[str]) -> list[Target]:
+    targets: list[Target] = []
+    for name in names:
+        if name == "direct" and world.openai is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.openai.port,
+                    "/v1/chat/completions",
+                    chat_body(OPENAI_MODEL),
+                    "sse",
+                    ["fake-openai"],
+                    None,
+                )
+            )
+        elif name == "direct-ollama" and world.ollama is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.ollama.port,
+                    "/api/chat",
+                    chat_body(OLLAMA_MODEL),
+                    "ndjson",
+                    ["fake-ollama"],
+                    None,
+                )
+            )
+        elif name == "iop-tunnel" and world.iop is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.iop.client_port,
+                    "/v1/chat/completions",
+                    chat_body(TUNNEL_MODEL),
+                    "sse",
+                    ["iop-edge", "iop-node", "fake-openai"],
+                    "direct",
+                )
+            )
+        elif name == "iop-run" and world.iop is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.iop.client_port,
+                    "/v1/chat/completions",
+                    chat_body(RUN_MODEL),
+                    "sse",
+                    ["iop-edge", "iop-node", "fake-ollama"],
+                    "direct-ollama",
+                )
+            )
+        elif name == "litellm" and world.litellm is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.litellm.port,
+                    "/v1/chat/completions",
+                    chat_body(LITELLM_MODEL),
+                    "sse",
+                    ["litellm", "fake-openai"],
+                    "direct",
+                )
+            )
+    return targets
+
+
+def run_loadgen(
+    target: Target,
+    concurrency: int,
+    requests: int,
+    warmup: int,
+    timeout: float = 120,
+    raw: bool = False,
+) -> dict[str, Any]:
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.loadgen",
+        "--port",
+        str(target.port),
+        "--path",
+        target.path,
+        "--body",
+        json.dumps(target.body),
+        "--format",
+        target.fmt,
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(requests),
+        "--warmup",
+        str(warmup),
+        "--timeout",
+        str(timeout),
+        *(["--raw"] if raw else []),
+    ]
+    done = subprocess.run(
+        argv, cwd=BENCH_DIR.parent, capture_output=True, text=True, timeout=3600, check=False
+    )
+    if done.returncode != 0:
+        raise BenchError(f"load generator failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# -- throughput scenario -------------------------------------------------------------------------
+
+
+def start_throughput_world(settings: Settings, scratch: Path, world: World) -> None:
+    """Start what the throughput targets need into ``world`` (stopped by the caller)."""
+    upstream_args = ["--tokens", str(settings.tokens), "--delay-ms", "0"]
+    world.openai = start_upstream(
+        world.children,
+        scratch,
+        "fake_openai",
+        [*upstream_args, "--chunk-tokens", str(settings.chunk_tokens)],
+        "fake-openai",
+    )
+    world.pids["fake-openai"] = world.openai.child.pid
+    wants_run = "iop-run" in settings.targets or "direct-ollama" in settings.targets
+    if wants_run:
+        world.ollama = start_upstream(
+            world.children, scratch, "fake_ollama", upstream_args, "fake-ollama"
+        )
+        world.pids["fake-ollama"] = world.ollama.child.pid
+    if "iop-tunnel" in settings.targets or "iop-run" in settings.targets:
+        world.iop = start_iop(
+            world.children,
+            scratch / "iop",
+            openai_port=world.openai.port,
+            ollama_port=world.ollama.port if world.ollama is not None else None,
+            capacity=max(settings.levels) + 16,
+        )
+        world.pids["iop-edge"] = world.iop.edge.pid
+        world.pids["iop-node"] = world.iop.node.pid
+    if "litellm" in settings.targets:
+        world.litellm = start_litellm(
+            world.children, scratch / "litellm", settings.litellm_venv, world.openai.port
+        )
+        world.pids["litellm"] = world.litellm.child.pid
+
+
+def throughput(settings: Settings, world: World) -> list[dict[str, Any]]:
+    """
+    Per level, ``rounds`` passes over the targets (each pass: warm-up, then its share of the
+    timed requests), so that a burst of outside noise lands on every target alike; the rounds'
+    samples are pooled per target.
+    """
+    targets = build_targets(world, settings.targets)
+    runs: list[dict[str, Any]] = []
+    for level in settings.levels:
+        parts: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+        cpu: dict[str, dict[str, float]] = {t.name: {} for t in targets}
+        first: dict[str, dict[str, ProcSample]] = {}
+        last: dict[str, dict[str, ProcSample]] = {}
+        shares = [
+            settings.requests // settings.rounds
+            + (1 if i < settings.requests % settings.rounds else 0)
+            for i in range(settings.rounds)
+        ]
+        for share in shares:
+            for target in targets:
+                world.check()
+                before = world.samples()
+                part = run_loadgen(target, level, share, settings.warmup, raw=True)
+                after = world.samples()
+                first.setdefault(target.name, before)
+                last[target.name] = after
+                parts[target.name].append(part)
+                for name in target.servers:
+                    spent = after[name].cpu_seconds - before[name].cpu_seconds
+                    cpu[target.name][name] = cpu[target.name].get(name, 0.0) + spent
+        for target in targets:
+            result = combine(parts[target.name])
+            handled = result["requests"] + result["warmup"]["requests"]
+            result |= {"target": target.name, "baseline": target.baseline}
+            result["processes"] = {
+                name: {
+                    "before": first[target.name][name].as_dict(),
+                    "after": last[target.name][name].as_dict(),
+                    "cpu_seconds": round(cpu[target.name][name], 3),
+                    "cpu_ms_per_request": round(cpu[target.name][name] * 1000 / max(handled, 1), 4),
+                }
+                for name in target.servers
+            }
+            runs.append(result)
+            log(
+                f"c={level:<4} {target.name:<14} {result['rps']:>9.1f} req/s "
+                f"(rounds {', '.join(f'{r:.0f}' for r in result['rps_by_round'])})  "
+                f"TTFT p50 {result['ttft_ms']['p50']:>8.2f} ms  "
+                f"p50 {result['total_ms']['p50']:>8.2f} ms  "
+                f"p99 {result['total_ms']['p99']:>8.2f} ms  errors {result['errors']}"
+            )
+    return runs
+
+
+# -- scale scenario ------------------------------------------------------------------------------
+
+
+class PeakSampler:
+    """Polls the RSS of some processes in a thread and keeps the peak of each."""
+
+    def __init__(self, pids: dict[str, int], interval: float = 0.1) -> None:
+        self._pids = pids
+        self._interval = interval
+        self.peak: dict[str, int] = dict.fromkeys(pids, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> PeakSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self._pids.items():
+                self.peak[name] = max(self.peak[name], sample(pid).rss_bytes)
+            self._stop.wait(self._interval)
+
+
+def mib(n: float) -> float:
+    return round(n / 2**20, 2)
+
+
+def kib(n: float) -> float:
+    return round(n / 2**10, 1)
+
+
+def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
+    world = World()
+    try:
+        world.openai = start_upstream(
+            world.children,
+            scratch,
+            "fake_openai",
+            [
+                "--tokens",
+                str(settings.stream_tokens),
+                "--delay-ms",
+                str(settings.stream_delay_ms),
+                "--chunk-tokens",
+                "1",
+            ],
+            "fake-openai-slow",
+        )
+        world.pids["fake-openai"] = world.openai.child.pid
+        world.iop = start_iop(
+            world.children,
+            scratch / "iop-scale",
+            openai_port=world.openai.port,
+            ollama_port=None,
+            capacity=max(settings.stream_levels) + 16,
+            fake_nodes=settings.idle_nodes,
+        )
+        edge_pid = world.iop.edge.pid
+        world.pids["iop-edge"] = edge_pid
+        world.pids["iop-node"] = world.iop.node.pid
+        time.sleep(1)
+        out: dict[str, Any] = {}
+
+        # Idle node connections.
+        before = sample(edge_pid).rss_bytes
+        assert world.iop.fake_tokens_file is not None
+        log(f"scale: connecting {settings.idle_nodes} idle fake nodes")
+        fakes = world.children.start(
+            "fake-nodes",
+            [
+                sys.executable,
+                "-m",
+                "bench.fakenodes",
+                "--port",
+                str(world.iop.node_port),
+                "--ca",
+                str(world.iop.ca_file),
+                "--tokens-file",
+                str(world.iop.fake_tokens_file),
+            ],
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
+            scratch / "fake-nodes.log",
+            BENCH_DIR.parent,
+        )
+
+        def reported() -> bool:
+            return '"ready"' in fakes.log.read_text(errors="replace") or not fakes.running()
+
+        wait_until(reported, 300, "the fake nodes to connect")
+        fakes.check()
+        line = next(
+            ln for ln in fakes.log.read_text().splitlines() if ln.startswith("{") and "ready" in ln
+        )
+        connected: dict[str, Any] = json.loads(line)
+        # Let a few heartbeat rounds pass before measuring; the Edge's CPU meanwhile is what
+        # keeping the idle nodes costs.
+        cpu_before, idle_seconds = sample(edge_pid).cpu_seconds, 6.0
+        time.sleep(idle_seconds)
+        idle_cpu = sample(edge_pid).cpu_seconds - cpu_before
+        iop_connected = world.iop.connected_nodes()
+        after = sample(edge_pid).rss_bytes
+        ready = int(connected["ready"])
+        out["idle_nodes"] = {
+            "requested": settings.idle_nodes,
+            "ready": ready,
+            "failed": connected["failed"],
+            "connected_in_status": iop_connected,
+            "connect_seconds": connected["seconds"],
+            "errors": connected["errors"],
+            "edge_rss_before_mib": mib(before),
+            "edge_rss_after_mib": mib(after),
+            "edge_kib_per_connection": kib((after - before) / ready) if ready else None,
+            "edge_cpu_percent_while_idle": round(idle_cpu / idle_seconds * 100, 1),
+        }
+        log(
+            f"scale: {ready} idle nodes ready ({connected['failed']} failed); Edge RSS "
+            f"{mib(before)} → {mib(after)} MiB"
+        )
+
+        if "litellm" in settings.targets and litellm_available(settings.litellm_venv):
+            world.litellm = start_litellm(
+                world.children, scratch / "litellm-scale", settings.litellm_venv, world.openai.port
+            )
+            world.pids["litellm"] = world.litellm.child.pid
+        names = ["direct", "iop-tunnel", *(["litellm"] if world.litellm is not None else [])]
+        streams: list[dict[str, Any]] = []
+        for target in build_targets(world, names):
+            watched = {n: world.pids[n] for n in target.servers if n in world.pids}
+            # A few streams first, so that what a server loads on its first request (imports,
+            # pools) is in the baseline rather than charged to the streams.
+            run_loadgen(target, 10, 20, 0, timeout=600)
+            start_rss = {n: sample(p).rss_bytes for n, p in watched.items()}
+            for level in settings.stream_levels:
+                world.check()
+                base = {n: sample(p).rss_bytes for n, p in watched.items()}
+                with PeakSampler(watched) as peaks:
+                    result = run_loadgen(target, level, level, 0, timeout=600)
+                entry: dict[str, Any] = {
+                    "target": target.name,
+                    "streams": level,
+                    "ok": result["ok"],
+                    "errors": result["errors"],
+                    "error_kinds": result["error_kinds"],
+                    "total_ms": result["total_ms"],
+                    "ttfb_ms": result["ttfb_ms"],
+                    "ttft_ms": result["ttft_ms"],
+                    "rss": {},
+                }
+                for name in watched:
+                    entry["rss"][name] = {
+                        "before_mib": mib(base[name]),
+                        "peak_mib": mib(peaks.peak[name]),
+                        "kib_per_stream": kib((peaks.peak[name] - start_rss[name]) / level),
+                    }
+                streams.append(entry)
+                server = target.servers[0]
+                log(
+                    f"scale: {target.name} {level} streams: ok {result['ok']} errors "
+                    f"{result['errors']}; {server} RSS peak {entry['rss'][server]['peak_mib']} MiB"
+                    f" ({entry['rss'][server]['kib_per_stream']} KiB/stream)"
+                )
+        out["streams"] = streams
+        return out
+    finally:
+        stop_quietly(world.children)
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+
+def environment(settings: Settings, world: World) -> dict[str, Any]:
+    import twisted
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=BENCH_DIR.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    # Read-only (no optional index refresh): whether the measured code differs from the commit.
+    modified = subprocess.run(
+        ["git", "--no-optional-locks", "diff", "--quiet", "HEAD", "--", "iop", "twisted"],
+        cwd=BENCH_DIR.parent,
+        capture_output=True,
+        check=False,
+    ).returncode
+    env: dict[str, Any] = {
+        "host_alias": settings.alias,
+        "cpus": os.cpu_count(),
+        "cpu_model": cpu,
+        "python": platform.python_version(),
+        "twisted": twisted.__version__,
+        "commit": commit or None,
+        "iop_code_modified_since_commit": modified == 1 if modified in (0, 1) else None,
+    }
+    if world.litellm is not None:
+        env["litellm"] = {"version": world.litellm.version, "num_workers": world.litellm.workers}
+    return env
+
+
+def parse_levels(text: str) -> list[int]:
+    levels = [int(x) for x in text.split(",") if x.strip()]
+    if not levels or any(level < 1 for level in levels):
+        raise argparse.ArgumentTypeError("levels must be positive integers, comma-separated")
+    return levels
+
+
+def parse_args(argv: Sequence[str]) -> Settings:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="IOP vs direct vs LiteLLM proxy, side by side, with recorded results.",
+    )
+    parser.add_argument("--smoke", action="store_true", help="seconds; no LiteLLM; tiny scale")
+    parser.add_argument("--levels", type=parse_levels, help="concurrency levels (1,10,50,200)")
+    parser.add_argument("--requests", type=int, help="timed requests per target and level")
+    parser.add_argument(
+        "--rounds", type=int, help="passes over the targets per level (requests split evenly)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, help="warm-up requests per target and round (at least c)"
+    )
+    parser.add_argument(
+        "--targets",
+        help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all)",
+    )
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per upstream answer")
+    parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per SSE chunk")
+    parser.add_argument("--out", type=Path, default=BENCH_DIR / "results")
+    parser.add_argument("--alias", default=HOST_ALIAS, help="machine alias in the file name")
+    parser.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
+    parser.add_argument("--idle-nodes", type=int, help="scale: idle fake nodes")
+    parser.add_argument("--streams", type=parse_levels, help="scale: concurrent slow streams")
+    parser.add_argument("--stream-tokens", type=int, help="scale: tokens per slow stream")
+    parser.add_argument("--stream-delay-ms", type=int, help="scale: upstream delay per token")
+    parser.add_argument("--no-scale", action="store_true", help="skip the scale scenario")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--label", default="", help="a suffix for the result file names")
+    args = parser.parse_args(list(argv))
+    smoke = bool(args.smoke)
+    targets = [t.strip() for t in (args.targets or ",".join(ALL_TARGETS)).split(",") if t.strip()]
+    unknown = sorted(set(targets) - set(ALL_TARGETS))
+    if unknown:
+        parser.error(f"unknown targets: {', '.join(unknown)}")
+    if smoke and "litellm" in targets and args.targets is None:
+        targets.remove("litellm")
+    return Settings(
+        smoke=smoke,
+        levels=args.levels or ([1, 4] if smoke else [1, 10, 50, 200]),
+        requests=args.requests or (20 if smoke else 2000),
+        rounds=max(1, args.rounds or (1 if smoke else 3)),
+        warmup=args.warmup if args.warmup is not None else (5 if smoke else 50),
+        targets=targets,
+        tokens=args.tokens,
+        chunk_tokens=args.chunk_tokens,
+        out=args.out,
+        alias=args.alias,
+        litellm_venv=args.litellm_venv,
+        idle_nodes=args.idle_nodes if args.idle_nodes is not None else (20 if smoke else 1000),
+        stream_levels=args.streams or ([50] if smoke else [250, 500, 1000]),
+        stream_tokens=args.stream_tokens or (10 if smoke else 40),
+        stream_delay_ms=args.stream_delay_ms or (20 if smoke else 100),
+        skip_scale=bool(args.no_scale),
+        keep=bool(args.keep),
+        label=args.label,
+    )
+
+
+def _terminated(signum: int, frame: object) -> None:
+    # Unwind through the ``finally`` blocks, which stop every child.
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse_args(sys.argv[1:] if argv is None else argv)
+    notes: list[str] = []
+    if "litellm" in settings.targets and not litellm_available(settings.litellm_venv):
+        settings.targets.remove("litellm")
+        notes.append(
+            f"LiteLLM skipped: no proxy virtualenv at {settings.litellm_venv.name}/ "
+            "(`make bench` creates it)"
+        )
+        log(notes[-1])
+    elif settings.smoke and "litellm" not in settings.targets:
+        notes.append("LiteLLM skipped in smoke mode")
+        log(notes[-1])
+    scratch = Path(tempfile.mkdtemp(prefix="iop-bench-"))
+    started = time.monotonic()
+    results: dict[str, Any] = {
+        "kind": "iop-benchmark",
+        "date": datetime.date.today().isoformat(),
+        "label": settings.label,
+        "settings": settings.as_dict(),
+        "notes": notes,
+    }
+    failures: list[str] = []
+    world = World()
+    signal.signal(signal.SIGTERM, _terminated)
+    try:
+        log(f"throughput: starting {', '.join(settings.targets)}")
+        start_throughput_world(settings, scratch, world)
+        results["environment"] = environment(settings, world)
+        runs = throughput(settings, world)
+        results["throughput"] = runs
+        stop_quietly(world.children)
+        if not settings.skip_scale:
+            results["scale"] = scale(settings, scratch)
+    except BenchError as e:
+        failures.append(str(e))
+        log(f"FAILED: {e}")
+    finally:
+        stop_quietly(world.children)
+    results["elapsed_s"] = round(time.monotonic() - started, 1)
+    results.setdefault("environment", environment(settings, world))
+    failures += report.failures(results, settings.targets, settings.levels)
+    results["failures"] = failures
+    report.derive(results)
+    json_path, md_path = report.write(
+        results, settings.out, settings.alias, settings.smoke, settings.label
+    )
+    log(f"wrote {json_path} and {md_path.name}")
+    print(report.ratio_summary(results), flush=True)
+    if settings.keep:
+        log(f"scratch directory kept: {scratch}")
+    else:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if failures:
+        for failure in failures:
+            log(f"FAILURE: {failure}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,343 @@
+"""
+The systems under test, each started as real processes on loopback in a private directory:
+
+- the fake upstreams (:mod:`iop.testing.fake_openai`, :mod:`iop.testing.fake_ollama`);
+- IOP: one Edge and one Node as ``twistd`` daemons, TLS between them with a throwaway PKI and a
+  random node token (handed over in the environment, never written to a file), the Edge's
+  OpenAI-compatible client listener on loopback without auth, and optionally many extra
+  ``nodes[]`` entries (``token_sha256`` only) for :mod:`bench.fakenodes`;
+- the LiteLLM proxy from its own virtualenv, one model pointing at the fake OpenAI upstream.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.procs import BenchError, Child, Children, free_port, port_open, wait_until
+from iop.testing.pki import DEFAULT_EDGE_NAME, create_dev_pki
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+NODE_NAME = "bench"
+# What the load generator asks for on each target.
+OPENAI_MODEL = "demo-model"
+OLLAMA_MODEL = "llama3.2"
+TUNNEL_MODEL = "bench-tunnel"
+RUN_MODEL = "bench-run"
+LITELLM_MODEL = "bench-litellm"
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def base_env() -> dict[str, str]:
+    """The environment children start with: ours, minus anything that would steer them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IOP_", "LITELLM_"))}
+    env.pop("DATABASE_URL", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class Upstream:
+    name: str
+    port: int
+    child: Child
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = get_json(f"http://127.0.0.1:{self.port}/_fake/stats")
+        return stats
+
+
+def start_upstream(
+    children: Children, root: Path, module: str, args: list[str], label: str | None = None
+) -> Upstream:
+    """``python -m iop.testing.<module> --port P ...``, once its port is open."""
+    port = free_port()
+    name = label or module
+    child = children.start(
+        name,
+        [sys.executable, "-m", f"iop.testing.{module}", "--port", str(port), *args],
+        base_env(),
+        root / f"{name}.log",
+    )
+    wait_until(lambda: port_open(port) or not child.running(), 30, f"{name} on port {port}")
+    child.check()
+    return Upstream(name, port, child)
+
+
+# -- IOP -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class IOP:
+    """One Edge + one Node (and the directory holding their config, PKI and logs)."""
+
+    root: Path
+    node_port: int
+    admin_port: int
+    client_port: int
+    edge: Child
+    node: Child
+    fake_tokens_file: Path | None = None
+
+    @property
+    def ca_file(self) -> Path:
+        return self.root / "pki" / "ca.crt"
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = get_json(f"http://127.0.0.1:{self.admin_port}/status")
+        return status
+
+    def connected_nodes(self) -> int:
+        try:
+            return sum(1 for n in self.status()["nodes"] if n["connected"])
+        except (OSError, urllib.error.URLError, KeyError, ValueError):
+            return 0
+
+
+def edge_config(
+    *,
+    node_port: int,
+    admin_port: int,
+    client_port: int,
+    openai_port: int,
+    ollama_port: int | None,
+    capacity: int,
+    fake_digests: list[str],
+) -> dict[str, Any]:
+    adapters: list[dict[str, Any]] = [
+        {
+            "name": "fake-openai",
+            "type": "openai_compat",
+            "base_url": f"http://127.0.0.1:{openai_port}/v1",
+            "max_concurrency": capacity,
+        }
+    ]
+    providers: list[dict[str, Any]] = [
+        {
+            "id": "bench-openai",
+            "adapter": "fake-openai",
+            "category": "api",
+            "models": [OPENAI_MODEL],
+            "capacity": capacity,
+        }
+    ]
+    models: list[dict[str, Any]] = [{"id": TUNNEL_MODEL, "providers": ["bench-openai"]}]
+    if ollama_port is not None:
+        adapters.append(
+            {
+                "name": "fake-ollama",
+                "type": "ollama",
+                "base_url": f"http://127.0.0.1:{ollama_port}",
+                "max_concurrency": capacity,
+            }
+        )
+        providers.append(
+            {
+                "id": "bench-ollama",
+                "adapter": "fake-ollama",
+                "category": "local_inference",
+                "models": [OLLAMA_MODEL],
+                "capacity": capacity,
+            }
+        )
+        models.append({"id": RUN_MODEL, "providers": ["bench-ollama"]})
+    nodes: list[dict[str, Any]] = [
+        {
+            "id": NODE_NAME,
+            "token": "${BENCH_NODE_TOKEN}",
+            "adapters": adapters,
+            "providers": providers,
+        }
+    ]
+    nodes += [
+        {"id": f"fake-{i:05d}", "token_sha256": digest} for i, digest in enumerate(fake_digests)
+    ]
+    return {
+        "edge": {"id": "bench-edge"},
+        "listen": {
+            "nodes": f"tcp:{node_port}:interface=127.0.0.1",
+            "admin": f"tcp:{admin_port}:interface=127.0.0.1",
+        },
+        "node_transport": {
+            "tls": {"cert_file": "pki/edge.crt", "key_file": "pki/edge.key"},
+            "heartbeat": {"interval_sec": 2, "timeout_sec": 5},
+        },
+        "nodes": nodes,
+        "models": models,
+        "openai": {
+            "listen": f"tcp:{client_port}:interface=127.0.0.1",
+            "auth": {"enabled": False},
+        },
+    }
+
+
+def start_iop(
+    children: Children,
+    root: Path,
+    *,
+    openai_port: int,
+    ollama_port: int | None,
+    capacity: int,
+    fake_nodes: int = 0,
+) -> IOP:
+    """Write the PKI and configs under ``root``, start the Edge, then the Node; wait for ready."""
+    root.mkdir(parents=True, exist_ok=True)
+    create_dev_pki(root / "pki", node_names=[NODE_NAME])
+    env = base_env()
+    env["BENCH_NODE_TOKEN"] = secrets.token_urlsafe(32)
+    fake_tokens = [secrets.token_urlsafe(24) for _ in range(fake_nodes)]
+    tokens_file: Path | None = None
+    if fake_tokens:
+        tokens_file = root / "fake-node-tokens"
+        fd = os.open(tokens_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write("\n".join(fake_tokens) + "\n")
+    node_port, admin_port, client_port = free_port(), free_port(), free_port()
+    config = edge_config(
+        node_port=node_port,
+        admin_port=admin_port,
+        client_port=client_port,
+        openai_port=openai_port,
+        ollama_port=ollama_port,
+        capacity=capacity,
+        fake_digests=[hashlib.sha256(t.encode()).hexdigest() for t in fake_tokens],
+    )
+    (root / "edge.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    node_config = {
+        "edge": {
+            "host": "127.0.0.1",
+            "port": node_port,
+            "server_name": DEFAULT_EDGE_NAME,
+            "ca_file": "pki/ca.crt",
+        },
+        "token": "${BENCH_NODE_TOKEN}",
+        "reconnect": {"max_attempts": 0, "interval_sec": 0.5},
+        "store": {"path": f"file:{root}/node.db?cache=shared&mode=rwc"},
+    }
+    (root / "node.yaml").write_text(yaml.safe_dump(node_config, sort_keys=False))
+
+    def twistd(plugin: str, config: str) -> list[str]:
+        return [TWISTD, "--nodaemon", "--pidfile=", "--logfile=-", plugin, "--config", config]
+
+    edge = children.start("iop-edge", twistd("iop-edge", "edge.yaml"), env, root / "edge.log", root)
+    wait_until(
+        lambda: (port_open(admin_port) and port_open(client_port)) or not edge.running(),
+        30,
+        "the Edge's admin and client listeners",
+    )
+    edge.check()
+    node = children.start("iop-node", twistd("iop-node", "node.yaml"), env, root / "node.log", root)
+    iop = IOP(root, node_port, admin_port, client_port, edge, node, tokens_file)
+    wait_until(lambda: iop.connected_nodes() >= 1 or not node.running(), 30, "the Node to be ready")
+    node.check()
+    return iop
+
+
+# -- LiteLLM -------------------------------------------------------------------------------------
+
+LITELLM_WORKERS = 1
+
+
+@dataclass
+class LiteLLM:
+    port: int
+    child: Child
+    version: str
+    workers: int
+
+
+def litellm_available(venv: Path) -> bool:
+    return (venv / "bin" / "litellm").exists()
+
+
+def litellm_version(venv: Path) -> str:
+    for info in (venv / "lib").glob("python*/site-packages/litellm-*.dist-info"):
+        return info.name.removeprefix("litellm-").removesuffix(".dist-info")
+    return "unknown"
+
+
+def start_litellm(children: Children, root: Path, venv: Path, openai_port: int) -> LiteLLM:
+    """
+    The LiteLLM proxy: no database, no telemetry, the local model cost map (no network), no
+    retries, no client auth, an explicit worker count, one model ``openai/<name>`` at the fake
+    upstream.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    config = {
+        "model_list": [
+            {
+                "model_name": LITELLM_MODEL,
+                "litellm_params": {
+                    "model": f"openai/{OPENAI_MODEL}",
+                    "api_base": f"http://127.0.0.1:{openai_port}/v1",
+                    "api_key": "sk-bench-not-a-secret",
+                    "max_retries": 0,
+                },
+            }
+        ],
+        "litellm_settings": {"num_retries": 0, "request_timeout": 120, "telemetry": False},
+        "router_settings": {"num_retries": 0},
+        # No client auth, like the IOP listener here (loopback, auth off): no master key, which
+        # this LiteLLM only accepts when told so explicitly.
+        "general_settings": {"dangerously_permit_weak_or_unset_master_key": True},
+    }
+    path = root / "litellm.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    env = base_env()
+    env["LITELLM_LOCAL_MODEL_COST_MAP"] = "True"
+    env["LITELLM_TELEMETRY"] = "False"
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    child = children.start(
+        "litellm",
+        [
+            str(venv / "bin" / "litellm"),
+            "--config",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num_workers",
+            str(LITELLM_WORKERS),
+            "--telemetry",
+            "False",
+        ],
+        env,
+        root / "litellm.log",
+        root,
+    )
+
+    def alive() -> bool:
+        if not child.running():
+            return True
+        try:
+            get_json(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
+            return True
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+    wait_until(alive, 120, "the LiteLLM proxy to answer /health/liveliness")
+    child.check()
+    return LiteLLM(port, child, litellm_version(venv), LITELLM_WORKERS)
+
+
+def stop_quietly(children: Children) -> None:
+    try:
+        children.stop_all()
+    except (OSError, BenchError):
+        pass
