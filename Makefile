@@ -27,7 +27,7 @@ system: $(STAMP)
 	$(BIN)/pytest -q tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check iop tests twisted
+	$(BIN)/ruff check iop tests twisted bench
 	$(BIN)/mypy
 
 proto: $(STAMP)
