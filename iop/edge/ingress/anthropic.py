@@ -75,6 +75,7 @@ from iop.edge.ingress.common import (
     header,
     json_bytes,
     max_tokens_for,
+    open_tunnel,
     optional_bool,
     positive_int,
     read_json,
@@ -189,19 +190,7 @@ class AnthropicSurface:
         stream: bool,
         headers: list[tuple[str, str]],
     ) -> TunnelStream:
-        try:
-            return self._gateway.tunnel(
-                chosen,
-                operation=operation,
-                body=json_bytes(payload),
-                stream=stream,
-                headers=headers,
-            )
-        except Exception as e:
-            mapped = dispatch_error(e)
-            if mapped is None:
-                raise
-            raise mapped from None
+        return open_tunnel(self._gateway, chosen, operation, payload, stream, headers)
 
     # -- messages ----------------------------------------------------------------------------
 

@@ -393,6 +393,26 @@ class Gateway(Protocol):
     ) -> TunnelStream: ...
 
 
+def open_tunnel(
+    gateway: Gateway,
+    chosen: Dispatch,
+    operation: str,
+    payload: dict[str, Any],
+    stream: bool,
+    headers: list[tuple[str, str]],
+) -> TunnelStream:
+    """Open the provider tunnel for ``payload``, turning dispatch failures into client errors."""
+    try:
+        return gateway.tunnel(
+            chosen, operation=operation, body=json_bytes(payload), stream=stream, headers=headers
+        )
+    except Exception as e:
+        mapped = dispatch_error(e)
+        if mapped is None:
+            raise
+        raise mapped from None
+
+
 def dispatch_error(error: BaseException) -> ApiError | None:
     """The client-facing error for a gateway/pool/dispatcher error (None: not one of them)."""
     if isinstance(error, UnknownModel):

@@ -62,6 +62,7 @@ from iop.edge.ingress.common import (
     dispatch_error,
     json_bytes,
     max_tokens_for,
+    open_tunnel,
     optional_bool,
     positive_int,
     read_json,
@@ -551,19 +552,7 @@ class OpenAISurface:
             ("content-type", "application/json"),
             ("accept", "text/event-stream" if stream else "application/json"),
         ]
-        try:
-            tunnel = self._gateway.tunnel(
-                chosen,
-                operation=operation,
-                body=json_bytes(payload),
-                stream=stream,
-                headers=headers,
-            )
-        except Exception as e:
-            mapped = dispatch_error(e)
-            if mapped is None:
-                raise
-            raise mapped from None
+        tunnel = open_tunnel(self._gateway, chosen, operation, payload, stream, headers)
         await relay_tunnel(exchange, tunnel)
         return b""
 
