@@ -154,6 +154,10 @@ def markdown(results: dict[str, Any]) -> str:
     if results.get("label"):
         title += f" ({results['label']})"
     lines: list[str] = [title, ""]
+    for note in results.get("notes", []):
+        lines += [f"> {note}", ">"]
+    if results.get("notes"):
+        lines[-1] = ""
     levelHeads = [f"c={lv}" for lv in levels]
 
     lines += ["## Ratios", ""]
@@ -327,8 +331,6 @@ def markdown(results: dict[str, Any]) -> str:
 
     lines += ["", "## Settings", ""]
     lines += ["```json", json.dumps({"settings": settings, "environment": env}, indent=2), "```"]
-    for note in results.get("notes", []):
-        lines.append(f"- {note}")
     for failure in results.get("failures", []):
         lines.append(f"- FAILURE: {failure}")
     return "\n".join(lines) + "\n"
@@ -362,5 +364,5 @@ def ratio_summary(results: dict[str, Any]) -> str:
     lines = []
     for r in results.get("ratios", []):
         values = ", ".join(f"c={lv}: {_fmt(r['by_level'].get(str(lv)))}" for lv in levels)
-        lines.append(f"  {r['ratio']:<44} {r['metric']:<19} {values}")
+        lines.append(f"  {r['ratio']:<44} {r['metric']:<24} {values}")
     return "\n".join(["ratios (gateway ÷ reference):", *lines]) if lines else "no ratios"
