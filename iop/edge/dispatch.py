@@ -28,6 +28,7 @@ from iop.config.model import EdgeConfig, ModelRoute
 from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
 from iop.runtime.events import RuntimeEvent
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_from_proto
 
 # How long a cancelled run waits for the node's own terminal before ending locally.
 CANCEL_GRACE_SEC = 10.0
@@ -270,7 +271,7 @@ class RunDispatcher:
             )
             return
         handle.last_sequence = message.sequence
-        event = RuntimeEvent.from_proto(message)
+        event = event_from_proto(message)
         if event.terminal:
             self._finish(message.run_id, event)
         else:

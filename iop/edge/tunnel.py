@@ -39,6 +39,7 @@ from iop.edge.dispatch import DispatchError, NodeUnavailable
 from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
 from iop.runtime.events import Usage
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import usage_from_proto
 
 __all__ = [
     "CANCEL_GRACE_SEC",
@@ -461,7 +462,7 @@ class TunnelDispatcher:
                 return
             stream._body(message.body)
         elif kind == pb.USAGE:
-            stream.usage = Usage.from_proto(message.usage)
+            stream.usage = usage_from_proto(message.usage)
         elif kind == pb.END:
             if not stream.started:
                 self._finish(message.run_id, "tunnel ended without a response")

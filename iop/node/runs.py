@@ -45,6 +45,7 @@ from iop.node.store import RunStatus, RunStore
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_to_proto
 
 CONNECTION_LOST_REASON = "edge connection lost"
 CANCELLED_BY_EDGE = "cancelled by edge"
@@ -371,7 +372,7 @@ class RunManager:
 
     def _relay(self, run: _Run, event: RuntimeEvent) -> None:
         run.sequence += 1
-        message = event.to_proto(run.run_id, run.sequence, self._nowMs())
+        message = event_to_proto(event, run.run_id, run.sequence, self._nowMs())
         self._safeSend(pb.Envelope(run_event=message), run.run_id)
 
     def _safeSend(self, envelope: pb.Envelope, runId: str) -> None:
@@ -532,7 +533,7 @@ class RunManager:
             node_id=self._nodeId,
         )
         event = RuntimeEvent(EventType.ERROR, error=reason, session_id=request.session_id)
-        message = event.to_proto(request.run_id, 1, self._nowMs())
+        message = event_to_proto(event, request.run_id, 1, self._nowMs())
         self._safeSend(pb.Envelope(run_event=message), request.run_id)
         if record:
             self._store.run_rejected(

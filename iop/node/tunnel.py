@@ -61,6 +61,7 @@ from iop.node.adapters.sse import SSEParser
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import ITunnelProvider
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import usage_to_proto
 
 __all__ = [
     "BODY_FRAME_BYTES",
@@ -420,7 +421,7 @@ class TunnelFrames:
     def usage(self, usage: Usage) -> bool:
         if not self._expect(_FrameState.STARTED, "USAGE"):
             return False
-        self._emit(pb.ProviderTunnelFrame(kind=pb.USAGE, usage=usage.to_proto()))
+        self._emit(pb.ProviderTunnelFrame(kind=pb.USAGE, usage=usage_to_proto(usage)))
         return True
 
     def end(self) -> bool:

@@ -1,6 +1,6 @@
 # -*- test-case-name: iop.test.runtime.test_events -*-
 """
-Run events and usage, and their protobuf form (``RunEvent``/``Usage`` on the wire).
+Run events and usage. Their protobuf form lives on the wire side (:mod:`iop.wire.convert`).
 """
 
 from __future__ import annotations
@@ -8,8 +8,6 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-from iop.wire import runtime_pb2 as pb
 
 
 class EventType(enum.StrEnum):
@@ -35,27 +33,6 @@ class Usage:
     output_tokens: int = 0
     reasoning_tokens: int | None = None
     cached_input_tokens: int | None = None
-
-    def to_proto(self) -> pb.Usage:
-        message = pb.Usage(input_tokens=self.input_tokens, output_tokens=self.output_tokens)
-        if self.reasoning_tokens is not None:
-            message.reasoning_tokens = self.reasoning_tokens
-        if self.cached_input_tokens is not None:
-            message.cached_input_tokens = self.cached_input_tokens
-        return message
-
-    @classmethod
-    def from_proto(cls, message: pb.Usage) -> Usage:
-        return cls(
-            input_tokens=message.input_tokens,
-            output_tokens=message.output_tokens,
-            reasoning_tokens=(
-                message.reasoning_tokens if message.HasField("reasoning_tokens") else None
-            ),
-            cached_input_tokens=(
-                message.cached_input_tokens if message.HasField("cached_input_tokens") else None
-            ),
-        )
 
     def as_dict(self) -> dict[str, int]:
         out = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
@@ -113,35 +90,3 @@ class RuntimeEvent:
     @classmethod
     def cancelled(cls, reason: str = "cancelled") -> RuntimeEvent:
         return cls(EventType.CANCELLED, error=reason)
-
-    def to_proto(self, run_id: str, sequence: int, timestamp_ms: int = 0) -> pb.RunEvent:
-        message = pb.RunEvent(
-            run_id=run_id,
-            sequence=sequence,
-            type=self.type.value,
-            delta=self.delta,
-            error=self.error,
-            session_id=self.session_id,
-            timestamp_unix_ms=timestamp_ms,
-        )
-        if self.usage is not None:
-            message.usage.CopyFrom(self.usage.to_proto())
-        message.metadata.update(dict(self.metadata))
-        return message
-
-    @classmethod
-    def from_proto(cls, message: pb.RunEvent) -> RuntimeEvent:
-        try:
-            kind = EventType(message.type)
-        except ValueError:
-            kind = EventType.ERROR
-        return cls(
-            type=kind,
-            delta=message.delta,
-            error=message.error
-            if kind.value == message.type
-            else f"unknown event type {message.type!r}",
-            usage=Usage.from_proto(message.usage) if message.HasField("usage") else None,
-            metadata=dict(message.metadata),
-            session_id=message.session_id,
-        )

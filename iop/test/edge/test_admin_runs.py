@@ -19,6 +19,7 @@ from iop.edge.registry import NodeRegistry
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, edge_config
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_to_proto
 
 
 class AdminRunTests(SynchronousTestCase):
@@ -58,7 +59,7 @@ class AdminRunTests(SynchronousTestCase):
             ],
             start=1,
         ):
-            self.runs.runEvent(self.conn, event.to_proto(run_id, seq))
+            self.runs.runEvent(self.conn, event_to_proto(event, run_id, seq))
         self.treq.flush()
         response = self.successResultOf(d)
         self.assertEqual(response.code, 200)

@@ -15,6 +15,7 @@ from iop.edge.registry import NodeRegistry
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, edge_config
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_to_proto
 
 
 class Conn:
@@ -56,7 +57,7 @@ class DispatchTests(SynchronousTestCase):
         return conn
 
     def event(self, run_id: str, seq: int, event: RuntimeEvent) -> None:
-        self.runs.runEvent(self.a, event.to_proto(run_id, seq))
+        self.runs.runEvent(self.a, event_to_proto(event, run_id, seq))
 
     def collect(self, handle: object) -> list[RuntimeEvent]:
         seen: list[RuntimeEvent] = []
@@ -138,7 +139,7 @@ class DispatchTests(SynchronousTestCase):
     def test_event_from_another_connection_ignored(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         seen = self.collect(handle)
-        self.runs.runEvent(Conn(), RuntimeEvent.text("spoof").to_proto(handle.run_id, 1))
+        self.runs.runEvent(Conn(), event_to_proto(RuntimeEvent.text("spoof"), handle.run_id, 1))
         self.assertEqual(seen, [])
 
     def test_disconnect_mid_run_ends_with_error(self) -> None:

@@ -18,6 +18,7 @@ from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, edge_config
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_to_proto
 
 
 class GatewayTests(SynchronousTestCase):
@@ -89,7 +90,9 @@ class GatewayTests(SynchronousTestCase):
         dispatch = self.successResultOf(self.gateway.dispatch("pool"))
         handle = self.gateway.run(dispatch, input="hi")
         self.assertEqual(self.in_flight(), 1)
-        self.runs.runEvent(self.conn, RuntimeEvent.complete(Usage(3, 4)).to_proto(handle.run_id, 1))
+        self.runs.runEvent(
+            self.conn, event_to_proto(RuntimeEvent.complete(Usage(3, 4)), handle.run_id, 1)
+        )
         self.assertEqual(self.in_flight(), 0)
         self.assertEqual(self.finished, [("pool", Usage(3, 4), "complete")])
 

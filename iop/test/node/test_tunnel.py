@@ -36,6 +36,7 @@ from iop.test.node.fakes import captureEvents
 from iop.test.node.test_runs import openStore
 from iop.testing.fake_openai import FAIL_500_MODEL, FAIL_MIDSTREAM_MODEL, FakeOpenAI, fake_text
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import usage_from_proto
 
 SECRET = "Bearer sk-tunnel-secret-0123456789"
 KIND = {
@@ -728,7 +729,7 @@ class UsageTests(TunnelCase):
 
     def assertUsage(self, usage: pb.Usage | None, expected: Usage) -> None:
         assert usage is not None
-        self.assertEqual(Usage.from_proto(usage), expected)
+        self.assertEqual(usage_from_proto(usage), expected)
 
     def test_chatStreamWithDetails(self) -> None:
         self.useFake(tokens=4)
@@ -740,7 +741,7 @@ class UsageTests(TunnelCase):
             ],
         )
         self.open(body)
-        self.assertEqual(Usage.from_proto(self.usage()), Usage(4, 6, 2, 3))
+        self.assertEqual(usage_from_proto(self.usage()), Usage(4, 6, 2, 3))
 
     def test_chatStreamWithoutUsage(self) -> None:
         self.useFake(tokens=2)
@@ -752,7 +753,7 @@ class UsageTests(TunnelCase):
     def test_chatJSON(self) -> None:
         self.useFake(tokens=2)
         self.open(chat(stream=False, model="reason-x"))
-        self.assertEqual(Usage.from_proto(self.usage()), Usage(2, 3, 1, None))
+        self.assertEqual(usage_from_proto(self.usage()), Usage(2, 3, 1, None))
 
     def test_responsesStream(self) -> None:
         chunks = sse(

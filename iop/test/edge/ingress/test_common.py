@@ -64,6 +64,7 @@ from iop.edge.tap import EdgeService
 from iop.edge.tunnel import TunnelDispatcher, TunnelFailed
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import event_to_proto
 
 NODE_TOKEN = "token-for-node-a"
 KEY = "sk-test-all-models"
@@ -287,7 +288,7 @@ class Ingress:
 
     def events(self, run_id: str, *events: RuntimeEvent) -> None:
         for event in events:
-            self.runs.runEvent(self.conn, event.to_proto(run_id, self._next(run_id)))
+            self.runs.runEvent(self.conn, event_to_proto(event, run_id, self._next(run_id)))
         self.flush()
 
     def frames(self, run_id: str, *frames: dict[str, Any]) -> None:

@@ -1,0 +1,34 @@
+# -*- test-case-name: iop.test.runtime.test_codes -*-
+"""
+Machine-readable error codes a node attaches to a failure, so the Edge matches on a code and
+never on the wording of a message.
+
+A node puts the code in the ``metadata`` map of the terminal ``RunEvent`` or of the error
+``ProviderTunnelFrame``, under :data:`ERROR_CODE_KEY`. A failure without a code is a plain
+upstream failure.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+
+__all__ = ["ERROR_CODE_KEY", "ErrorCode", "error_code"]
+
+ERROR_CODE_KEY = "error_code"
+
+
+class ErrorCode(enum.StrEnum):
+    # The node's own gate for the adapter instance is full: try later or elsewhere (503).
+    PROVIDER_AT_CAPACITY = "provider_at_capacity"
+
+
+def error_code(metadata: Mapping[str, str]) -> ErrorCode | None:
+    """The code in ``metadata``, or None (absent or unknown to this version)."""
+    value = metadata.get(ERROR_CODE_KEY)
+    if value is None:
+        return None
+    try:
+        return ErrorCode(value)
+    except ValueError:
+        return None
