@@ -37,6 +37,7 @@ from zope.interface import implementer
 
 from iop.edge.dispatch import DispatchError, NodeUnavailable
 from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
+from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import Usage
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import usage_from_proto
@@ -64,7 +65,14 @@ BodyWriter = Callable[[bytes], None]
 
 
 class TunnelFailed(DispatchError):
-    """A tunnel ended before the provider's response started; the message says why."""
+    """
+    A tunnel ended before the provider's response started; the message says why, ``code`` (when
+    the node gave one) what kind of failure it was.
+    """
+
+    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class TunnelOutcome:
 
     ok: bool
     error: str = ""
+    code: ErrorCode | None = None
     usage: Usage | None = None
     status_code: int | None = None
     body_bytes: int = 0
@@ -156,7 +165,11 @@ class TunnelStream:
         if self.status_code is not None:
             return succeed((self.status_code, list(self.headers)))
         if self.outcome is not None:
-            return fail(TunnelFailed(self.outcome.error or "tunnel ended without a response"))
+            return fail(
+                TunnelFailed(
+                    self.outcome.error or "tunnel ended without a response", self.outcome.code
+                )
+            )
         return _waiter(self._startWaiters)
 
     def deliverBody(self, write: BodyWriter) -> None:
@@ -239,7 +252,7 @@ class TunnelStream:
     def _finish(self, outcome: TunnelOutcome) -> None:
         self.outcome = outcome
         if self.status_code is None:
-            error = TunnelFailed(outcome.error or "tunnel ended without a response")
+            error = TunnelFailed(outcome.error or "tunnel ended without a response", outcome.code)
             waiters, self._startWaiters = self._startWaiters, []
             for d in waiters:
                 d.errback(error)
@@ -475,7 +488,11 @@ class TunnelDispatcher:
                     run_id=message.run_id,
                     error=message.error,
                 )
-            self._finish(message.run_id, message.error or "tunnel failed on the node")
+            self._finish(
+                message.run_id,
+                message.error or "tunnel failed on the node",
+                error_code(message.metadata),
+            )
         else:
             self._violation(stream, message, f"unknown frame kind {kind}")
 
@@ -508,7 +525,7 @@ class TunnelDispatcher:
             what=what,
         )
 
-    def _finish(self, run_id: str, error: str | None) -> None:
+    def _finish(self, run_id: str, error: str | None, code: ErrorCode | None = None) -> None:
         """End ``run_id`` once: ``error`` None is a clean end; a cancel's reason wins."""
         active = self._tunnels.pop(run_id, None)
         if active is None:
@@ -518,10 +535,11 @@ class TunnelDispatcher:
         stream = active.stream
         if stream.cancel_reason is not None:
             # The caller gave up on this tunnel: whatever the node said, the body is incomplete.
-            error = stream.cancel_reason
+            error, code = stream.cancel_reason, None
         outcome = TunnelOutcome(
             ok=error is None,
             error=error or "",
+            code=code,
             usage=stream.usage,
             status_code=stream.status_code,
             body_bytes=stream.body_bytes,
