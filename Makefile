@@ -29,6 +29,7 @@ system: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check iop tests twisted bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache
 
 proto: $(STAMP)
 	$(BIN)/python -m iop.wire.codegen
