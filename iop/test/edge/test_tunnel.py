@@ -18,27 +18,23 @@ from twisted.web.http import _DataLoss
 from zope.interface.verify import verifyObject
 
 from iop.edge.admin import AdminApp
-from iop.edge.dispatch import DispatchError, NodeUnavailable, RunDispatcher
+from iop.edge.errors import DispatchError, NodeUnavailable, TunnelFailed
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import (
     CLIENT_TOO_SLOW,
     TunnelDispatcher,
-    TunnelFailed,
     TunnelOutcome,
     TunnelStream,
 )
 from iop.runtime.events import Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.test.node.fakes import captureEvents
 from iop.wire import runtime_pb2 as pb
 
-
-class Conn:
-    def __init__(self, fail: bool = False) -> None:
-        self.sent: list[pb.Envelope] = []
-        self.fail = fail
+Conn = FakeConnection
 
 
 def start(status: int = 200, **headers: str) -> dict[str, Any]:
@@ -78,14 +74,8 @@ class TunnelCase(SynchronousTestCase):
             self.clock,
         )
 
-        def send(conn: object, envelope: pb.Envelope) -> None:
-            assert isinstance(conn, Conn)
-            if conn.fail:
-                raise ConnectionError("socket gone")
-            conn.sent.append(envelope)
-
         self.tunnels = TunnelDispatcher(
-            self.registry, self.clock, send, cancelGrace=10, maxBufferedBytes=100
+            self.registry, self.clock, cancelGrace=10, maxBufferedBytes=100
         )
         self.a = self.connect("node-a")
         self.sequence: dict[str, int] = {}

@@ -8,20 +8,17 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import ModelRoute
-from iop.edge.dispatch import NodeUnavailable, NoRoute, RunDispatcher
+from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
-
-class Conn:
-    def __init__(self, fail: bool = False) -> None:
-        self.sent: list[pb.Envelope] = []
-        self.fail = fail
+Conn = FakeConnection
 
 
 class DispatchTests(SynchronousTestCase):
@@ -41,13 +38,7 @@ class DispatchTests(SynchronousTestCase):
             self.clock,
         )
 
-        def send(conn: object, envelope: pb.Envelope) -> None:
-            assert isinstance(conn, Conn)
-            if conn.fail:
-                raise ConnectionError("socket gone")
-            conn.sent.append(envelope)
-
-        self.runs = RunDispatcher(self.config, self.registry, self.clock, send, cancelGrace=10)
+        self.runs = RunDispatcher(self.config, self.registry, self.clock, cancelGrace=10)
         self.a = self.connect("node-a")
 
     def connect(self, node_id: str, fail: bool = False) -> Conn:
@@ -57,7 +48,7 @@ class DispatchTests(SynchronousTestCase):
         return conn
 
     def event(self, run_id: str, seq: int, event: RuntimeEvent) -> None:
-        self.runs.runEvent(self.a, event_to_proto(event, run_id, seq))
+        self.runs.run_event(self.a, event_to_proto(event, run_id, seq))
 
     def collect(self, handle: object) -> list[RuntimeEvent]:
         seen: list[RuntimeEvent] = []
@@ -139,7 +130,7 @@ class DispatchTests(SynchronousTestCase):
     def test_event_from_another_connection_ignored(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         seen = self.collect(handle)
-        self.runs.runEvent(Conn(), event_to_proto(RuntimeEvent.text("spoof"), handle.run_id, 1))
+        self.runs.run_event(Conn(), event_to_proto(RuntimeEvent.text("spoof"), handle.run_id, 1))
         self.assertEqual(seen, [])
 
     def test_disconnect_mid_run_ends_with_error(self) -> None:
@@ -156,7 +147,7 @@ class DispatchTests(SynchronousTestCase):
         self.registry.disconnected(self.a)
         self.a = self.connect("node-a")
         new = self.runs.submit_run(adapter="fake", target="t", input="x")
-        self.runs.nodeFenced("node-a", 1)  # a late callback for the old generation
+        self.runs.node_fenced("node-a", 1)  # a late callback for the old generation
         self.assertEqual(self.successResultOf(old.whenDone()).type, EventType.ERROR)
         self.assertNoResult(new.whenDone())
 
