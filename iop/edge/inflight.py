@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_runs,iop.test.edge.test_tunnel -*-
+# -*- test-case-name: iop.test.edge.test_inflight,iop.test.edge.test_runs -*-
 """
 The Edge's table of requests in flight on node connections, shared by runs and tunnels.
 

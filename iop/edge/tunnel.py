@@ -5,9 +5,9 @@ response, relayed by a node.
 
 ``TunnelDispatcher.open`` sends a ``ProviderTunnelRequest`` on a ready node's connection and
 returns a :class:`TunnelStream`: the provider's status and headers
-(:meth:`TunnelStream.whenStarted`), its body bytes in order (:meth:`TunnelStream.deliverBody`),
+(:meth:`TunnelStream.when_started`), its body bytes in order (:meth:`TunnelStream.deliver_body`),
 and how it ended
-(:meth:`TunnelStream.whenDone`, with the usage the node observed). The body is the passthrough
+(:meth:`TunnelStream.when_done`, with the usage the node observed). The body is the passthrough
 source of truth: it goes to the one consumer and nowhere else (never to the event bus).
 
 It mirrors :class:`~iop.edge.runs.RunDispatcher` and shares its in-flight table
@@ -150,7 +150,7 @@ class TunnelStream:
 
     # -- the caller's API --------------------------------------------------------------------
 
-    def whenStarted(self) -> Deferred[tuple[int, HeaderList]]:
+    def when_started(self) -> Deferred[tuple[int, HeaderList]]:
         """
         A fresh Deferred firing with the provider's ``(status_code, headers)``, or failing with
         :class:`TunnelFailed` when the tunnel ended before the response started.
@@ -165,7 +165,7 @@ class TunnelStream:
             )
         return _waiter(self._startWaiters)
 
-    def deliverBody(self, write: BodyWriter) -> None:
+    def deliver_body(self, write: BodyWriter) -> None:
         """
         Send the body to ``write``, in order: the bytes that already arrived first, then each
         chunk as it arrives. One consumer per stream.
@@ -176,7 +176,7 @@ class TunnelStream:
         self._flush()
         self._maybeDone()
 
-    def whenDone(self) -> Deferred[TunnelOutcome]:
+    def when_done(self) -> Deferred[TunnelOutcome]:
         """
         A fresh Deferred firing with the :class:`TunnelOutcome` once the tunnel has ended and its
         consumer has been given every byte (a paused consumer is waited for).
@@ -184,6 +184,11 @@ class TunnelStream:
         if self.outcome is not None and self._drained():
             return succeed(self.outcome)
         return _waiter(self._doneWaiters)
+
+    # Transitional aliases: admin and ingress still call the camelCase names.
+    whenStarted = when_started
+    deliverBody = deliver_body
+    whenDone = when_done
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """

@@ -104,7 +104,7 @@ class DispatchTests(SynchronousTestCase):
     def test_events_relayed_in_order_until_terminal(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         seen = self.collect(handle)
-        done = handle.whenDone()
+        done = handle.when_done()
         self.event(handle.run_id, 1, RuntimeEvent.start())
         self.event(handle.run_id, 2, RuntimeEvent.text("he"))
         self.event(handle.run_id, 2, RuntimeEvent.text("dup"))
@@ -137,7 +137,7 @@ class DispatchTests(SynchronousTestCase):
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         self.event(handle.run_id, 1, RuntimeEvent.start())
         self.registry.disconnected(self.a)
-        terminal = self.successResultOf(handle.whenDone())
+        terminal = self.successResultOf(handle.when_done())
         self.assertEqual(terminal.type, EventType.ERROR)
         self.assertIn("disconnected", terminal.error)
         self.assertEqual(self.runs.active(), [])
@@ -148,8 +148,8 @@ class DispatchTests(SynchronousTestCase):
         self.a = self.connect("node-a")
         new = self.runs.submit_run(adapter="fake", target="t", input="x")
         self.runs.node_fenced("node-a", 1)  # a late callback for the old generation
-        self.assertEqual(self.successResultOf(old.whenDone()).type, EventType.ERROR)
-        self.assertNoResult(new.whenDone())
+        self.assertEqual(self.successResultOf(old.when_done()).type, EventType.ERROR)
+        self.assertNoResult(new.when_done())
 
     def test_cancel_sends_cancel_request_and_node_confirms(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
@@ -159,22 +159,22 @@ class DispatchTests(SynchronousTestCase):
         self.assertEqual(len(cancels), 1)
         self.assertEqual((cancels[0].kind, cancels[0].run_id), (pb.CANCEL_RUN, handle.run_id))
         self.event(handle.run_id, 1, RuntimeEvent.cancelled())
-        self.assertEqual(self.successResultOf(handle.whenDone()).type, EventType.CANCELLED)
+        self.assertEqual(self.successResultOf(handle.when_done()).type, EventType.CANCELLED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_unanswered_cancel_ends_locally_after_grace(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         handle.cancel()
         self.clock.advance(9)
-        self.assertNoResult(handle.whenDone())
+        self.assertNoResult(handle.when_done())
         self.clock.advance(1)
-        self.assertEqual(self.successResultOf(handle.whenDone()).type, EventType.CANCELLED)
+        self.assertEqual(self.successResultOf(handle.when_done()).type, EventType.CANCELLED)
 
     def test_send_failure_ends_run_with_error(self) -> None:
         self.registry.disconnected(self.a)
         self.a = self.connect("node-a", fail=True)
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
-        terminal = self.successResultOf(handle.whenDone())
+        terminal = self.successResultOf(handle.when_done())
         self.assertEqual(terminal.type, EventType.ERROR)
         self.assertIn("could not send", terminal.error)
         self.assertEqual(len(self.flushLoggedErrors(ConnectionError)), 1)

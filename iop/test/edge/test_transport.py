@@ -207,6 +207,61 @@ class EdgeTransportTests(SynchronousTestCase):
         self.assertTrue(self.registry.is_ready("node-a"))
         self.assertIs(self.registry.ready_connection("node-a"), edge)
 
+    def test_register_twice_refused_and_closed(self) -> None:
+        node, _, pump = self.handshake()
+        node.register("node-a")
+        pump.flush()
+        self.assertFalse(node.received[-1].register_response.accepted)
+        self.assertTrue(node.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_ready_for_another_node_refused_and_closed(self) -> None:
+        node, _, pump = self.connect()
+        node.register("node-a")
+        pump.flush()
+        node.ready("node-b")
+        pump.flush()
+        response = node.received[-1].node_ready_response
+        self.assertFalse(response.ready)
+        self.assertIn("not the current owner", response.reason)
+        self.assertTrue(node.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_repeated_ready_is_acknowledged_again(self) -> None:
+        node, edge, pump = self.handshake()
+        node.ready("node-a")
+        pump.flush()
+        self.assertEqual(
+            node.kinds(), ["register_response", "node_ready_response", "node_ready_response"]
+        )
+        self.assertTrue(node.received[-1].node_ready_response.ready)
+        self.assertIs(self.registry.ready_connection("node-a"), edge)
+        self.assertFalse(node.lost)
+
+    def test_nothing_answered_once_refused(self) -> None:
+        """What a refused node still sends in the same breath changes nothing."""
+        node, _, pump = self.connect()
+        node.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
+        node.ready("node-a")
+        pump.flush()
+        self.assertEqual(node.kinds(), ["register_response"])
+        self.assertTrue(node.lost)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+
+    def test_heartbeat_stamped_by_the_injected_clock(self) -> None:
+        self.clock.advance(1000)
+        node, _, pump = self.handshake()
+        self.clock.advance(2)
+        pump.flush(advanceClock=False)
+        [beat] = [e.heartbeat for e in node.received if e.HasField("heartbeat")]
+        self.assertEqual(beat.sent_unix_ms, 1_002_000)
+
+    def test_register_timer_cancelled_once_registered(self) -> None:
+        node, _, pump = self.handshake()
+        node.transport.loseConnection()  # type: ignore[union-attr]
+        pump.flush()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
 
 def _pool_config(provider_type: str) -> EdgeConfig:
     """Model ``m`` over one provider on each node, capacity 1 each, ``max_queue`` 4."""
