@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,8 +20,11 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.edge.dispatch import NodeUnavailable, NoRoute
-from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
+from iop.edge.errors import CommandFailed as CommandFailed  # transitional re-export
+from iop.edge.errors import NodeUnavailable, NoRoute
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.registry import NodeRegistry
+from iop.edge.runs import Send, send_envelope
 from iop.wire import runtime_pb2 as pb
 
 COMMAND_TIMEOUT_SEC = 30.0
@@ -35,10 +38,6 @@ COMMAND_TYPES: Mapping[str, int] = {
     "ollama-ps": pb.NODE_COMMAND_OLLAMA_PS,
     "ollama-show": pb.NODE_COMMAND_OLLAMA_SHOW,
 }
-
-
-class CommandFailed(Exception):
-    """The node answered ok=false, or the node went away before answering."""
 
 
 @dataclass
@@ -56,7 +55,7 @@ class NodeCommander:
         self,
         registry: NodeRegistry,
         clock: IReactorTime,
-        send: Callable[[object, pb.Envelope], None],
+        send: Send = send_envelope,
         timeout: float = COMMAND_TIMEOUT_SEC,
     ) -> None:
         self._registry = registry
@@ -64,7 +63,7 @@ class NodeCommander:
         self._send = send
         self._timeout = timeout
         self._pending: dict[str, _Pending] = {}
-        registry.addObserver(self)
+        registry.add_observer(self)
 
     def command(
         self,
@@ -76,19 +75,19 @@ class NodeCommander:
         arguments: Mapping[str, str] | None = None,
     ) -> Deferred[Any]:
         """Run a named command on a ready node; fires with the decoded JSON result."""
-        commandType = COMMAND_TYPES.get(kind)
-        if commandType is None:
+        command_type = COMMAND_TYPES.get(kind)
+        if command_type is None:
             raise NoRoute(f"unknown command {kind!r} (one of: {', '.join(COMMAND_TYPES)})")
         connection, generation = self._ready(node_id)
-        requestId = f"cmd-{uuid.uuid4().hex}"
+        request_id = f"cmd-{uuid.uuid4().hex}"
         request = pb.NodeCommandRequest(
-            request_id=requestId,
-            type=commandType,  # type: ignore[arg-type]
+            request_id=request_id,
+            type=command_type,  # type: ignore[arg-type]
             adapter=adapter,
             target=target,
         )
         request.arguments.update(dict(arguments or {}))
-        d = self._track(requestId, node_id, generation)
+        d = self._track(request_id, node_id, generation)
         self._send(connection, pb.Envelope(node_command_request=request))
         return d.addCallback(self._decode)
 
@@ -112,10 +111,12 @@ class NodeCommander:
 
     # -- inbound -----------------------------------------------------------------------------
 
-    def commandResponse(self, connection: object, response: pb.NodeCommandResponse) -> None:
+    def command_response(
+        self, connection: INodeConnection, response: pb.NodeCommandResponse
+    ) -> None:
         self._resolve(connection, response.request_id, response)
 
-    def cancelResponse(self, connection: object, response: pb.CancelResponse) -> None:
+    def cancel_response(self, connection: INodeConnection, response: pb.CancelResponse) -> None:
         if response.kind == pb.TERMINATE_SESSION:
             # CancelResponse carries no adapter; a session id is unique enough per node.
             for key in list(self._pending):
@@ -123,10 +124,10 @@ class NodeCommander:
                     self._resolve(connection, key, response)
                     return
 
-    def nodeReady(self, node_id: str, generation: int) -> None:
+    def node_ready(self, node_id: str, generation: int) -> None:
         pass
 
-    def nodeFenced(self, node_id: str, generation: int) -> None:
+    def node_fenced(self, node_id: str, generation: int) -> None:
         for key, pending in list(self._pending.items()):
             if pending.node_id == node_id and pending.generation == generation:
                 del self._pending[key]
@@ -134,9 +135,9 @@ class NodeCommander:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _ready(self, node_id: str) -> tuple[object, int]:
-        connection = self._registry.readyConnection(node_id)
-        ownership = self._registry.ownershipOf(connection) if connection is not None else None
+    def _ready(self, node_id: str) -> tuple[INodeConnection, int]:
+        connection = self._registry.ready_connection(node_id)
+        ownership = self._registry.ownership_of(connection) if connection is not None else None
         if connection is None or ownership is None:
             raise NodeUnavailable(f"node {node_id!r} is not connected")
         return connection, ownership.generation
@@ -149,9 +150,9 @@ class NodeCommander:
         self._pending[key] = _Pending(node_id, generation, d)
         return d.addTimeout(self._timeout, self._clock)
 
-    def _resolve(self, connection: object, key: str, response: Any) -> None:
+    def _resolve(self, connection: INodeConnection, key: str, response: Any) -> None:
         pending = self._pending.get(key)
-        if pending is None or self._registry.readyConnection(pending.node_id) is not connection:
+        if pending is None or self._registry.ready_connection(pending.node_id) is not connection:
             self.log.debug("dropping a response nobody waits for ({key})", key=key)
             return
         del self._pending[key]

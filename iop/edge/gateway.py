@@ -25,9 +25,10 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from iop.config.model import AdapterConfig, EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
-from iop.edge.dispatch import NoRoute, RunDispatcher, RunHandle
+from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
+from iop.edge.errors import NoRoute as NoRoute  # transitional re-export
 from iop.edge.pool import Lease, ProviderPool, UnknownModel
+from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent, Usage
 
@@ -86,7 +87,7 @@ class EdgeGateway:
         self._tunnels = tunnels
         self._onFinished = onFinished
         self._models = {m.id: m for m in config.models}
-        self._routes = {r.model: r for r in config.model_routes}
+        self._resolver = runs.routes
         self._providers: dict[str, tuple[str, ProviderConfig]] = {
             p.id: (n.id, p) for n in config.nodes for p in n.providers
         }
@@ -110,9 +111,9 @@ class EdgeGateway:
                 for ref in model.providers
                 if ref.provider_id in self._providers
             ]
-        route = self._routes.get(model_id)
+        route = self._resolver.route(model_id)
         if route is not None:
-            provider = self._route_provider(route.node_id, route.adapter, route.target)
+            provider = self._resolver.route_provider(route.node_id, route.adapter, route.target)
             return [self._profiles.get(provider[1].profile) if provider else None]
         return []
 
@@ -129,12 +130,12 @@ class EdgeGateway:
             return self._pool.acquire(model_id, prompt_tokens=prompt_tokens).addCallback(
                 self._fromLease, policy
             )
-        route = self._routes.get(model_id)
+        route = self._resolver.route(model_id)
         if route is None:
             raise UnknownModel(f"model {model_id!r} does not exist")
-        node_id = self._runs.choose_node(route.node_id)
-        adapter = self._adapter(node_id, route.adapter)
-        provider = self._route_provider(node_id, route.adapter, route.target)
+        node_id = self._resolver.choose_node(route.node_id)
+        adapter = self._resolver.adapter(node_id, route.adapter)
+        provider = self._resolver.route_provider(node_id, route.adapter, route.target)
         return succeed(
             Dispatch(
                 model=model_id,
@@ -237,33 +238,6 @@ class EdgeGateway:
         )
         if self._onFinished is not None:
             self._onFinished(dispatch, usage, outcome)
-
-    # -- helpers -----------------------------------------------------------------------------
-
-    def _adapter(self, node_id: str, ref: str) -> AdapterConfig | None:
-        node = self._config.node(node_id)
-        if node is None:
-            return None
-        enabled = [a for a in node.adapters if a.enabled]
-        exact = [a for a in enabled if a.name == ref]
-        if exact:
-            return exact[0]
-        typed = [a for a in enabled if a.type == ref]
-        return typed[0] if len(typed) == 1 else None
-
-    def _route_provider(
-        self, node_id: str | None, adapter_ref: str, target: str
-    ) -> tuple[str, ProviderConfig] | None:
-        """The configured provider a direct route lands on, if one matches exactly."""
-        for pid, (nid, provider) in self._providers.items():
-            if node_id is not None and nid != node_id:
-                continue
-            adapter = self._adapter(nid, adapter_ref)
-            if adapter is None or provider.adapter_instance != adapter.name:
-                continue
-            if target in provider.models:
-                return self._providers[pid]
-        return None
 
 
 __all__ = ["TUNNEL_TYPES", "Dispatch", "EdgeGateway", "NoRoute"]

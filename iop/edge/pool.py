@@ -4,7 +4,7 @@ The Edge provider pool: the ``models[]`` catalog, live candidates, selection and
 
 :class:`ProviderPool` is the one public entry. It is pure logic (no I/O; time comes from the
 injected clock) and is driven synchronously by the node registry as an
-:class:`~iop.edge.registry.INodeLifecycleObserver`, by the dispatcher through :meth:`acquire` and
+:class:`~iop.edge.interfaces.INodeLifecycleObserver`, by the dispatcher through :meth:`acquire` and
 :meth:`Lease.release`, and by config refresh through :meth:`ProviderPool.set_enabled`. Waiting is
 delegated to :mod:`iop.edge.queue`, whose docstring states the per-model-group queue limit and
 timeout rules.
@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -53,72 +53,10 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.config.model import EdgeConfig, ModelProviderRef, ProviderConfig
+from iop.edge.errors import Overloaded, QueueTimeout, Unavailable, UnknownModel
+from iop.edge.errors import PoolError as PoolError  # transitional re-export
+from iop.edge.interfaces import INodeLifecycleObserver
 from iop.edge.queue import Waiter, WaitQueue, queue_limit, queue_timeout
-from iop.edge.registry import INodeLifecycleObserver
-
-# ---------------------------------------------------------------------------------------------
-# Errors
-
-
-class PoolError(Exception):
-    """
-    An acquire that produced no lease. The message is safe to show a client (it names the
-    requested model, never a node, token or endpoint); ``code`` is a stable machine name.
-    """
-
-    code: ClassVar[str] = "pool_error"
-
-    def __init__(self, message: str, model_id: str) -> None:
-        super().__init__(message)
-        self.model_id = model_id
-
-    @property
-    def message(self) -> str:
-        return str(self.args[0])
-
-
-class UnknownModel(PoolError):
-    """The model key is not in ``models[]``."""
-
-    code = "model_not_found"
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(f"model {model_id!r} is not configured", model_id)
-
-
-class Unavailable(PoolError):
-    """No live candidate: every provider of the model is disabled or its node is not ready."""
-
-    code = "unavailable"
-
-    def __init__(self, model_id: str) -> None:
-        super().__init__(f"no provider is available for model {model_id!r}", model_id)
-
-
-class Overloaded(PoolError):
-    """The model group's queue is full."""
-
-    code = "overloaded"
-
-    def __init__(self, model_id: str, limit: int) -> None:
-        super().__init__(
-            f"model {model_id!r} is overloaded: {limit} requests are already waiting", model_id
-        )
-        self.limit = limit
-
-
-class QueueTimeout(PoolError):
-    """No provider freed up within the model group's queue timeout."""
-
-    code = "queue_timeout"
-
-    def __init__(self, model_id: str, timeout: float) -> None:
-        super().__init__(
-            f"timed out after {timeout:g}s waiting for a provider for model {model_id!r}",
-            model_id,
-        )
-        self.timeout = timeout
-
 
 # ---------------------------------------------------------------------------------------------
 # Leases
@@ -355,7 +293,7 @@ class ProviderPool:
 
     # -- authoritative lifecycle -------------------------------------------------------------
 
-    def nodeReady(self, node_id: str, generation: int) -> None:
+    def node_ready(self, node_id: str, generation: int) -> None:
         node = self._nodes.get(node_id)
         if node is None:
             self.log.warn("ready for unconfigured node {node_id} ignored", node_id=node_id)
@@ -382,7 +320,7 @@ class ProviderPool:
         )
         self._pump()
 
-    def nodeFenced(self, node_id: str, generation: int) -> None:
+    def node_fenced(self, node_id: str, generation: int) -> None:
         node = self._nodes.get(node_id)
         if node is None or node.active is None or node.active != generation:
             self.log.info(
@@ -546,6 +484,7 @@ class ProviderPool:
         return QueueTimeout(waiter.model_id, waiter.timeout)
 
 
+# The error names here are transitional re-exports: import them from iop.edge.errors.
 __all__ = [
     "Lease",
     "Overloaded",

@@ -9,8 +9,14 @@ current ready owner's disconnect fences the node. Callbacks from any other conne
 superseded, rejected) change nothing. Generations are internal and never leave this module's
 callers: they are never on the wire or in config.
 
-Authoritative consumers (the provider pool, later) implement :class:`INodeLifecycleObserver` and
-are called synchronously inside the transition; the event bus only hears about it afterwards.
+Authoritative consumers (the provider pool, the dispatchers, the commander) implement
+:class:`~iop.edge.interfaces.INodeLifecycleObserver` and are called synchronously inside the
+transition; the event bus only hears about it afterwards.
+
+Ready is ordered here, in :meth:`NodeRegistry.ready` alone: decide, *acknowledge* (the transport
+writes ``NodeReadyResponse``), and only then mark the node ready and tell the observers, whose
+reaction (the pool pumping its queue) may dispatch to the node at once. So the node always reads
+its ready acknowledgement before any request of that generation.
 """
 
 from __future__ import annotations
@@ -23,21 +29,12 @@ from dataclasses import dataclass
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from zope.interface import Interface
 
 from iop.config.model import EdgeConfig, NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
+from iop.edge.interfaces import INodeConnection
+from iop.edge.interfaces import INodeLifecycleObserver as INodeLifecycleObserver  # transitional
 from iop.wire.runtime_pb2 import NodeConfigPayload, RegisterRejectCode
-
-
-class INodeLifecycleObserver(Interface):
-    """Authoritative listeners of a node's dispatch-readiness (provider pool, queue)."""
-
-    def nodeReady(node_id: str, generation: int) -> None:
-        """``node_id``'s generation ``generation`` became dispatch-ready."""
-
-    def nodeFenced(node_id: str, generation: int) -> None:
-        """``node_id``'s ready generation ``generation`` is gone: return its resources."""
 
 
 class OwnershipState(enum.Enum):
@@ -48,7 +45,7 @@ class OwnershipState(enum.Enum):
 @dataclass
 class Ownership:
     node_id: str
-    connection: object
+    connection: INodeConnection
     generation: int
     state: OwnershipState
 
@@ -76,6 +73,12 @@ class ReadyOutcome:
 
 
 PayloadBuilder = Callable[[NodeConfig], NodeConfigPayload]
+# Writes the node's NodeReadyResponse for an outcome; called before any observer hears of ready.
+Acknowledge = Callable[[ReadyOutcome], None]
+
+
+def _no_acknowledgement(outcome: ReadyOutcome) -> None:
+    """For callers with no wire to answer on (unit tests driving the registry directly)."""
 
 
 class NodeRegistry:
@@ -84,26 +87,26 @@ class NodeRegistry:
     def __init__(
         self,
         config: EdgeConfig,
-        buildPayload: PayloadBuilder,
+        build_payload: PayloadBuilder,
         bus: EventBus,
         clock: IReactorTime,
         observers: Iterable[INodeLifecycleObserver] = (),
     ) -> None:
         self._config = config
-        self._buildPayload = buildPayload
+        self._build_payload = build_payload
         self._bus = bus
         self._clock = clock
         self._observers = list(observers)
         self._owners: dict[str, Ownership] = {}
-        self._byConnection: dict[int, Ownership] = {}
+        self._by_connection: dict[int, Ownership] = {}
         self._generation = 0
 
-    def addObserver(self, observer: INodeLifecycleObserver) -> None:
+    def add_observer(self, observer: INodeLifecycleObserver) -> None:
         self._observers.append(observer)
 
     # -- queries -----------------------------------------------------------------------------
 
-    def isReady(self, node_id: str) -> bool:
+    def is_ready(self, node_id: str) -> bool:
         owner = self._owners.get(node_id)
         return owner is not None and owner.state is OwnershipState.READY
 
@@ -112,25 +115,25 @@ class NodeRegistry:
         owner = self._owners.get(node_id)
         return owner.state.value if owner is not None else "disconnected"
 
-    def readyConnection(self, node_id: str) -> object | None:
+    def ready_connection(self, node_id: str) -> INodeConnection | None:
         """The dispatch-ready connection of ``node_id``, or None."""
         owner = self._owners.get(node_id)
         if owner is None or owner.state is not OwnershipState.READY:
             return None
         return owner.connection
 
-    def ownershipOf(self, connection: object) -> Ownership | None:
-        return self._byConnection.get(id(connection))
+    def ownership_of(self, connection: INodeConnection) -> Ownership | None:
+        return self._by_connection.get(id(connection))
 
     # -- transitions -------------------------------------------------------------------------
 
-    def register(self, token: str, connection: object) -> RegisterOutcome:
+    def register(self, token: str, connection: INodeConnection) -> RegisterOutcome:
         """A connection presents a token: claim pending ownership or say why not."""
-        if id(connection) in self._byConnection:
+        if id(connection) in self._by_connection:
             return self._reject(
                 RegisterRejectCode.REGISTER_REJECT_OTHER,
                 "this connection has already registered",
-                self._byConnection[id(connection)].node_id,
+                self._by_connection[id(connection)].node_id,
             )
         node = self._lookup(token)
         if node is None:
@@ -142,7 +145,7 @@ class NodeRegistry:
                 node.id,
             )
         try:
-            payload = self._buildPayload(node)
+            payload = self._build_payload(node)
         except Exception as e:
             self.log.failure("could not build config payload for node {node_id}", node_id=node.id)
             return self._reject(
@@ -153,35 +156,52 @@ class NodeRegistry:
         self._generation += 1
         owner = Ownership(node.id, connection, self._generation, OwnershipState.PENDING)
         self._owners[node.id] = owner
-        self._byConnection[id(connection)] = owner
+        self._by_connection[id(connection)] = owner
         self.log.info("node {node_id} registered (pending)", node_id=node.id)
         self._publish(NodeEventKind.REGISTERED, node.id)
         return RegisterAccepted(node.id, payload)
 
-    def ready(self, node_id: str, connection: object) -> ReadyOutcome:
-        """A connection says it is ready to serve ``node_id``."""
+    def ready(
+        self,
+        node_id: str,
+        connection: INodeConnection,
+        acknowledge: Acknowledge = _no_acknowledgement,
+    ) -> ReadyOutcome:
+        """
+        A connection says it is ready to serve ``node_id``. The one place that orders ready:
+        the outcome is decided, ``acknowledge(outcome)`` answers the node, and only then (if it
+        is ready and still the owner) do the observers hear of it. An ``acknowledge`` that raises
+        leaves the node pending.
+        """
         owner = self._owners.get(node_id)
         if owner is None or owner.connection is not connection:
-            if id(connection) not in self._byConnection:
+            if id(connection) not in self._by_connection:
                 reason = "connection has not registered"
             else:
                 reason = f"stale connection: not the current owner of node {node_id}"
             self.log.warn(
                 "rejected ready for node {node_id}: {reason}", node_id=node_id, reason=reason
             )
-            return ReadyOutcome(False, reason)
+            outcome = ReadyOutcome(False, reason)
+            acknowledge(outcome)
+            return outcome
+        outcome = ReadyOutcome(True)
+        acknowledge(outcome)
         if owner.state is OwnershipState.READY:
-            return ReadyOutcome(True)
+            return outcome
+        if self._owners.get(node_id) is not owner:
+            # The acknowledgement lost the connection on the spot: nothing became ready.
+            return ReadyOutcome(False, "connection closed while acknowledging ready")
         owner.state = OwnershipState.READY
         for observer in self._observers:
-            observer.nodeReady(node_id, owner.generation)
+            observer.node_ready(node_id, owner.generation)
         self.log.info("node {node_id} ready", node_id=node_id)
         self._publish(NodeEventKind.CONNECTED, node_id)
-        return ReadyOutcome(True)
+        return outcome
 
-    def disconnected(self, connection: object, reason: str = "connection closed") -> None:
+    def disconnected(self, connection: INodeConnection, reason: str = "connection closed") -> None:
         """A connection is gone. Only the current owner's loss changes anything."""
-        owner = self._byConnection.pop(id(connection), None)
+        owner = self._by_connection.pop(id(connection), None)
         if owner is None:
             return
         if self._owners.get(owner.node_id) is not owner:
@@ -189,7 +209,7 @@ class NodeRegistry:
         del self._owners[owner.node_id]
         if owner.state is OwnershipState.READY:
             for observer in self._observers:
-                observer.nodeFenced(owner.node_id, owner.generation)
+                observer.node_fenced(owner.node_id, owner.generation)
             self.log.info(
                 "node {node_id} disconnected: {reason}", node_id=owner.node_id, reason=reason
             )
@@ -224,6 +244,7 @@ class NodeRegistry:
 
 
 __all__ = [
+    "Acknowledge",
     "INodeLifecycleObserver",
     "NodeRegistry",
     "Ownership",

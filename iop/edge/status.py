@@ -16,7 +16,7 @@ from iop.config.model import EdgeConfig, ProviderConfig
 
 
 class ILiveNodes(Protocol):
-    def isReady(self, node_id: str) -> bool: ...
+    def is_ready(self, node_id: str) -> bool: ...
 
     def state(self, node_id: str) -> str: ...
 
@@ -44,7 +44,7 @@ def snapshot(
     node_entries: list[dict[str, Any]] = []
     provider_entries: list[dict[str, Any]] = []
     for node in config.nodes:
-        ready = nodes.isReady(node.id)
+        ready = nodes.is_ready(node.id)
         node_entries.append(
             {
                 "id": node.id,

@@ -5,19 +5,36 @@ to the :class:`~iop.edge.registry.NodeRegistry`, which decides.
 
 Per connection: a node must register within ``register_timeout`` seconds; the heartbeat runs from
 the first byte; a message only a node may send is accepted, anything else closes the connection.
+
+The connection's lifecycle is one Automat machine (:func:`_make_session_machine`)::
+
+    idle → awaiting register → registering → pending → readying → ready
+                                   └──────────────┴──────────┴──→ closed
+
+The protocol only classifies each envelope and sends the machine an input (``register``,
+``ready``, ``message_after_ready``, ``forbidden_message``, the timers' ``register_expired`` and
+``heartbeat_expired``, ``connection_lost``); it never asks the machine for its state. The register
+timer lives in the awaiting-register state's data. Ownership and generations stay the registry's:
+the machine's ``registering`` and ``readying`` states last exactly as long as the registry takes to
+decide, and the registry (not this module) orders ready: the ``NodeReadyResponse`` is written
+before any observer can dispatch to the node.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
+from automat import TypeMachineBuilder, pep614
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from iop.edge.registry import NodeRegistry, RegisterAccepted
+from iop.edge.interfaces import INodeConnection
+from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import _CONNECTION_DONE, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
@@ -34,38 +51,315 @@ _NODE_TO_EDGE_AFTER_READY = frozenset(
     }
 )
 
+Handler = Callable[["NodeConnection", pb.Envelope], None]
 
+
+# -- the lifecycle machine ---------------------------------------------------------------------
+
+
+class _Session(Protocol):
+    """The inputs of one node connection's lifecycle, each listed once."""
+
+    def connection_made(self) -> None:
+        "The socket is up: start the heartbeat and the register timer."
+
+    def register(self, request: pb.RegisterRequest) -> None:
+        "The node presents its token."
+
+    def ready(self, request: pb.NodeReadyRequest) -> None:
+        "The node says it has applied its config."
+
+    def message_after_ready(self, kind: str, envelope: pb.Envelope) -> None:
+        "A message only a ready node may send."
+
+    def forbidden_message(self, kind: str) -> None:
+        "A message a node may never send."
+
+    def register_expired(self) -> None:
+        "No registration within the register timeout."
+
+    def heartbeat_expired(self) -> None:
+        "Nothing from the node within the heartbeat timeout."
+
+    def connection_lost(self, reason: str) -> None:
+        "The socket is gone (once, whatever closed it)."
+
+    def _accepted(self) -> None:
+        "The registry accepted the registration (internal)."
+
+    def _readied(self) -> None:
+        "The registry made the node ready (internal)."
+
+    def _refused(self) -> None:
+        "The registry refused a registration or a ready; the connection is closing (internal)."
+
+
+@dataclass
+class _Core:
+    """What the machine acts on: the connection (send, close) and its collaborators."""
+
+    connection: NodeConnection
+    registry: NodeRegistry
+    clock: IReactorTime
+    heartbeat: Heartbeat
+    handlers: dict[str, Handler]
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    register_timeout: float
+    log = Logger()
+
+    def register(self, session: _Session, request: pb.RegisterRequest) -> None:
+        outcome = self.registry.register(request.token, self.connection)
+        response = pb.RegisterResponse(
+            heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
+            heartbeat_timeout_ms=int(self.heartbeat_timeout * 1000),
+        )
+        if isinstance(outcome, RegisterAccepted):
+            self.connection.node_id = outcome.node_id
+            response.accepted = True
+            response.node_id = outcome.node_id
+            response.config.CopyFrom(outcome.payload)
+            self.connection.send_envelope(pb.Envelope(register_response=response))
+            session._accepted()
+        else:
+            response.accepted = False
+            response.node_id = outcome.node_id
+            response.reason = outcome.reason
+            response.reject_code = outcome.code  # type: ignore[assignment]
+            self.connection.send_envelope(pb.Envelope(register_response=response))
+            self.connection.close(f"registration rejected: {outcome.reason}")
+            session._refused()
+
+    def ready(self, session: _Session, request: pb.NodeReadyRequest) -> None:
+        def acknowledge(outcome: ReadyOutcome) -> None:
+            self.connection.send_envelope(
+                pb.Envelope(
+                    node_ready_response=pb.NodeReadyResponse(
+                        ready=outcome.ready, node_id=request.node_id, reason=outcome.reason
+                    )
+                )
+            )
+
+        outcome = self.registry.ready(request.node_id, self.connection, acknowledge)
+        if outcome.ready:
+            session._readied()
+        else:
+            self.connection.close(f"ready rejected: {outcome.reason}")
+            session._refused()
+
+    def forward(self, kind: str, envelope: pb.Envelope) -> None:
+        handler = self.handlers.get(kind)
+        if handler is None:
+            self.log.info(
+                "ignoring {message} from node {node_id}: not handled by this edge",
+                message=kind,
+                node_id=self.connection.node_id,
+            )
+            return
+        handler(self.connection, envelope)
+
+    def lost(self, reason: str) -> None:
+        self.heartbeat.stop()
+        self.registry.disconnected(self.connection, reason)
+
+
+@dataclass
+class _AwaitingRegister:
+    """The awaiting-register state's data: its timer."""
+
+    timer: IDelayedCall
+
+    def cancel(self) -> None:
+        if self.timer.active():
+            self.timer.cancel()
+
+
+def _make_session_machine() -> Callable[[_Core], _Session]:
+    machine = TypeMachineBuilder(_Session, _Core)
+
+    def start(session: _Session, core: _Core) -> _AwaitingRegister:
+        core.heartbeat.start()
+        return _AwaitingRegister(
+            core.clock.callLater(core.register_timeout, session.register_expired)
+        )
+
+    idle = machine.state("idle")
+    awaiting_register = machine.state("awaiting_register", start)
+    registering = machine.state("registering")
+    pending = machine.state("pending")
+    readying = machine.state("readying")
+    ready = machine.state("ready")
+    closed = machine.state("closed")
+
+    idle.upon(_Session.connection_made).to(awaiting_register).returns(None)
+    registering.upon(_Session._accepted).to(pending).returns(None)
+    readying.upon(_Session._readied).to(ready).returns(None)
+    for transient in (registering, readying):
+        transient.upon(_Session._refused).to(closed).returns(None)
+
+    @pep614(awaiting_register.upon(_Session.register).to(registering))
+    def first_register(
+        session: _Session, core: _Core, wait: _AwaitingRegister, request: pb.RegisterRequest
+    ) -> None:
+        wait.cancel()
+        core.register(session, request)
+
+    @pep614(pending.upon(_Session.register).to(registering))
+    @pep614(ready.upon(_Session.register).to(registering))
+    def register_again(session: _Session, core: _Core, request: pb.RegisterRequest) -> None:
+        # The registry refuses it ("already registered") and the connection closes.
+        core.register(session, request)
+
+    @pep614(awaiting_register.upon(_Session.ready).to(readying))
+    def ready_unregistered(
+        session: _Session, core: _Core, wait: _AwaitingRegister, request: pb.NodeReadyRequest
+    ) -> None:
+        # The registry refuses it ("has not registered") and the connection closes.
+        wait.cancel()
+        core.ready(session, request)
+
+    @pep614(pending.upon(_Session.ready).to(readying))
+    @pep614(ready.upon(_Session.ready).to(readying))
+    def ask_ready(session: _Session, core: _Core, request: pb.NodeReadyRequest) -> None:
+        core.ready(session, request)
+
+    @pep614(ready.upon(_Session.message_after_ready).loop())
+    def forward(session: _Session, core: _Core, kind: str, envelope: pb.Envelope) -> None:
+        core.forward(kind, envelope)
+
+    @pep614(awaiting_register.upon(_Session.message_after_ready).to(closed))
+    def early_message_awaiting(
+        session: _Session, core: _Core, wait: _AwaitingRegister, kind: str, envelope: pb.Envelope
+    ) -> None:
+        wait.cancel()
+        core.connection.dropConnection("message before ready", message=kind)
+
+    @pep614(pending.upon(_Session.message_after_ready).to(closed))
+    def early_message(session: _Session, core: _Core, kind: str, envelope: pb.Envelope) -> None:
+        core.connection.dropConnection("message before ready", message=kind)
+
+    @pep614(awaiting_register.upon(_Session.forbidden_message).to(closed))
+    def forbidden_awaiting(
+        session: _Session, core: _Core, wait: _AwaitingRegister, kind: str
+    ) -> None:
+        wait.cancel()
+        core.connection.dropConnection("message a node may not send", message=kind)
+
+    @pep614(pending.upon(_Session.forbidden_message).to(closed))
+    @pep614(ready.upon(_Session.forbidden_message).to(closed))
+    def forbidden(session: _Session, core: _Core, kind: str) -> None:
+        core.connection.dropConnection("message a node may not send", message=kind)
+
+    @pep614(awaiting_register.upon(_Session.register_expired).to(closed))
+    def too_late(session: _Session, core: _Core, wait: _AwaitingRegister) -> None:
+        core.connection.dropConnection("no registration in time", timeout=core.register_timeout)
+
+    @pep614(awaiting_register.upon(_Session.heartbeat_expired).to(closed))
+    def silent_awaiting(session: _Session, core: _Core, wait: _AwaitingRegister) -> None:
+        wait.cancel()
+        silent(session, core)
+
+    @pep614(pending.upon(_Session.heartbeat_expired).to(closed))
+    @pep614(ready.upon(_Session.heartbeat_expired).to(closed))
+    @pep614(closed.upon(_Session.heartbeat_expired).loop())
+    def silent(session: _Session, core: _Core) -> None:
+        # Also once closing: a peer that never reads our close is aborted all the same.
+        core.connection.dropConnection(
+            "heartbeat timeout", node_id=core.connection.node_id, timeout=core.heartbeat_timeout
+        )
+
+    @pep614(idle.upon(_Session.connection_lost).to(closed))
+    @pep614(registering.upon(_Session.connection_lost).to(closed))
+    @pep614(pending.upon(_Session.connection_lost).to(closed))
+    @pep614(readying.upon(_Session.connection_lost).to(closed))
+    @pep614(ready.upon(_Session.connection_lost).to(closed))
+    @pep614(closed.upon(_Session.connection_lost).loop())
+    def lost(session: _Session, core: _Core, reason: str) -> None:
+        core.lost(reason)
+
+    @pep614(awaiting_register.upon(_Session.connection_lost).to(closed))
+    def lost_awaiting(session: _Session, core: _Core, wait: _AwaitingRegister, reason: str) -> None:
+        wait.cancel()
+        core.lost(reason)
+
+    # Once closing, what the node still says changes nothing.
+    @pep614(closed.upon(_Session.register).loop())
+    def ignore_register(session: _Session, core: _Core, request: pb.RegisterRequest) -> None:
+        pass
+
+    @pep614(closed.upon(_Session.ready).loop())
+    def ignore_ready(session: _Session, core: _Core, request: pb.NodeReadyRequest) -> None:
+        pass
+
+    @pep614(closed.upon(_Session.message_after_ready).loop())
+    def ignore_message(session: _Session, core: _Core, kind: str, envelope: pb.Envelope) -> None:
+        pass
+
+    @pep614(closed.upon(_Session.forbidden_message).loop())
+    def ignore_forbidden(session: _Session, core: _Core, kind: str) -> None:
+        pass
+
+    for input in (_Session._accepted, _Session._readied, _Session._refused):
+        closed.upon(input).loop().returns(None)
+
+    return machine.build()
+
+
+_SessionMachine = _make_session_machine()
+
+
+# -- the protocol ------------------------------------------------------------------------------
+
+
+@implementer(INodeConnection)
 class NodeConnection(EnvelopeProtocol):
+    """One node socket: frames in, one machine input per envelope; frames out."""
+
     log = Logger()
 
     def __init__(self, factory: NodeConnectionFactory) -> None:
         super().__init__(factory.maxFrameBytes)
         self.factory = factory
-        self.nodeId: str | None = None
-        self.isReady = False
-        self._registerTimer: IDelayedCall | None = None
-        self._heartbeat = Heartbeat(
+        self.node_id: str | None = None
+        heartbeat = Heartbeat(
             factory.clock,
             factory.heartbeatInterval,
             factory.heartbeatTimeout,
-            self._sendHeartbeat,
-            self._heartbeatExpired,
+            self._send_heartbeat,
+            lambda: self._session.heartbeat_expired(),
         )
+        self._session = _SessionMachine(
+            _Core(
+                connection=self,
+                registry=factory.registry,
+                clock=factory.clock,
+                heartbeat=heartbeat,
+                handlers=factory.handlers,
+                heartbeat_interval=factory.heartbeatInterval,
+                heartbeat_timeout=factory.heartbeatTimeout,
+                register_timeout=factory.registerTimeout,
+            )
+        )
+        self._heartbeat = heartbeat
+
+    # -- INodeConnection ---------------------------------------------------------------------
+
+    def send_envelope(self, envelope: pb.Envelope) -> None:
+        self.sendEnvelope(envelope)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def connectionMade(self) -> None:
-        self._heartbeat.start()
-        self._registerTimer = self.factory.clock.callLater(
-            self.factory.registerTimeout, self._registerExpired
-        )
+        self._session.connection_made()
 
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         super().connectionLost(reason)
-        self._heartbeat.stop()
-        if self._registerTimer is not None and self._registerTimer.active():
-            self._registerTimer.cancel()
-        self.factory.registry.disconnected(self, self.closeReason or "connection closed")
+        self._session.connection_lost(self.closeReason or "connection closed")
+
+    def close(self, reason: str) -> None:
+        """Close after what was sent (a refusal the node should read), noting why."""
+        self.closeReason = reason
+        self.transport.loseConnection()  # type: ignore[union-attr]
 
     # -- inbound -----------------------------------------------------------------------------
 
@@ -75,79 +369,21 @@ class NodeConnection(EnvelopeProtocol):
         if kind == "heartbeat":
             return
         if kind == "register_request":
-            self._register(envelope.register_request)
+            self._session.register(envelope.register_request)
         elif kind == "node_ready_request":
-            self._ready(envelope.node_ready_request)
+            self._session.ready(envelope.node_ready_request)
         elif kind in _NODE_TO_EDGE_AFTER_READY:
-            if not self.isReady:
-                self.dropConnection("message before ready", message=kind)
-                return
-            handler = self.factory.handlers.get(kind)
-            if handler is None:
-                self.log.info(
-                    "ignoring {message} from node {node_id}: not handled by this edge",
-                    message=kind,
-                    node_id=self.nodeId,
-                )
-                return
-            handler(self, envelope)
+            self._session.message_after_ready(kind, envelope)
         else:
-            self.dropConnection("message a node may not send", message=kind)
+            self._session.forbidden_message(str(kind))
 
-    def _register(self, request: pb.RegisterRequest) -> None:
-        outcome = self.factory.registry.register(request.token, self)
-        response = pb.RegisterResponse(
-            heartbeat_interval_ms=int(self.factory.heartbeatInterval * 1000),
-            heartbeat_timeout_ms=int(self.factory.heartbeatTimeout * 1000),
-        )
-        if isinstance(outcome, RegisterAccepted):
-            if self._registerTimer is not None and self._registerTimer.active():
-                self._registerTimer.cancel()
-            self.nodeId = outcome.node_id
-            response.accepted = True
-            response.node_id = outcome.node_id
-            response.config.CopyFrom(outcome.payload)
-            self.sendEnvelope(pb.Envelope(register_response=response))
-        else:
-            response.accepted = False
-            response.node_id = outcome.node_id
-            response.reason = outcome.reason
-            response.reject_code = outcome.code  # type: ignore[assignment]
-            self.sendEnvelope(pb.Envelope(register_response=response))
-            self.closeReason = f"registration rejected: {outcome.reason}"
-            self.transport.loseConnection()  # type: ignore[union-attr]
+    # -- outbound ----------------------------------------------------------------------------
 
-    def _ready(self, request: pb.NodeReadyRequest) -> None:
-        outcome = self.factory.registry.ready(request.node_id, self)
+    def _send_heartbeat(self, sequence: int) -> None:
+        now_ms = int(self.factory.clock.seconds() * 1000)
         self.sendEnvelope(
-            pb.Envelope(
-                node_ready_response=pb.NodeReadyResponse(
-                    ready=outcome.ready, node_id=request.node_id, reason=outcome.reason
-                )
-            )
+            pb.Envelope(heartbeat=pb.Heartbeat(sequence=sequence, sent_unix_ms=now_ms))
         )
-        if outcome.ready:
-            self.isReady = True
-        else:
-            self.closeReason = f"ready rejected: {outcome.reason}"
-            self.transport.loseConnection()  # type: ignore[union-attr]
-
-    # -- timers ------------------------------------------------------------------------------
-
-    def _sendHeartbeat(self, sequence: int) -> None:
-        self.sendEnvelope(
-            pb.Envelope(
-                heartbeat=pb.Heartbeat(sequence=sequence, sent_unix_ms=int(time.time() * 1000))
-            )
-        )
-
-    def _heartbeatExpired(self) -> None:
-        self.dropConnection(
-            "heartbeat timeout", node_id=self.nodeId, timeout=self.factory.heartbeatTimeout
-        )
-
-    def _registerExpired(self) -> None:
-        self.dropConnection("no registration in time", timeout=self.factory.registerTimeout)
 
 
 class NodeConnectionFactory(Factory):
@@ -171,8 +407,7 @@ class NodeConnectionFactory(Factory):
         self.registerTimeout = registerTimeout
         self.maxFrameBytes = maxFrameBytes
         # Message kind -> handler(connection, envelope), for messages a ready node sends.
-        self.handlers: dict[str, Callable[[NodeConnection, pb.Envelope], None]] = {}
+        self.handlers: dict[str, Handler] = {}
 
     def buildProtocol(self, addr: IAddress | None) -> NodeConnection:
-        p = NodeConnection(self)
-        return p
+        return NodeConnection(self)

@@ -5,13 +5,14 @@ response, relayed by a node.
 
 ``TunnelDispatcher.open`` sends a ``ProviderTunnelRequest`` on a ready node's connection and
 returns a :class:`TunnelStream`: the provider's status and headers
-(:meth:`TunnelStream.whenStarted`), its body bytes in order (:meth:`TunnelStream.deliverBody`),
+(:meth:`TunnelStream.when_started`), its body bytes in order (:meth:`TunnelStream.deliver_body`),
 and how it ended
-(:meth:`TunnelStream.whenDone`, with the usage the node observed). The body is the passthrough
+(:meth:`TunnelStream.when_done`, with the usage the node observed). The body is the passthrough
 source of truth: it goes to the one consumer and nowhere else (never to the event bus).
 
-It mirrors :class:`~iop.edge.dispatch.RunDispatcher`. Frames count only from the connection the
-tunnel was sent on, in strictly increasing ``sequence`` (anything else is dropped and logged).
+It mirrors :class:`~iop.edge.runs.RunDispatcher` and shares its in-flight table
+(:class:`~iop.edge.inflight.InFlightTable`): frames count only from the connection the tunnel was
+sent on, in strictly increasing ``sequence`` (anything else is dropped and logged).
 Every tunnel ends exactly once on the Edge side, whatever happens: the node's ``END`` or
 ``ERROR``, a send failure, the node's disconnect (its generation fenced by the registry, in the
 authoritative path), or a cancel the node never answered (ended here after ``cancelGrace``).
@@ -27,16 +28,20 @@ from __future__ import annotations
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TypeVar
 
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.edge.dispatch import DispatchError, NodeUnavailable
-from iop.edge.registry import INodeLifecycleObserver, NodeRegistry
+from iop.edge.errors import NodeUnavailable
+from iop.edge.errors import TunnelFailed as TunnelFailed  # transitional re-export
+from iop.edge.inflight import InFlight, InFlightTable
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.registry import NodeRegistry
+from iop.edge.runs import Send, send_envelope
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import Usage
 from iop.wire import runtime_pb2 as pb
@@ -62,17 +67,6 @@ CONSUMER_GONE = "client went away"
 T = TypeVar("T")
 HeaderList = list[tuple[str, str]]
 BodyWriter = Callable[[bytes], None]
-
-
-class TunnelFailed(DispatchError):
-    """
-    A tunnel ended before the provider's response started; the message says why, ``code`` (when
-    the node gave one) what kind of failure it was.
-    """
-
-    def __init__(self, message: str, code: ErrorCode | None = None) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass(frozen=True)
@@ -133,7 +127,6 @@ class TunnelStream:
         self.headers: HeaderList = []
         self.usage: Usage | None = None
         self.outcome: TunnelOutcome | None = None
-        self.last_sequence = 0
         self.body_bytes = 0
         self.cancel_reason: str | None = None
         self._startWaiters: list[Deferred[tuple[int, HeaderList]]] = []
@@ -157,7 +150,7 @@ class TunnelStream:
 
     # -- the caller's API --------------------------------------------------------------------
 
-    def whenStarted(self) -> Deferred[tuple[int, HeaderList]]:
+    def when_started(self) -> Deferred[tuple[int, HeaderList]]:
         """
         A fresh Deferred firing with the provider's ``(status_code, headers)``, or failing with
         :class:`TunnelFailed` when the tunnel ended before the response started.
@@ -172,7 +165,7 @@ class TunnelStream:
             )
         return _waiter(self._startWaiters)
 
-    def deliverBody(self, write: BodyWriter) -> None:
+    def deliver_body(self, write: BodyWriter) -> None:
         """
         Send the body to ``write``, in order: the bytes that already arrived first, then each
         chunk as it arrives. One consumer per stream.
@@ -183,7 +176,7 @@ class TunnelStream:
         self._flush()
         self._maybeDone()
 
-    def whenDone(self) -> Deferred[TunnelOutcome]:
+    def when_done(self) -> Deferred[TunnelOutcome]:
         """
         A fresh Deferred firing with the :class:`TunnelOutcome` once the tunnel has ended and its
         consumer has been given every byte (a paused consumer is waited for).
@@ -191,6 +184,11 @@ class TunnelStream:
         if self.outcome is not None and self._drained():
             return succeed(self.outcome)
         return _waiter(self._doneWaiters)
+
+    # Transitional aliases: admin and ingress still call the camelCase names.
+    whenStarted = when_started
+    deliverBody = deliver_body
+    whenDone = when_done
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """
@@ -296,14 +294,6 @@ class TunnelStream:
             d.callback(outcome)
 
 
-@dataclass
-class _ActiveTunnel:
-    stream: TunnelStream
-    connection: object
-    generation: int
-    cancel_timer: IDelayedCall | None = field(default=None, repr=False)
-
-
 @implementer(INodeLifecycleObserver)
 class TunnelDispatcher:
     """
@@ -312,7 +302,7 @@ class TunnelDispatcher:
     :param registry: who owns which node (ready connections, generations); the dispatcher
         registers itself as a lifecycle observer so a fenced node ends its tunnels at once.
     :param clock: the cancel grace timer.
-    :param send: ``send(connection, envelope)`` on a node connection.
+    :param send: ``send(connection, envelope)``; by default the connection's ``send_envelope``.
     :param cancelGrace: seconds a cancelled tunnel waits for the node's end.
     :param maxBufferedBytes: body bytes buffered for a paused consumer before cancelling.
     """
@@ -323,17 +313,17 @@ class TunnelDispatcher:
         self,
         registry: NodeRegistry,
         clock: IReactorTime,
-        send: Callable[[object, pb.Envelope], None],
+        send: Send = send_envelope,
         cancelGrace: float = CANCEL_GRACE_SEC,
         maxBufferedBytes: int = MAX_BUFFERED_BYTES,
     ) -> None:
         self._registry = registry
-        self._clock = clock
         self._send = send
-        self._cancelGrace = cancelGrace
         self._maxBuffered = maxBufferedBytes
-        self._tunnels: dict[str, _ActiveTunnel] = {}
-        registry.addObserver(self)
+        self._tunnels: InFlightTable[TunnelStream] = InFlightTable(
+            clock, cancelGrace, "tunnel", "frame"
+        )
+        registry.add_observer(self)
 
     # -- open --------------------------------------------------------------------------------
 
@@ -356,19 +346,17 @@ class TunnelDispatcher:
     ) -> TunnelStream:
         """
         Send a ``ProviderTunnelRequest`` to ``node_id``'s ready connection. Raises
-        :class:`~iop.edge.dispatch.NodeUnavailable` when that node is not dispatch-ready and
-        :class:`~iop.edge.dispatch.DispatchError` for a run id already in use. A send failure
+        :class:`~iop.edge.errors.NodeUnavailable` when that node is not dispatch-ready and
+        :class:`~iop.edge.errors.DispatchError` for a run id already in use. A send failure
         returns a stream that has already ended with an error.
         """
-        connection = self._registry.readyConnection(node_id)
-        ownership = self._registry.ownershipOf(connection) if connection is not None else None
+        connection = self._registry.ready_connection(node_id)
+        ownership = self._registry.ownership_of(connection) if connection is not None else None
         if connection is None or ownership is None:
             raise NodeUnavailable(f"node {node_id!r} is not connected")
         rid = run_id or f"tun-{uuid.uuid4().hex}"
-        if rid in self._tunnels:
-            raise DispatchError(f"tunnel {rid!r} is already active")
         tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._maxBuffered)
-        self._tunnels[rid] = _ActiveTunnel(tunnel, connection, ownership.generation)
+        self._tunnels.add(rid, tunnel, node_id, connection, ownership.generation)
         request = pb.ProviderTunnelRequest(
             run_id=rid,
             adapter=adapter,
@@ -407,9 +395,9 @@ class TunnelDispatcher:
     def cancel(self, run_id: str, reason: str = "cancelled") -> bool:
         """Ask the node to cancel ``run_id``; False when unknown or already being cancelled."""
         active = self._tunnels.get(run_id)
-        if active is None or active.stream.cancel_reason is not None:
+        if active is None or active.item.cancel_reason is not None:
             return False
-        active.stream._cancelling(reason)
+        active.item._cancelling(reason)
         try:
             self._send(
                 active.connection,
@@ -426,43 +414,28 @@ class TunnelDispatcher:
         self.log.info(
             "cancelling tunnel {run_id} on node {node_id}: {reason}",
             run_id=run_id,
-            node_id=active.stream.node_id,
+            node_id=active.node_id,
             reason=reason,
         )
-        active.cancel_timer = self._clock.callLater(self._cancelGrace, self._cancelExpired, run_id)
+        self._tunnels.start_grace(run_id, self._cancel_expired)
         return True
 
-    def _cancelExpired(self, run_id: str) -> None:
-        active = self._tunnels.get(run_id)
-        if active is None:
-            return
-        active.cancel_timer = None
+    def _cancel_expired(self, active: InFlight[TunnelStream]) -> None:
         self.log.warn(
             "node {node_id} did not end cancelled tunnel {run_id}; ending it here",
-            node_id=active.stream.node_id,
-            run_id=run_id,
+            node_id=active.node_id,
+            run_id=active.key,
         )
-        self._finish(run_id, active.stream.cancel_reason or "cancelled")
+        self._finish(active.key, active.item.cancel_reason or "cancelled")
 
     # -- inbound from nodes ------------------------------------------------------------------
 
-    def frame(self, connection: object, message: pb.ProviderTunnelFrame) -> None:
+    def frame(self, connection: INodeConnection, message: pb.ProviderTunnelFrame) -> None:
         """One ``ProviderTunnelFrame`` from a node connection."""
-        active = self._tunnels.get(message.run_id)
-        if active is None or active.connection is not connection:
-            self.log.debug("dropping a frame of unknown tunnel {run_id}", run_id=message.run_id)
+        active = self._tunnels.accept(connection, message.run_id, message.sequence)
+        if active is None:
             return
-        stream = active.stream
-        if message.sequence <= stream.last_sequence:
-            self.log.warn(
-                "dropping out-of-order frame {sequence} of tunnel {run_id} (after {last})",
-                sequence=message.sequence,
-                last=stream.last_sequence,
-                run_id=message.run_id,
-                node_id=stream.node_id,
-            )
-            return
-        stream.last_sequence = message.sequence
+        stream = active.item
         kind = message.kind
         if kind == pb.RESPONSE_START:
             if stream.started:
@@ -496,23 +469,22 @@ class TunnelDispatcher:
         else:
             self._violation(stream, message, f"unknown frame kind {kind}")
 
-    def nodeReady(self, node_id: str, generation: int) -> None:
+    def node_ready(self, node_id: str, generation: int) -> None:
         pass
 
-    def nodeFenced(self, node_id: str, generation: int) -> None:
+    def node_fenced(self, node_id: str, generation: int) -> None:
         """The node's ready generation is gone: its tunnels end with an error, now."""
-        for run_id, active in list(self._tunnels.items()):
-            if active.stream.node_id == node_id and active.generation == generation:
-                self._finish(run_id, f"node {node_id} disconnected during the tunnel")
+        for active in self._tunnels.of_generation(node_id, generation):
+            self._finish(active.key, f"node {node_id} disconnected during the tunnel")
 
     # -- status ------------------------------------------------------------------------------
 
     def active(self) -> list[TunnelStream]:
-        return [a.stream for a in self._tunnels.values()]
+        return [a.item for a in self._tunnels]
 
     def get(self, run_id: str) -> TunnelStream | None:
         active = self._tunnels.get(run_id)
-        return active.stream if active else None
+        return active.item if active else None
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -527,12 +499,10 @@ class TunnelDispatcher:
 
     def _finish(self, run_id: str, error: str | None, code: ErrorCode | None = None) -> None:
         """End ``run_id`` once: ``error`` None is a clean end; a cancel's reason wins."""
-        active = self._tunnels.pop(run_id, None)
+        active = self._tunnels.pop(run_id)
         if active is None:
             return
-        if active.cancel_timer is not None and active.cancel_timer.active():
-            active.cancel_timer.cancel()
-        stream = active.stream
+        stream = active.item
         if stream.cancel_reason is not None:
             # The caller gave up on this tunnel: whatever the node said, the body is incomplete.
             error, code = stream.cancel_reason, None

@@ -85,8 +85,8 @@ class EdgeNodeOverTLSTests(SynchronousTestCase):
         session = self.successResultOf(d)
         self.assertIsInstance(session, NodeSession)
         self.assertEqual(session.node_id, "node-a")
-        self.assertTrue(self.registry.isReady("node-a"))
-        self.assertIs(self.registry.readyConnection("node-a"), edge)
+        self.assertTrue(self.registry.is_ready("node-a"))
+        self.assertIs(self.registry.ready_connection("node-a"), edge)
         node.transport.loseConnection()  # type: ignore[union-attr]
         pump.flush()
         self.assertEqual(self.registry.state("node-a"), "disconnected")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from zope.interface import implementer
+
 from iop.config.model import (
     AdapterConfig,
     EdgeConfig,
@@ -12,6 +14,8 @@ from iop.config.model import (
     NodeToken,
     ProviderConfig,
 )
+from iop.edge.interfaces import INodeConnection
+from iop.wire import runtime_pb2 as pb
 
 TOKENS = {"node-a": "token-for-node-a", "node-b": "token-for-node-b"}
 
@@ -66,3 +70,18 @@ def edge_config() -> EdgeConfig:
             ),
         ),
     )
+
+
+@implementer(INodeConnection)
+class FakeConnection:
+    """A node connection stand-in: records what is sent to it; ``fail`` makes sending raise."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.node_id: str | None = None
+        self.sent: list[pb.Envelope] = []
+        self.fail = fail
+
+    def send_envelope(self, envelope: pb.Envelope) -> None:
+        if self.fail:
+            raise ConnectionError("socket gone")
+        self.sent.append(envelope)

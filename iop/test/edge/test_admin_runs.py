@@ -17,7 +17,7 @@ from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.runtime.events import RuntimeEvent, Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -32,7 +32,7 @@ class AdminRunTests(SynchronousTestCase):
             config, lambda n: build_node_payload(config, n), EventBus(self.clock), self.clock
         )
         self.sent: list[pb.Envelope] = []
-        self.conn = object()
+        self.conn = FakeConnection()
         self.runs = RunDispatcher(
             config, self.registry, self.clock, lambda c, e: self.sent.append(e)
         )

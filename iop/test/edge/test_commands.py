@@ -6,12 +6,12 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.commands import CommandFailed, NodeCommander
-from iop.edge.dispatch import NodeUnavailable, NoRoute
+from iop.edge.commands import NodeCommander
+from iop.edge.errors import CommandFailed, NodeUnavailable, NoRoute
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 
 
@@ -26,7 +26,7 @@ class CommanderTests(SynchronousTestCase):
         self.commander = NodeCommander(
             self.registry, self.clock, lambda c, e: self.sent.append((c, e)), timeout=30
         )
-        self.conn = object()
+        self.conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], self.conn)
         self.registry.ready("node-a", self.conn)
 
@@ -37,7 +37,7 @@ class CommanderTests(SynchronousTestCase):
         self.assertIs(conn, self.conn)
         self.assertEqual(request.type, pb.NODE_COMMAND_CAPABILITIES)
         self.assertNoResult(d)
-        self.commander.commandResponse(
+        self.commander.command_response(
             self.conn,
             pb.NodeCommandResponse(
                 request_id=request.request_id, ok=True, result_json='{"adapters": []}'
@@ -48,7 +48,7 @@ class CommanderTests(SynchronousTestCase):
     def test_not_ok_fails(self) -> None:
         d = self.commander.command("node-a", "ollama-tags")
         rid = self.sent[0][1].node_command_request.request_id
-        self.commander.commandResponse(
+        self.commander.command_response(
             self.conn, pb.NodeCommandResponse(request_id=rid, ok=False, error="no ollama adapter")
         )
         self.assertIn("no ollama", str(self.failureResultOf(d, CommandFailed).value))
@@ -56,7 +56,9 @@ class CommanderTests(SynchronousTestCase):
     def test_response_from_other_connection_ignored(self) -> None:
         d = self.commander.command("node-a", "usage")
         rid = self.sent[0][1].node_command_request.request_id
-        self.commander.commandResponse(object(), pb.NodeCommandResponse(request_id=rid, ok=True))
+        self.commander.command_response(
+            FakeConnection(), pb.NodeCommandResponse(request_id=rid, ok=True)
+        )
         self.assertNoResult(d)
         self.clock.advance(30)
         self.failureResultOf(d, defer.TimeoutError)
@@ -78,7 +80,7 @@ class CommanderTests(SynchronousTestCase):
             (request.kind, request.adapter, request.session_id),
             (pb.TERMINATE_SESSION, "agent", "sess-1"),
         )
-        self.commander.cancelResponse(
+        self.commander.cancel_response(
             self.conn, pb.CancelResponse(kind=pb.TERMINATE_SESSION, session_id="sess-1", ok=True)
         )
         self.assertTrue(self.successResultOf(d).ok)

@@ -16,7 +16,7 @@ from iop.edge.pool import ProviderPool, UnknownModel
 from iop.edge.registry import NodeRegistry
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent, Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -57,7 +57,7 @@ class GatewayTests(SynchronousTestCase):
             self.tunnels,
             onFinished=lambda d, u, o: self.finished.append((d.model, u, o)),
         )
-        self.conn = object()
+        self.conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], self.conn)
         self.registry.ready("node-a", self.conn)
 

@@ -24,17 +24,9 @@ from iop.config.model import (
     NodeToken,
     ProviderConfig,
 )
-from iop.edge.pool import (
-    Lease,
-    Overloaded,
-    PoolError,
-    ProviderPool,
-    QueueTimeout,
-    Unavailable,
-    UnknownModel,
-    is_long,
-)
-from iop.edge.registry import INodeLifecycleObserver
+from iop.edge.errors import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
+from iop.edge.interfaces import INodeLifecycleObserver
+from iop.edge.pool import Lease, ProviderPool, is_long
 from iop.edge.status import ProviderCounters
 
 # ---------------------------------------------------------------------------------------------
@@ -133,12 +125,12 @@ class PoolTestCase(SynchronousTestCase):
     def ready(self, node_id: str) -> int:
         self.generation += 1
         self.active[node_id] = self.generation
-        self.pool.nodeReady(node_id, self.generation)
+        self.pool.node_ready(node_id, self.generation)
         return self.generation
 
     def fence(self, node_id: str) -> int:
         generation = self.active.pop(node_id)
-        self.pool.nodeFenced(node_id, generation)
+        self.pool.node_fenced(node_id, generation)
         return generation
 
     def lease(self, model_id: str, prompt_tokens: int = 0) -> Lease:
@@ -532,7 +524,7 @@ class LifecycleTests(PoolTestCase):
         self.ready("n1")
         lease = self.lease("m")
         before = self.pool.snapshot()
-        self.pool.nodeFenced("n1", old)
+        self.pool.node_fenced("n1", old)
         self.assertEqual(self.pool.snapshot(), before)
         self.assertFalse(lease.fenced)
         self.assertEqual(self.counters("p")["in_flight"], 1)
@@ -541,20 +533,20 @@ class LifecycleTests(PoolTestCase):
         self.build({"n1": [prov("p", capacity=2)]}, {"m": ["p"]})
         old = self.fence("n1")
         # A late ready of the fenced generation does not revive it.
-        self.pool.nodeReady("n1", old)
+        self.pool.node_ready("n1", old)
         self.failureResultOf(self.pool.acquire("m"), Unavailable)
         # Nor does an older ready once a newer generation is active.
         self.ready("n1")
         lease = self.lease("m")
         before = self.pool.snapshot()
-        self.pool.nodeReady("n1", old)
+        self.pool.node_ready("n1", old)
         self.assertEqual(self.pool.snapshot(), before)
         self.assertFalse(lease.fenced)
 
     def test_duplicate_ready_keeps_occupancy(self) -> None:
         self.build({"n1": [prov("p", capacity=2)]}, {"m": ["p"]})
         lease = self.lease("m")
-        self.pool.nodeReady("n1", self.active["n1"])
+        self.pool.node_ready("n1", self.active["n1"])
         self.assertEqual(self.counters("p")["in_flight"], 1)
         self.assertFalse(lease.fenced)
 
@@ -570,15 +562,15 @@ class LifecycleTests(PoolTestCase):
     def test_unknown_node_callbacks_ignored(self) -> None:
         self.build({"n1": [prov("p")]}, {"m": ["p"]})
         before = self.pool.snapshot()
-        self.pool.nodeReady("ghost", 99)
-        self.pool.nodeFenced("ghost", 99)
-        self.pool.nodeFenced("n1", 12345)
+        self.pool.node_ready("ghost", 99)
+        self.pool.node_fenced("ghost", 99)
+        self.pool.node_fenced("n1", 12345)
         self.assertEqual(self.pool.snapshot(), before)
 
     def test_fence_of_never_ready_node_ignored(self) -> None:
         self.build({"n1": [prov("p")]}, {"m": ["p"]}, ready=[])
-        self.pool.nodeFenced("n1", 1)
-        self.pool.nodeReady("n1", 1)
+        self.pool.node_fenced("n1", 1)
+        self.pool.node_ready("n1", 1)
         self.lease("m")
 
     def test_fence_logs_structured_fields(self) -> None:

@@ -23,7 +23,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.pool import Lease, Overloaded, ProviderPool, QueueTimeout, Unavailable, is_long
+from iop.edge.errors import Overloaded, QueueTimeout, Unavailable
+from iop.edge.pool import Lease, ProviderPool, is_long
 from iop.test.edge.test_pool import make_config, prov
 
 NODES = {
@@ -91,7 +92,7 @@ class PoolMachine(RuleBasedStateMachine):
         self.generation += 1
         self.active[node_id] = self.generation
         self.history[node_id].append(self.generation)
-        self.pool.nodeReady(node_id, self.generation)
+        self.pool.node_ready(node_id, self.generation)
 
     def _record(self, request: Request, result: Any) -> None:
         request.outcomes.append(result)
@@ -168,7 +169,7 @@ class PoolMachine(RuleBasedStateMachine):
     def disconnect(self, data: st.DataObject) -> None:
         node_id = data.draw(st.sampled_from(sorted(self.active)))
         generation = self.active.pop(node_id)
-        self.pool.nodeFenced(node_id, generation)
+        self.pool.node_fenced(node_id, generation)
 
     @precondition(lambda self: len(self.active) < len(NODES))
     @rule()
@@ -189,9 +190,9 @@ class PoolMachine(RuleBasedStateMachine):
         generation = data.draw(st.sampled_from(old))
         before = self.pool.snapshot()
         if ready:
-            self.pool.nodeReady(node_id, generation)
+            self.pool.node_ready(node_id, generation)
         else:
-            self.pool.nodeFenced(node_id, generation)
+            self.pool.node_fenced(node_id, generation)
         assert self.pool.snapshot() == before
 
     @rule(provider_id=st.sampled_from(sorted(PROVIDERS)), enabled=st.booleans())

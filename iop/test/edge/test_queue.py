@@ -11,7 +11,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.pool import Lease, Overloaded, QueueTimeout, Unavailable
+from iop.edge.errors import Overloaded, QueueTimeout, Unavailable
+from iop.edge.pool import Lease
 from iop.edge.queue import (
     DEFAULT_MAX_QUEUE,
     DEFAULT_QUEUE_TIMEOUT_SEC,

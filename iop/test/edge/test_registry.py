@@ -8,14 +8,15 @@ from zope.interface import implementer
 
 from iop.config.model import NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import (
-    INodeLifecycleObserver,
     NodeRegistry,
+    ReadyOutcome,
     RegisterAccepted,
     RegisterRejected,
 )
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2 import RegisterRejectCode
 
@@ -25,10 +26,10 @@ class Observer:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, int]] = []
 
-    def nodeReady(self, node_id: str, generation: int) -> None:
+    def node_ready(self, node_id: str, generation: int) -> None:
         self.calls.append(("ready", node_id, generation))
 
-    def nodeFenced(self, node_id: str, generation: int) -> None:
+    def node_fenced(self, node_id: str, generation: int) -> None:
         self.calls.append(("fenced", node_id, generation))
 
 
@@ -52,25 +53,25 @@ class RegistryTests(SynchronousTestCase):
         self.clock.advance(0)
         return [(e.kind, e.node_id) for e in self.events]
 
-    def accept(self, conn: object, node_id: str = "node-a") -> RegisterAccepted:
+    def accept(self, conn: INodeConnection, node_id: str = "node-a") -> RegisterAccepted:
         outcome = self.registry.register(TOKENS[node_id], conn)
         assert isinstance(outcome, RegisterAccepted), outcome
         return outcome
 
     def test_register_claims_pending_with_payload(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         outcome = self.accept(conn)
         self.assertEqual(outcome.node_id, "node-a")
         self.assertEqual(outcome.payload.node_id, "node-a")
         self.assertEqual([a.name for a in outcome.payload.adapters], ["fake"])
         self.assertEqual(self.registry.state("node-a"), "pending")
-        self.assertFalse(self.registry.isReady("node-a"))
-        self.assertIsNone(self.registry.readyConnection("node-a"))
+        self.assertFalse(self.registry.is_ready("node-a"))
+        self.assertIsNone(self.registry.ready_connection("node-a"))
         self.assertEqual(self.observer.calls, [])
         self.assertEqual(self.kinds(), [(NodeEventKind.REGISTERED, "node-a")])
 
     def test_unknown_token(self) -> None:
-        outcome = self.registry.register("nope", object())
+        outcome = self.registry.register("nope", FakeConnection())
         assert isinstance(outcome, RegisterRejected)
         self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_UNKNOWN_TOKEN)
         self.assertEqual(outcome.node_id, "")
@@ -78,19 +79,19 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(self.kinds(), [(NodeEventKind.REJECTED, "")])
 
     def test_duplicate_connection_rejected_while_pending_or_ready(self) -> None:
-        first = object()
+        first = FakeConnection()
         self.accept(first)
-        outcome = self.registry.register(TOKENS["node-a"], object())
+        outcome = self.registry.register(TOKENS["node-a"], FakeConnection())
         assert isinstance(outcome, RegisterRejected)
         self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION)
         self.assertTrue(self.registry.ready("node-a", first).ready)
-        outcome = self.registry.register(TOKENS["node-a"], object())
+        outcome = self.registry.register(TOKENS["node-a"], FakeConnection())
         assert isinstance(outcome, RegisterRejected)
         self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION)
-        self.assertIs(self.registry.readyConnection("node-a"), first)
+        self.assertIs(self.registry.ready_connection("node-a"), first)
 
     def test_same_connection_registering_twice(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.accept(conn)
         outcome = self.registry.register(TOKENS["node-b"], conn)
         assert isinstance(outcome, RegisterRejected)
@@ -102,7 +103,7 @@ class RegistryTests(SynchronousTestCase):
             raise RuntimeError("boom")
 
         registry = NodeRegistry(self.config, broken, self.bus, self.clock)
-        outcome = registry.register(TOKENS["node-a"], object())
+        outcome = registry.register(TOKENS["node-a"], FakeConnection())
         assert isinstance(outcome, RegisterRejected)
         self.assertEqual(outcome.code, RegisterRejectCode.REGISTER_REJECT_CONFIG_PAYLOAD)
         self.assertEqual(outcome.node_id, "node-a")
@@ -110,25 +111,70 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
     def test_ready_before_register(self) -> None:
-        outcome = self.registry.ready("node-a", object())
+        outcome = self.registry.ready("node-a", FakeConnection())
         self.assertFalse(outcome.ready)
         self.assertIn("not registered", outcome.reason)
         self.assertEqual(self.observer.calls, [])
 
     def test_ready_after_register(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.accept(conn)
         self.assertTrue(self.registry.ready("node-a", conn).ready)
-        self.assertTrue(self.registry.isReady("node-a"))
-        self.assertIs(self.registry.readyConnection("node-a"), conn)
+        self.assertTrue(self.registry.is_ready("node-a"))
+        self.assertIs(self.registry.ready_connection("node-a"), conn)
         self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
         self.assertEqual(
             self.kinds(),
             [(NodeEventKind.REGISTERED, "node-a"), (NodeEventKind.CONNECTED, "node-a")],
         )
 
+    def test_ready_is_acknowledged_before_any_observer_hears_of_it(self) -> None:
+        """The one ordering: decide, acknowledge, then mark ready and tell the observers."""
+        conn = FakeConnection()
+        self.accept(conn)
+        seen: list[tuple[bool, bool, int]] = []
+
+        def acknowledge(outcome: ReadyOutcome) -> None:
+            seen.append((outcome.ready, self.registry.is_ready("node-a"), len(self.observer.calls)))
+
+        self.assertTrue(self.registry.ready("node-a", conn, acknowledge).ready)
+        self.assertEqual(seen, [(True, False, 0)])
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
+        # A repeated ready is acknowledged again; the observers are not told twice.
+        self.registry.ready("node-a", conn, acknowledge)
+        self.assertEqual(seen[-1], (True, True, 1))
+        self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
+
+    def test_refused_ready_is_acknowledged_as_refused(self) -> None:
+        acks: list[ReadyOutcome] = []
+        outcome = self.registry.ready("node-a", FakeConnection(), acks.append)
+        self.assertEqual(acks, [outcome])
+        self.assertFalse(outcome.ready)
+        self.assertEqual(self.observer.calls, [])
+
+    def test_failed_acknowledgement_leaves_node_pending(self) -> None:
+        conn = FakeConnection()
+        self.accept(conn)
+
+        def broken(outcome: ReadyOutcome) -> None:
+            raise ConnectionError("socket gone")
+
+        self.assertRaises(ConnectionError, self.registry.ready, "node-a", conn, broken)
+        self.assertEqual(self.registry.state("node-a"), "pending")
+        self.assertEqual(self.observer.calls, [])
+
+    def test_connection_lost_while_acknowledging_makes_nothing_ready(self) -> None:
+        conn = FakeConnection()
+        self.accept(conn)
+        outcome = self.registry.ready(
+            "node-a", conn, lambda outcome: self.registry.disconnected(conn)
+        )
+        self.assertFalse(outcome.ready)
+        self.assertEqual(self.registry.state("node-a"), "disconnected")
+        self.assertEqual(self.observer.calls, [])
+
     def test_duplicate_ready_is_idempotent(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.accept(conn)
         self.assertTrue(self.registry.ready("node-a", conn).ready)
         self.assertTrue(self.registry.ready("node-a", conn).ready)
@@ -136,27 +182,27 @@ class RegistryTests(SynchronousTestCase):
         self.assertEqual([k for k, _ in self.kinds()].count(NodeEventKind.CONNECTED), 1)
 
     def test_ready_for_another_nodes_id(self) -> None:
-        a, b = object(), object()
+        a, b = FakeConnection(), FakeConnection()
         self.accept(a, "node-a")
         self.accept(b, "node-b")
         outcome = self.registry.ready("node-b", a)
         self.assertFalse(outcome.ready)
-        self.assertFalse(self.registry.isReady("node-b"))
+        self.assertFalse(self.registry.is_ready("node-b"))
 
     def test_stale_ready_from_superseded_connection(self) -> None:
-        old, new = object(), object()
+        old, new = FakeConnection(), FakeConnection()
         self.accept(old)
         self.registry.disconnected(old)
         self.accept(new)
         outcome = self.registry.ready("node-a", old)
         self.assertFalse(outcome.ready)
-        self.assertFalse(self.registry.isReady("node-a"))
+        self.assertFalse(self.registry.is_ready("node-a"))
         self.assertEqual(self.observer.calls, [])
         self.assertTrue(self.registry.ready("node-a", new).ready)
         self.assertEqual(self.observer.calls, [("ready", "node-a", 2)])
 
     def test_ready_owner_disconnect_fences_its_generation_once(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.accept(conn)
         self.registry.ready("node-a", conn)
         self.registry.disconnected(conn, "heartbeat timeout")
@@ -171,25 +217,25 @@ class RegistryTests(SynchronousTestCase):
 
     def test_stale_disconnect_changes_nothing(self) -> None:
         """A rejected duplicate's close leaves the ready owner alone."""
-        owner, dup = object(), object()
+        owner, dup = FakeConnection(), FakeConnection()
         self.accept(owner)
         self.registry.ready("node-a", owner)
         self.registry.register(TOKENS["node-a"], dup)
         self.registry.disconnected(dup)
-        self.registry.disconnected(object())
-        self.assertTrue(self.registry.isReady("node-a"))
+        self.registry.disconnected(FakeConnection())
+        self.assertTrue(self.registry.is_ready("node-a"))
         self.assertEqual(self.observer.calls, [("ready", "node-a", 1)])
 
     def test_pending_disconnect_is_not_a_fence(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.accept(conn)
         self.registry.disconnected(conn)
         self.assertEqual(self.observer.calls, [])
         self.assertNotIn(NodeEventKind.DISCONNECTED, [k for k, _ in self.kinds()])
-        self.accept(object())
+        self.accept(FakeConnection())
 
     def test_reconnect_gets_new_generation(self) -> None:
-        first, second = object(), object()
+        first, second = FakeConnection(), FakeConnection()
         self.accept(first)
         self.registry.ready("node-a", first)
         self.registry.disconnected(first)

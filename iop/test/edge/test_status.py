@@ -14,7 +14,7 @@ from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 
 COUNTERS = ("in_flight", "long_in_flight", "queued", "long_queued")
 
@@ -56,14 +56,14 @@ class SnapshotTests(SynchronousTestCase):
         self.assertOffline(providers["b-chat"])
 
     def test_pending_node_is_not_connected(self) -> None:
-        self.registry.register(TOKENS["node-a"], object())
+        self.registry.register(TOKENS["node-a"], FakeConnection())
         snap = snapshot(self.config, self.registry, FixedCounters())
         self.assertEqual(snap["nodes"][0]["connected"], False)
         self.assertEqual(snap["nodes"][0]["state"], "pending")
         self.assertOffline(self.providers(snap)["a-chat"])
 
     def test_ready_node_shows_capacity_and_live_counters(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], conn)
         self.registry.ready("node-a", conn)
         snap = snapshot(self.config, self.registry, FixedCounters())
@@ -78,7 +78,7 @@ class SnapshotTests(SynchronousTestCase):
     def test_disabled_provider_everywhere(self) -> None:
         for connect in (False, True):
             if connect:
-                conn = object()
+                conn = FakeConnection()
                 self.registry.register(TOKENS["node-a"], conn)
                 self.registry.ready("node-a", conn)
             entry = self.providers(snapshot(self.config, self.registry, FixedCounters()))["a-off"]
@@ -88,14 +88,14 @@ class SnapshotTests(SynchronousTestCase):
             self.assertEqual([entry[c] for c in COUNTERS], [0, 0, 0, 0])
 
     def test_counters_zero_without_dispatch(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], conn)
         self.registry.ready("node-a", conn)
         entry = self.providers(snapshot(self.config, self.registry))["a-chat"]
         self.assertEqual([entry[c] for c in COUNTERS], [0, 0, 0, 0])
 
     def test_disconnect_returns_to_offline(self) -> None:
-        conn = object()
+        conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], conn)
         self.registry.ready("node-a", conn)
         self.registry.disconnected(conn)

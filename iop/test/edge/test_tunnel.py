@@ -18,27 +18,23 @@ from twisted.web.http import _DataLoss
 from zope.interface.verify import verifyObject
 
 from iop.edge.admin import AdminApp
-from iop.edge.dispatch import DispatchError, NodeUnavailable, RunDispatcher
+from iop.edge.errors import DispatchError, NodeUnavailable, TunnelFailed
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import (
     CLIENT_TOO_SLOW,
     TunnelDispatcher,
-    TunnelFailed,
     TunnelOutcome,
     TunnelStream,
 )
 from iop.runtime.events import Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.test.node.fakes import captureEvents
 from iop.wire import runtime_pb2 as pb
 
-
-class Conn:
-    def __init__(self, fail: bool = False) -> None:
-        self.sent: list[pb.Envelope] = []
-        self.fail = fail
+Conn = FakeConnection
 
 
 def start(status: int = 200, **headers: str) -> dict[str, Any]:
@@ -78,14 +74,8 @@ class TunnelCase(SynchronousTestCase):
             self.clock,
         )
 
-        def send(conn: object, envelope: pb.Envelope) -> None:
-            assert isinstance(conn, Conn)
-            if conn.fail:
-                raise ConnectionError("socket gone")
-            conn.sent.append(envelope)
-
         self.tunnels = TunnelDispatcher(
-            self.registry, self.clock, send, cancelGrace=10, maxBufferedBytes=100
+            self.registry, self.clock, cancelGrace=10, maxBufferedBytes=100
         )
         self.a = self.connect("node-a")
         self.sequence: dict[str, int] = {}
@@ -193,10 +183,10 @@ class OpenTests(TunnelCase):
         self.registry.disconnected(self.a)
         self.connect("node-a", fail=True)
         stream = self.open()
-        failure = self.failureResultOf(stream.whenStarted(), TunnelFailed)
+        failure = self.failureResultOf(stream.when_started(), TunnelFailed)
         self.assertIn("could not send tunnel to node node-a", str(failure.value))
         self.flushLoggedErrors(ConnectionError)
-        outcome = self.successResultOf(stream.whenDone())
+        outcome = self.successResultOf(stream.when_done())
         self.assertFalse(outcome.ok)
         self.assertEqual(self.tunnels.active(), [])
 
@@ -209,18 +199,18 @@ class OpenTests(TunnelCase):
 class RelayTests(TunnelCase):
     def test_wholeExchange(self) -> None:
         stream = self.open()
-        first, second = stream.whenStarted(), stream.whenStarted()
+        first, second = stream.when_started(), stream.when_started()
         self.assertNotIdentical(first, second)
-        done = stream.whenDone()
+        done = stream.when_done()
         self.assertNoResult(first)
         self.feed(stream, start(200, content_type="text/event-stream", x_id="1"))
         expected = (200, [("content-type", "text/event-stream"), ("x-id", "1")])
         self.assertEqual(self.successResultOf(first), expected)
         self.assertEqual(self.successResultOf(second), expected)
-        self.assertEqual(self.successResultOf(stream.whenStarted()), expected)
+        self.assertEqual(self.successResultOf(stream.when_started()), expected)
         self.feed(stream, body(b"data: 1\n\n"), body(b"data: 2\n\n"))
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.assertEqual(received, [b"data: 1\n\n", b"data: 2\n\n"])
         self.feed(stream, body(b"data: [DONE]\n\n"), usage(3, 4))
         self.assertEqual(received[-1], b"data: [DONE]\n\n")
@@ -231,26 +221,26 @@ class RelayTests(TunnelCase):
             outcome,
             TunnelOutcome(ok=True, usage=Usage(3, 4), status_code=200, body_bytes=32),
         )
-        self.assertEqual(self.successResultOf(stream.whenDone()), outcome)
+        self.assertEqual(self.successResultOf(stream.when_done()), outcome)
         self.assertEqual(self.tunnels.active(), [])
-        self.assertRaises(RuntimeError, stream.deliverBody, received.append)
+        self.assertRaises(RuntimeError, stream.deliver_body, received.append)
 
     def test_passthroughOfAnUpstreamError(self) -> None:
         stream = self.open()
         self.feed(stream, start(500), body(b'{"error": {}}'), END)
-        self.assertEqual(self.successResultOf(stream.whenStarted())[0], 500)
-        outcome = self.successResultOf(stream.whenDone())
+        self.assertEqual(self.successResultOf(stream.when_started())[0], 500)
+        outcome = self.successResultOf(stream.when_done())
         self.assertTrue(outcome.ok)
         self.assertEqual(outcome.status_code, 500)
 
     def test_errorBeforeStart(self) -> None:
         stream = self.open()
-        started = stream.whenStarted()
+        started = stream.when_started()
         self.feed(stream, error("adapter 'fake' is at capacity (1/1)"))
         failure = self.failureResultOf(started, TunnelFailed)
         self.assertEqual(str(failure.value), "adapter 'fake' is at capacity (1/1)")
-        self.failureResultOf(stream.whenStarted(), TunnelFailed)
-        outcome = self.successResultOf(stream.whenDone())
+        self.failureResultOf(stream.when_started(), TunnelFailed)
+        outcome = self.successResultOf(stream.when_done())
         self.assertEqual(
             (outcome.ok, outcome.error, outcome.status_code), (False, failure.value.args[0], None)
         )
@@ -258,22 +248,22 @@ class RelayTests(TunnelCase):
     def test_errorAfterStart(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.feed(stream, start(), body(b"partial"), error("upstream connection lost"))
         self.assertEqual(received, [b"partial"])
-        outcome = self.successResultOf(stream.whenDone())
+        outcome = self.successResultOf(stream.when_done())
         self.assertEqual((outcome.ok, outcome.error), (False, "upstream connection lost"))
 
     def test_endWithoutStartIsAnError(self) -> None:
         stream = self.open()
         self.feed(stream, END)
-        self.failureResultOf(stream.whenStarted(), TunnelFailed)
-        self.assertFalse(self.successResultOf(stream.whenDone()).ok)
+        self.failureResultOf(stream.when_started(), TunnelFailed)
+        self.assertFalse(self.successResultOf(stream.when_done()).ok)
 
     def test_outOfOrderAndDuplicateFramesDropped(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.feed(stream, start(), body(b"a"), body(b"b"))
         self.feed(stream, body(b"dup"), sequence=3)
         self.feed(stream, body(b"old"), sequence=1)
@@ -283,40 +273,40 @@ class RelayTests(TunnelCase):
         dropped = [e for e in self.logged if "out-of-order" in e.get("log_format", "")]
         self.assertEqual(len(dropped), 3)
         self.feed(stream, END, sequence=6)
-        self.assertTrue(self.successResultOf(stream.whenDone()).ok)
+        self.assertTrue(self.successResultOf(stream.when_done()).ok)
 
     def test_protocolViolationsDropped(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.feed(stream, body(b"too early"), start(201), start(500), body(b"ok"))
         self.assertEqual(received, [b"ok"])
         self.assertEqual(stream.status_code, 201)
         self.feed(stream, {"kind": pb.TUNNEL_FRAME_KIND_UNSPECIFIED}, END)
-        self.assertTrue(self.successResultOf(stream.whenDone()).ok)
+        self.assertTrue(self.successResultOf(stream.when_done()).ok)
 
     def test_framesFromAnotherConnectionIgnored(self) -> None:
         stream = self.open()
         stranger = Conn()
         self.feed(stream, start(), body(b"forged"), END, conn=stranger)
-        self.assertNoResult(stream.whenStarted())
+        self.assertNoResult(stream.when_started())
         # A new connection of the same node (after a reconnect) does not own the tunnel either.
         self.feed(stream, start(), body(b"mine"))
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.assertEqual(received, [b"mine"])
         self.feed(stream, END)
-        self.assertTrue(self.successResultOf(stream.whenDone()).ok)
+        self.assertTrue(self.successResultOf(stream.when_done()).ok)
 
     def test_framesOfUnknownTunnelsIgnored(self) -> None:
         self.tunnels.frame(self.a, pb.ProviderTunnelFrame(run_id="nope", sequence=1, kind=pb.END))
 
     def test_cancellingAWaiterLeavesOthers(self) -> None:
         stream = self.open()
-        mine, theirs = stream.whenDone(), stream.whenDone()
+        mine, theirs = stream.when_done(), stream.when_done()
         mine.cancel()
         self.failureResultOf(mine, CancelledError)
-        started = stream.whenStarted()
+        started = stream.when_started()
         started.cancel()
         self.failureResultOf(started, CancelledError)
         self.feed(stream, start(), END)
@@ -329,44 +319,44 @@ class FenceTests(TunnelCase):
         mine = self.open()
         other = self.open("node-b")
         received: list[bytes] = []
-        mine.deliverBody(received.append)
+        mine.deliver_body(received.append)
         self.feed(mine, start(), body(b"some"))
         self.registry.disconnected(self.a, "heartbeat timeout")
-        outcome = self.successResultOf(mine.whenDone())
+        outcome = self.successResultOf(mine.when_done())
         self.assertEqual(
             (outcome.ok, outcome.error), (False, "node node-a disconnected during the tunnel")
         )
         self.feed(mine, body(b"late"), END)
         self.assertEqual(received, [b"some"])
-        self.assertNoResult(other.whenDone())
+        self.assertNoResult(other.when_done())
         self.assertEqual(self.tunnels.active(), [other])
         self.feed(other, start(), END, conn=b)
-        self.assertTrue(self.successResultOf(other.whenDone()).ok)
+        self.assertTrue(self.successResultOf(other.when_done()).ok)
 
     def test_fenceBeforeStartFailsWhenStarted(self) -> None:
         stream = self.open()
-        started = stream.whenStarted()
+        started = stream.when_started()
         self.registry.disconnected(self.a)
         self.failureResultOf(started, TunnelFailed)
 
     def test_staleConnectionCloseChangesNothing(self) -> None:
         stream = self.open()
         self.registry.disconnected(Conn())
-        self.assertNoResult(stream.whenDone())
+        self.assertNoResult(stream.when_done())
         self.feed(stream, start(), END)
 
     def test_fenceOfACancelledTunnelKeepsTheCancelReason(self) -> None:
         stream = self.open()
         stream.cancel("client disconnected")
         self.registry.disconnected(self.a)
-        self.assertEqual(self.successResultOf(stream.whenDone()).error, "client disconnected")
+        self.assertEqual(self.successResultOf(stream.when_done()).error, "client disconnected")
 
 
 class CancelTests(TunnelCase):
     def test_cancelIsSentOnceAndTheNodeAnswers(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.feed(stream, start(), body(b"a"))
         stream.cancel("client disconnected")
         stream.cancel("again")
@@ -378,7 +368,7 @@ class CancelTests(TunnelCase):
         )
         self.feed(stream, body(b"after cancel"))
         self.assertEqual(received, [b"a"])
-        done = stream.whenDone()
+        done = stream.when_done()
         self.assertNoResult(done)
         self.feed(stream, error("cancelled: client disconnected"))
         outcome = self.successResultOf(done)
@@ -389,11 +379,11 @@ class CancelTests(TunnelCase):
         self.feed(stream, start(), body(b"a"))
         stream.cancel("operator")
         self.feed(stream, END)
-        self.assertEqual(self.successResultOf(stream.whenDone()).error, "operator")
+        self.assertEqual(self.successResultOf(stream.when_done()).error, "operator")
 
     def test_graceEndsItLocally(self) -> None:
         stream = self.open()
-        started = stream.whenStarted()
+        started = stream.when_started()
         stream.cancel("client disconnected")
         self.clock.advance(9.9)
         self.assertNoResult(started)
@@ -408,7 +398,7 @@ class CancelTests(TunnelCase):
         stream = self.open()
         self.a.fail = True
         stream.cancel("bye")
-        self.assertEqual(self.successResultOf(stream.whenDone()).error, "bye")
+        self.assertEqual(self.successResultOf(stream.when_done()).error, "bye")
         self.flushLoggedErrors(ConnectionError)
 
     def test_cancelAfterTheEndDoesNothing(self) -> None:
@@ -422,7 +412,7 @@ class BackpressureTests(TunnelCase):
     def test_pausedConsumerGetsBytesInOrderOnResume(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         self.feed(stream, start(), body(b"1"))
         stream.pauseProducing()
         self.feed(stream, body(b"2"), body(b"3"))
@@ -432,15 +422,15 @@ class BackpressureTests(TunnelCase):
         self.assertEqual(received, [b"1", b"2", b"3"])
         self.feed(stream, body(b"4"), END)
         self.assertEqual(received, [b"1", b"2", b"3", b"4"])
-        self.assertTrue(self.successResultOf(stream.whenDone()).ok)
+        self.assertTrue(self.successResultOf(stream.when_done()).ok)
 
     def test_doneWaitsForAPausedConsumer(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         stream.pauseProducing()
         self.feed(stream, start(), body(b"tail"), END)
-        done = stream.whenDone()
+        done = stream.when_done()
         self.assertNoResult(done)
         stream.resumeProducing()
         self.assertEqual(received, [b"tail"])
@@ -454,7 +444,7 @@ class BackpressureTests(TunnelCase):
             received.append(data)
             stream.pauseProducing()
 
-        stream.deliverBody(write)
+        stream.deliver_body(write)
         stream.pauseProducing()
         self.feed(stream, start(), body(b"a"), body(b"b"), body(b"c"))
         stream.resumeProducing()
@@ -467,7 +457,7 @@ class BackpressureTests(TunnelCase):
     def test_boundedBufferCancelsASlowClient(self) -> None:
         stream = self.open()
         received: list[bytes] = []
-        stream.deliverBody(received.append)
+        stream.deliver_body(received.append)
         stream.pauseProducing()
         self.feed(stream, start(), body(b"x" * 60), body(b"y" * 40))
         self.assertEqual(self.cancels(), [])
@@ -480,7 +470,7 @@ class BackpressureTests(TunnelCase):
         stream.resumeProducing()
         self.assertEqual(received, [])
         self.feed(stream, error("cancelled: client too slow"))
-        outcome = self.successResultOf(stream.whenDone())
+        outcome = self.successResultOf(stream.when_done())
         self.assertEqual((outcome.ok, outcome.error), (False, CLIENT_TOO_SLOW))
 
     def test_bufferWithoutAConsumerIsBoundedToo(self) -> None:
@@ -489,11 +479,11 @@ class BackpressureTests(TunnelCase):
         [cancel] = self.cancels()
         self.assertEqual(cancel.reason, CLIENT_TOO_SLOW)
         self.clock.advance(10)
-        self.assertEqual(self.successResultOf(stream.whenDone()).error, CLIENT_TOO_SLOW)
+        self.assertEqual(self.successResultOf(stream.when_done()).error, CLIENT_TOO_SLOW)
 
     def test_stopProducingCancels(self) -> None:
         stream = self.open()
-        stream.deliverBody(lambda data: None)
+        stream.deliver_body(lambda data: None)
         stream.pauseProducing()
         self.feed(stream, start(), body(b"abc"))
         stream.stopProducing()
@@ -501,14 +491,14 @@ class BackpressureTests(TunnelCase):
         self.assertEqual(cancel.reason, "client went away")
         self.assertEqual(stream.buffered_bytes, 0)
         self.feed(stream, error("cancelled"))
-        self.assertFalse(self.successResultOf(stream.whenDone()).ok)
+        self.assertFalse(self.successResultOf(stream.when_done()).ok)
 
     def test_stopProducingWhilePausedAfterTheEnd(self) -> None:
         stream = self.open()
-        stream.deliverBody(lambda data: None)
+        stream.deliver_body(lambda data: None)
         stream.pauseProducing()
         self.feed(stream, start(), body(b"abc"), END)
-        done = stream.whenDone()
+        done = stream.when_done()
         self.assertNoResult(done)
         stream.stopProducing()
         self.assertTrue(self.successResultOf(done).ok)
@@ -520,7 +510,7 @@ class BackpressureTests(TunnelCase):
         def broken(data: bytes) -> None:
             raise OSError("client socket broke")
 
-        stream.deliverBody(broken)
+        stream.deliver_body(broken)
         self.feed(stream, start(), body(b"a"), body(b"b"))
         [cancel] = self.cancels()
         self.assertEqual(cancel.reason, "client write failed")

@@ -63,6 +63,7 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.tap import EdgeService
 from iop.edge.tunnel import TunnelDispatcher, TunnelFailed
 from iop.runtime.events import RuntimeEvent, Usage
+from iop.test.edge.fixtures import FakeConnection
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -223,7 +224,7 @@ class Ingress:
             self.tunnels,
             onFinished=lambda d, u, o: self.finished.append((d, u, o)),
         )
-        self.conn = object()
+        self.conn = FakeConnection()
         self.registry.register(NODE_TOKEN, self.conn)
         self.registry.ready("node-a", self.conn)
         self.app = ClientApp(self.gateway, self.config.client_api, self.clock)

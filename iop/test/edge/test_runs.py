@@ -8,20 +8,17 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import ModelRoute
-from iop.edge.dispatch import NodeUnavailable, NoRoute, RunDispatcher
+from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.test.edge.fixtures import TOKENS, edge_config
+from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
-
-class Conn:
-    def __init__(self, fail: bool = False) -> None:
-        self.sent: list[pb.Envelope] = []
-        self.fail = fail
+Conn = FakeConnection
 
 
 class DispatchTests(SynchronousTestCase):
@@ -41,13 +38,7 @@ class DispatchTests(SynchronousTestCase):
             self.clock,
         )
 
-        def send(conn: object, envelope: pb.Envelope) -> None:
-            assert isinstance(conn, Conn)
-            if conn.fail:
-                raise ConnectionError("socket gone")
-            conn.sent.append(envelope)
-
-        self.runs = RunDispatcher(self.config, self.registry, self.clock, send, cancelGrace=10)
+        self.runs = RunDispatcher(self.config, self.registry, self.clock, cancelGrace=10)
         self.a = self.connect("node-a")
 
     def connect(self, node_id: str, fail: bool = False) -> Conn:
@@ -57,7 +48,7 @@ class DispatchTests(SynchronousTestCase):
         return conn
 
     def event(self, run_id: str, seq: int, event: RuntimeEvent) -> None:
-        self.runs.runEvent(self.a, event_to_proto(event, run_id, seq))
+        self.runs.run_event(self.a, event_to_proto(event, run_id, seq))
 
     def collect(self, handle: object) -> list[RuntimeEvent]:
         seen: list[RuntimeEvent] = []
@@ -113,7 +104,7 @@ class DispatchTests(SynchronousTestCase):
     def test_events_relayed_in_order_until_terminal(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         seen = self.collect(handle)
-        done = handle.whenDone()
+        done = handle.when_done()
         self.event(handle.run_id, 1, RuntimeEvent.start())
         self.event(handle.run_id, 2, RuntimeEvent.text("he"))
         self.event(handle.run_id, 2, RuntimeEvent.text("dup"))
@@ -139,14 +130,14 @@ class DispatchTests(SynchronousTestCase):
     def test_event_from_another_connection_ignored(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         seen = self.collect(handle)
-        self.runs.runEvent(Conn(), event_to_proto(RuntimeEvent.text("spoof"), handle.run_id, 1))
+        self.runs.run_event(Conn(), event_to_proto(RuntimeEvent.text("spoof"), handle.run_id, 1))
         self.assertEqual(seen, [])
 
     def test_disconnect_mid_run_ends_with_error(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         self.event(handle.run_id, 1, RuntimeEvent.start())
         self.registry.disconnected(self.a)
-        terminal = self.successResultOf(handle.whenDone())
+        terminal = self.successResultOf(handle.when_done())
         self.assertEqual(terminal.type, EventType.ERROR)
         self.assertIn("disconnected", terminal.error)
         self.assertEqual(self.runs.active(), [])
@@ -156,9 +147,9 @@ class DispatchTests(SynchronousTestCase):
         self.registry.disconnected(self.a)
         self.a = self.connect("node-a")
         new = self.runs.submit_run(adapter="fake", target="t", input="x")
-        self.runs.nodeFenced("node-a", 1)  # a late callback for the old generation
-        self.assertEqual(self.successResultOf(old.whenDone()).type, EventType.ERROR)
-        self.assertNoResult(new.whenDone())
+        self.runs.node_fenced("node-a", 1)  # a late callback for the old generation
+        self.assertEqual(self.successResultOf(old.when_done()).type, EventType.ERROR)
+        self.assertNoResult(new.when_done())
 
     def test_cancel_sends_cancel_request_and_node_confirms(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
@@ -168,22 +159,22 @@ class DispatchTests(SynchronousTestCase):
         self.assertEqual(len(cancels), 1)
         self.assertEqual((cancels[0].kind, cancels[0].run_id), (pb.CANCEL_RUN, handle.run_id))
         self.event(handle.run_id, 1, RuntimeEvent.cancelled())
-        self.assertEqual(self.successResultOf(handle.whenDone()).type, EventType.CANCELLED)
+        self.assertEqual(self.successResultOf(handle.when_done()).type, EventType.CANCELLED)
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def test_unanswered_cancel_ends_locally_after_grace(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
         handle.cancel()
         self.clock.advance(9)
-        self.assertNoResult(handle.whenDone())
+        self.assertNoResult(handle.when_done())
         self.clock.advance(1)
-        self.assertEqual(self.successResultOf(handle.whenDone()).type, EventType.CANCELLED)
+        self.assertEqual(self.successResultOf(handle.when_done()).type, EventType.CANCELLED)
 
     def test_send_failure_ends_run_with_error(self) -> None:
         self.registry.disconnected(self.a)
         self.a = self.connect("node-a", fail=True)
         handle = self.runs.submit_run(adapter="fake", target="t", input="x")
-        terminal = self.successResultOf(handle.whenDone())
+        terminal = self.successResultOf(handle.when_done())
         self.assertEqual(terminal.type, EventType.ERROR)
         self.assertIn("could not send", terminal.error)
         self.assertEqual(len(self.flushLoggedErrors(ConnectionError)), 1)
