@@ -38,9 +38,10 @@ from iop.config import ConfigError, load_node_config
 from iop.config.model import NodeDaemonConfig
 from iop.node.commands import NodeCommandHandler, sessionTransportStatus
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession, SessionBuilder, SessionSetup
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
-from iop.node.transport import EdgeConnectionFactory, NodeSession, SessionSetup
+from iop.node.transport import EdgeConnectionFactory
 from iop.node.tunnel import TunnelManager
 from iop.runtime.interfaces import AdapterContext
 from iop.security.tls import TLSConfigError, client_connection_creator
@@ -138,8 +139,8 @@ def makeSessionSetup(
         session.install("cancel_request", cancelReceived)
         session.install("provider_tunnel_request", tunnels.tunnelRequestReceived)
         session.install("node_command_request", commands.commandReceived)
-        session.whenClosed().addCallback(lambda _: runs.connectionLost())
-        session.whenClosed().addCallback(lambda _: tunnels.connectionLost())
+        session.when_closed().addCallback(lambda _: runs.connectionLost())
+        session.when_closed().addCallback(lambda _: tunnels.connectionLost())
 
     return setup
 
@@ -235,9 +236,8 @@ def makeService(
 
     factory = EdgeConnectionFactory(
         reactor,
-        maxFrameBytes=config.max_frame_bytes,
-        adapterContext=adapterContext,
-        sessionSetup=makeSessionSetup(store, reactor, transportInfo),
+        SessionBuilder(adapterContext, setup=makeSessionSetup(store, reactor, transportInfo)),
+        max_frame_bytes=config.max_frame_bytes,
     )
     supervisor = NodeSupervisor(
         endpoint,
@@ -245,7 +245,7 @@ def makeService(
         config.token,
         config.reconnect,
         reactor,
-        handshakeTimeout=config.handshake_timeout_sec,
+        handshake_timeout=config.handshake_timeout_sec,
     )
     supervisor.setName("supervisor")
     exit_ = _ProcessExit(reactor)
@@ -262,5 +262,5 @@ def makeService(
     node.setName("node")
     top = MultiService()
     node.setServiceParent(top)
-    supervisor.whenFinished().addCallback(finished)
+    supervisor.when_finished().addCallback(finished)
     return top

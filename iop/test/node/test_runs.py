@@ -22,9 +22,10 @@ from zope.interface import implementer
 from iop.node.adapters.registry import AdapterRegistry
 from iop.node.errors import RetryableError
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession, SessionBuilder
 from iop.node.store import RunStatus, RunStore, SynchronousExecutor
 from iop.node.tap import makeSessionSetup
-from iop.node.transport import EdgeConnectionFactory, NodeSession
+from iop.node.transport import EdgeConnectionFactory
 from iop.runtime import (
     AdapterContext,
     Capabilities,
@@ -857,10 +858,12 @@ class SessionSetupTests(SynchronousTestCase):
     def connect(self, sessionSetup: Callable[[NodeSession], None]) -> Any:
         factory = EdgeConnectionFactory(
             self.clock,
+            SessionBuilder(
+                AdapterContext(reactor=self.clock, http=None),
+                factoriesFor(self.gpu),
+                setup=sessionSetup,
+            ),
             hostname="h",
-            adapterContext=AdapterContext(reactor=self.clock, http=None),
-            adapterFactories=factoriesFor(self.gpu),
-            sessionSetup=sessionSetup,
         )
         protocol = factory.buildProtocol(None)
         transport = StringTransport()
@@ -950,7 +953,7 @@ class SessionSetupTests(SynchronousTestCase):
         protocol, _ = self.connect(sessions.append)
         d = protocol.handshake(TOKEN, self.clock, 10)
         protocol.dataReceived(frame(accepted(self.payload())))
-        closed = sessions[0].whenClosed()
+        closed = sessions[0].when_closed()
         protocol.dataReceived(frame(readyResponse(ready=False, reason="superseded")))
         self.failureResultOf(d, RetryableError)
         self.assertNoResult(closed)

@@ -22,8 +22,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession
 from iop.node.tap import makeSessionSetup
-from iop.node.transport import NodeSession
 from iop.node.tunnel import (
     BODY_FRAME_BYTES,
     TunnelManager,
@@ -939,7 +939,7 @@ class SessionTests(TunnelCase):
         makeSessionSetup(openStore(self, self.clock), self.clock)(self.session)
 
     def deliver(self, **message: Any) -> None:
-        self.session.envelopeReceived(pb.Envelope(**message))
+        self.session.envelope_received(pb.Envelope(**message))
         self.http.flush()
 
     def test_cancelRoutesByRunId(self) -> None:
@@ -975,7 +975,7 @@ class SessionTests(TunnelCase):
     def test_sessionLossAbortsTunnels(self) -> None:
         self.deliver(provider_tunnel_request=self.request(run_id="t1"))
         self.advance(1)
-        self.session.connectionLost(Failure(ConnectionDone()))
+        self.session.connection_lost(Failure(ConnectionDone()))
         self.http.flush()
         self.assertEqual(self.instance.gate.in_use, 0)
         self.assertEqual(self.fake.stats().client_disconnects, 1)
