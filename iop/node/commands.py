@@ -194,7 +194,7 @@ class NodeCommandHandler:
                     "enabled": instance.enabled,
                     "in_use": instance.gate.in_use,
                     "limit": instance.gate.limit,
-                    "active_runs": self._runs.activeCount(instance.name),
+                    "active_runs": self._runs.active_count(instance.name),
                 }
                 for instance in self._registry
             ],

@@ -117,15 +117,15 @@ def makeSessionSetup(
     """
 
     def setup(session: NodeSession) -> None:
-        runs = RunManager(session.registry, session.send, store, clock, nodeId=session.node_id)
-        tunnels = TunnelManager(session.registry, session.send, clock, nodeId=session.node_id)
+        runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
+        tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
 
         def cancelReceived(envelope: pb.Envelope) -> None:
             request = envelope.cancel_request
-            if request.kind == pb.CANCEL_RUN and tunnels.isActive(request.run_id):
-                tunnels.cancelRequestReceived(envelope)
+            if request.kind == pb.CANCEL_RUN and tunnels.is_active(request.run_id):
+                tunnels.cancel_request_received(envelope)
             else:
-                runs.cancelRequestReceived(envelope)
+                runs.cancel_request_received(envelope)
 
         commands = NodeCommandHandler(
             session.registry,
@@ -135,12 +135,12 @@ def makeSessionSetup(
             sessionTransportStatus(session, clock, transportInfo),
             nodeId=session.node_id,
         )
-        session.install("run_request", runs.runRequestReceived)
+        session.install("run_request", runs.run_request_received)
         session.install("cancel_request", cancelReceived)
-        session.install("provider_tunnel_request", tunnels.tunnelRequestReceived)
+        session.install("provider_tunnel_request", tunnels.tunnel_request_received)
         session.install("node_command_request", commands.commandReceived)
-        session.when_closed().addCallback(lambda _: runs.connectionLost())
-        session.when_closed().addCallback(lambda _: tunnels.connectionLost())
+        session.when_closed().addCallback(lambda _: runs.connection_lost())
+        session.when_closed().addCallback(lambda _: tunnels.connection_lost())
 
     return setup
 

@@ -228,7 +228,7 @@ class StatusTests(CommandTestCase):
             (result["runs"]["completed"], result["runs"]["error"], result["runs"]["rejected"]),
             (1, 1, 1),
         )
-        self.runs.connectionLost()
+        self.runs.connection_lost()
 
     def test_unknownType(self) -> None:
         self.assertEqual(self.refused(99), "unknown node command type 99")
