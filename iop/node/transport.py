@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from automat import TypeMachineBuilder
@@ -110,7 +110,11 @@ class _Wire(Protocol):
 
 
 class _Connection(Protocol):
-    """The inputs of one Edge connection's lifecycle."""
+    """
+    The inputs of one Edge connection's lifecycle. An input called from inside a transition (a
+    Deferred callback the machine fired, say) runs once that transition is over; only inputs
+    that return nothing may be called so.
+    """
 
     def handshake(self, token: str) -> Deferred[NodeSession]:
         """Register with ``token``; fires with the ready session (or fails, aborted first)."""
@@ -156,7 +160,7 @@ class _Core:
     session: NodeSession | None = None
     node_id: str | None = None
     # Whether anything may still be written: shut by every close.
-    writable: bool = field(default=True)
+    writable: bool = True
 
     def send(self, envelope: pb.Envelope) -> None:
         if self.writable:

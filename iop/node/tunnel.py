@@ -366,7 +366,7 @@ class TunnelFrames:
     The frames of one tunnel, in an order that is always valid: every method sends its frame
     only when it may come next (and says whether it did), so no caller can produce
     ``BODY`` before ``RESPONSE_START``, a second ``RESPONSE_START``, or anything after
-    ``END``/``ERROR``. Sequences are 1, 2, 3…; a ``BODY`` larger than ``bodyFrameBytes`` is
+    ``END``/``ERROR``. Sequences are 1, 2, 3…; a ``BODY`` larger than ``body_frame_bytes`` is
     split over several frames.
     """
 
@@ -376,13 +376,13 @@ class TunnelFrames:
         self,
         run_id: str,
         send: Callable[[pb.ProviderTunnelFrame], None],
-        bodyFrameBytes: int = BODY_FRAME_BYTES,
+        body_frame_bytes: int = BODY_FRAME_BYTES,
     ) -> None:
-        if bodyFrameBytes < 1:
-            raise ValueError("bodyFrameBytes must be at least 1")
+        if body_frame_bytes < 1:
+            raise ValueError("body_frame_bytes must be at least 1")
         self.run_id = run_id
         self._send = send
-        self._bodyFrameBytes = bodyFrameBytes
+        self._body_frame_bytes = body_frame_bytes
         self._state = _FrameState.NEW
         self.sequence = 0
         self.body_bytes = 0
@@ -413,7 +413,7 @@ class TunnelFrames:
     def body(self, data: bytes) -> bool:
         if not self._expect(_FrameState.STARTED, "BODY"):
             return False
-        step = self._bodyFrameBytes
+        step = self._body_frame_bytes
         for offset in range(0, len(data), step):
             piece = data[offset : offset + step]
             self.body_bytes += len(piece)
@@ -500,8 +500,8 @@ class _Tunnel:
         self.frames = TunnelFrames(self.run_id, manager._send_frame, manager.body_frame_bytes)
         self.over = False
         self._inner: Deferred[None] | None = None
-        self._idleCall: IDelayedCall | None = None
-        self._boundCall: IDelayedCall | None = None
+        self._idle_call: IDelayedCall | None = None
+        self._bound_call: IDelayedCall | None = None
         self._idle = float(provider.idle_timeout or DEFAULT_IDLE_TIMEOUT)
 
     @property
@@ -542,13 +542,13 @@ class _Tunnel:
         self.frames.start(response.code, filter_response_headers(response.headers, provider.redact))
         observer = self._observer(response)
 
-        def onData(data: bytes) -> None:
+        def on_data(data: bytes) -> None:
             self._touch()
             self.frames.body(data)
             if observer is not None:
                 observer.feed(data)
 
-        reason = await read_body(response, onData)
+        reason = await read_body(response, on_data)
         if self.over:
             return
         if not ended_cleanly(reason):
@@ -565,10 +565,10 @@ class _Tunnel:
     def _observer(self, response: IResponse) -> UsageObserver | None:
         if self.operation not in USAGE_OPERATIONS or not 200 <= response.code < 300:
             return None
-        contentType = (response.headers.getRawHeaders(b"content-type") or [b""])[0].lower()
-        if contentType.startswith(b"text/event-stream"):
+        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0].lower()
+        if content_type.startswith(b"text/event-stream"):
             return UsageObserver(sse=True)
-        if b"json" in contentType:
+        if b"json" in content_type:
             return UsageObserver(sse=False)
         return UsageObserver(sse=self.stream)
 
@@ -586,24 +586,24 @@ class _Tunnel:
     def _arm(self) -> None:
         clock = self.manager.clock
         if self.timeout_sec > 0:
-            self._boundCall = clock.callLater(
+            self._bound_call = clock.callLater(
                 self.timeout_sec,
                 self._expired,
                 f"request timed out after {_seconds(self.timeout_sec)}s",
             )
-        self._idleCall = clock.callLater(
+        self._idle_call = clock.callLater(
             self._idle, self._expired, f"upstream idle for {_seconds(self._idle)}s"
         )
 
     def _touch(self) -> None:
-        if self._idleCall is not None and self._idleCall.active():
-            self._idleCall.reset(self._idle)
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.reset(self._idle)
 
     def _disarm(self) -> None:
-        for call in (self._idleCall, self._boundCall):
+        for call in (self._idle_call, self._bound_call):
             if call is not None and call.active():
                 call.cancel()
-        self._idleCall = self._boundCall = None
+        self._idle_call = self._bound_call = None
 
     def _expired(self, reason: str) -> None:
         self.manager._timed_out(self, reason)
