@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
 from iop.node.runs import RunManager
-from iop.node.transport import NodeSession
+from iop.node.session import NodeSession
 from iop.runtime.interfaces import IOllamaAPI, ISessionTerminator
 from iop.wire import runtime_pb2 as pb
 
@@ -194,7 +194,7 @@ class NodeCommandHandler:
                     "enabled": instance.enabled,
                     "in_use": instance.gate.in_use,
                     "limit": instance.gate.limit,
-                    "active_runs": self._runs.activeCount(instance.name),
+                    "active_runs": self._runs.active_count(instance.name),
                 }
                 for instance in self._registry
             ],
@@ -283,7 +283,7 @@ def sessionTransportStatus(
     session: NodeSession, clock: IReactorTime, extra: TransportInfo | None = None
 ) -> TransportInfo:
     """
-    The ``TRANSPORT_STATUS`` document of a :class:`~iop.node.transport.NodeSession`: identity,
+    The ``TRANSPORT_STATUS`` document of a :class:`~iop.node.session.NodeSession`: identity,
     state, connected-since, heartbeat cadence, and ``extra()`` (the daemon's own facts). Never the
     token.
     """

@@ -26,13 +26,16 @@ released before the terminal goes out, so an Edge that dispatches the next run o
 terminal finds the slot free.
 
 A request refused before execution (no run id, duplicate run id, unknown or disabled adapter, at
-capacity) gets a single ``error`` event with sequence 1.
+capacity) gets a single ``error`` event with sequence 1; an at-capacity one carries
+``metadata[error_code] = provider_at_capacity``. Admission, the active table, safe sending and
+connection loss are the shared :class:`~iop.node.work.WorkManager`'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -42,12 +45,14 @@ from twisted.python.failure import Failure
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
 from iop.node.store import RunStatus, RunStore
+from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
-CONNECTION_LOST_REASON = "edge connection lost"
+__all__ = ["CANCELLED_BY_EDGE", "CONNECTION_LOST_REASON", "RunManager"]
+
 CANCELLED_BY_EDGE = "cancelled by edge"
 # Bound on an adapter's terminate_session, in seconds.
 TERMINATE_SESSION_TIMEOUT = 30.0
@@ -59,7 +64,7 @@ _STATUS_OF = {
 }
 
 
-def _failureMessage(failure: Failure) -> str:
+def _failure_message(failure: Failure) -> str:
     message = failure.getErrorMessage()
     if not message or message == "None":
         return failure.type.__name__ if failure.type is not None else "unknown failure"
@@ -87,10 +92,10 @@ class _Run:
     started: bool = False
     finished: bool = False
     # Why it finished: "terminal" (the adapter's own), or "ended" (the manager decided).
-    endedBy: str = ""
+    ended_by: str = ""
     deferred: Deferred[None] | None = None
     # A cancel that arrived while execute() had not returned yet.
-    cancelPending: bool = False
+    cancel_pending: bool = False
     timer: IDelayedCall | None = field(default=None, repr=False)
     usage: Usage | None = None
 
@@ -119,7 +124,7 @@ class _Totals:
         self.cached_input_tokens += usage.cached_input_tokens or 0
 
 
-class RunManager:
+class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     """
     Runs the Edge's ``RunRequest``s of one session on the adapters of ``registry``.
 
@@ -127,10 +132,14 @@ class RunManager:
     :param send: sends one envelope to the Edge (a no-op once the session closed).
     :param store: the local run store; its failures are logged there and never break a run.
     :param clock: time for run timeouts and event timestamps.
-    :param nodeId: for logs.
+    :param node_id: for logs.
     """
 
     log = Logger()
+    noun: ClassVar[str] = "run"
+    request_noun: ClassVar[str] = "run request"
+    active_noun: ClassVar[str] = "run"
+    lost_message: ClassVar[str] = "edge connection lost; cancelling {count} active run(s)"
 
     def __init__(
         self,
@@ -138,101 +147,80 @@ class RunManager:
         send: Callable[[pb.Envelope], None],
         store: RunStore,
         clock: IReactorTime,
-        nodeId: str = "",
+        node_id: str = "",
     ) -> None:
-        self._registry = registry
-        self._send = send
+        super().__init__(registry, send, clock, node_id)
         self._store = store
-        self._clock = clock
-        self._nodeId = nodeId
-        self._active: dict[str, _Run] = {}
         self._totals = _Totals()
-        self._closed = False
 
     # -- envelope handlers (install these on the session) -------------------------------------
 
-    def runRequestReceived(self, envelope: pb.Envelope) -> None:
+    def run_request_received(self, envelope: pb.Envelope) -> None:
         """The ``run_request`` handler."""
         self.submit(envelope.run_request)
 
-    def cancelRequestReceived(self, envelope: pb.Envelope) -> None:
+    def cancel_request_received(self, envelope: pb.Envelope) -> None:
         """The ``cancel_request`` handler: answers with a ``CancelResponse``."""
         self.cancel(envelope.cancel_request).addCallback(
-            lambda response: self._safeSend(pb.Envelope(cancel_response=response), "")
+            lambda response: self._safe_send(pb.Envelope(cancel_response=response), "")
         )
 
     # -- runs --------------------------------------------------------------------------------
 
-    def submit(self, request: pb.RunRequest) -> None:
-        """Admit and start one run, or refuse it with a single ``error`` event."""
-        runId = request.run_id
-        if self._closed:
-            self.log.warn(
-                "ignoring run {run_id}: the edge connection is gone",
-                run_id=runId,
-                node_id=self._nodeId,
-            )
-            return
-        if not runId:
-            self._refuse(request, "run request without a run_id", record=False)
-            return
-        if runId in self._active:
-            self._refuse(request, f"run {runId!r} is already active on this node", record=False)
-            return
-        try:
-            instance = self._registry.resolve(request.adapter)
-        except UnknownAdapter as e:
-            self._refuse(request, str(e))
-            return
-        provider = instance.provider
-        if not instance.enabled or provider is None:
-            self._refuse(request, f"adapter {instance.name!r} is disabled", adapter=instance.name)
-            return
-        gate = instance.gate
-        slot = gate.try_acquire()
-        if slot is None:
-            self._refuse(
-                request,
-                f"adapter {instance.name!r} is at capacity ({gate.in_use}/{gate.limit})",
-                adapter=instance.name,
-            )
-            return
+    def cancel(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
+        """``CANCEL_RUN`` or ``TERMINATE_SESSION``; fires with the response (never fails)."""
+        if request.kind == pb.CANCEL_RUN:
+            return succeed(self._cancel_run(request))
+        if request.kind == pb.TERMINATE_SESSION:
+            return self._terminate_session(request)
+        return succeed(self._cancel_response(request, False, f"unknown cancel kind {request.kind}"))
 
-        now = self._clock.seconds()
-        run = _Run(
-            run_id=runId,
+    # -- admission (the shared skeleton's hooks) ---------------------------------------------
+
+    def _check(self, request: pb.RunRequest, instance: AdapterInstance) -> IProvider:
+        provider = instance.provider
+        assert provider is not None  # an enabled instance has one
+        return provider
+
+    def _open(
+        self, request: pb.RunRequest, instance: AdapterInstance, provider: IProvider, slot: Slot
+    ) -> _Run:
+        return _Run(
+            run_id=request.run_id,
             instance=instance,
             provider=provider,
             target=request.target,
             session_id=request.session_id,
             background=request.background,
             slot=slot,
-            started_at=now,
+            started_at=self.clock.seconds(),
             timeout_sec=float(request.timeout_sec),
         )
-        self._active[runId] = run
+
+    def _start(self, run: _Run, request: pb.RunRequest) -> None:
+        gate = run.instance.gate
         self.log.info(
             "run {run_id} started on adapter {adapter} ({in_use}/{limit})",
-            run_id=runId,
-            adapter=instance.name,
+            run_id=run.run_id,
+            adapter=run.adapter,
             target=request.target,
             in_use=gate.in_use,
             limit=gate.limit,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         self._store.run_started(
-            runId,
-            instance.name,
+            run.run_id,
+            run.adapter,
             request.target,
             session_id=request.session_id,
             background=request.background,
-            created_at=now,
-            started_at=now,
+            created_at=run.started_at,
+            started_at=run.started_at,
         )
         if request.timeout_sec:
-            run.timer = self._clock.callLater(request.timeout_sec, self._timedOut, run)
+            run.timer = self.clock.callLater(request.timeout_sec, self._timed_out, run)
         spec = ExecutionSpec(
-            run_id=runId,
+            run_id=run.run_id,
             target=request.target,
             input=request.input,
             workspace=request.workspace,
@@ -243,49 +231,46 @@ class RunManager:
             max_tokens=request.max_tokens,
             thinking_token_budget=request.thinking_token_budget,
         )
-        d: Deferred[None] = maybeDeferred(provider.execute, spec, lambda e: self._emitted(run, e))
+        d: Deferred[None] = maybeDeferred(
+            run.provider.execute, spec, lambda e: self._emitted(run, e)
+        )
         run.deferred = d
         d.addCallbacks(
-            self._executeSucceeded,
-            self._executeFailed,
+            self._execute_succeeded,
+            self._execute_failed,
             callbackArgs=(run,),
             errbackArgs=(run,),
         )
-        if run.cancelPending:
-            self._cancelProvider(run)
+        if run.cancel_pending:
+            self._cancel_provider(run)
 
-    def cancel(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
-        """``CANCEL_RUN`` or ``TERMINATE_SESSION``; fires with the response (never fails)."""
-        if request.kind == pb.CANCEL_RUN:
-            return succeed(self._cancelRun(request))
-        if request.kind == pb.TERMINATE_SESSION:
-            return self._terminateSession(request)
-        return succeed(self._cancelResponse(request, False, f"unknown cancel kind {request.kind}"))
-
-    def connectionLost(self, reason: str = CONNECTION_LOST_REASON) -> None:
-        """
-        The session is gone: cancel every active run. Their terminals can no longer be sent, so
-        they are recorded (status ``cancelled``, ``reason``) and counted only. New requests are
-        ignored from now on.
-        """
-        self._closed = True
-        runs = list(self._active.values())
-        if runs:
-            self.log.warn(
-                "edge connection lost; cancelling {count} active run(s)",
-                count=len(runs),
-                node_id=self._nodeId,
+    def _refused(self, request: pb.RunRequest, refusal: Refusal) -> None:
+        self._totals.rejected += 1
+        self._totals.error += 1
+        event = RuntimeEvent(
+            EventType.ERROR,
+            error=refusal.reason,
+            metadata=refusal.metadata,
+            session_id=request.session_id,
+        )
+        message = event_to_proto(event, request.run_id, 1, self._now_ms())
+        self._safe_send(pb.Envelope(run_event=message), request.run_id)
+        if refusal.record:
+            self._store.run_rejected(
+                request.run_id,
+                refusal.adapter if refusal.adapter is not None else request.adapter,
+                request.target,
+                refusal.reason,
+                session_id=request.session_id,
+                background=request.background,
+                at=self.clock.seconds(),
             )
-        for run in runs:
-            self._finish(run, RuntimeEvent.cancelled(reason), cancelProvider=True, send=False)
+
+    def _lose(self, run: _Run, reason: str) -> None:
+        # Its terminal can no longer be sent: recorded (cancelled, ``reason``) and counted only.
+        self._finish(run, RuntimeEvent.cancelled(reason), cancel_provider=True, send=False)
 
     # -- status ------------------------------------------------------------------------------
-
-    def activeCount(self, adapter: str | None = None) -> int:
-        """Active runs, on ``adapter`` (an instance name) or on all adapters."""
-        if adapter is None:
-            return len(self._active)
-        return sum(1 for run in self._active.values() if run.adapter == adapter)
 
     def describe(self) -> dict[str, object]:
         """The active runs (no inputs, only identities and progress)."""
@@ -309,13 +294,13 @@ class RunManager:
         Counters of this session: active runs (total and per adapter), finished runs by terminal
         (``error`` includes the ``rejected`` requests refused before execution), token sums.
         """
-        byAdapter: dict[str, int] = {}
+        by_adapter: dict[str, int] = {}
         for run in self._active.values():
-            byAdapter[run.adapter] = byAdapter.get(run.adapter, 0) + 1
+            by_adapter[run.adapter] = by_adapter.get(run.adapter, 0) + 1
         totals = self._totals
         return {
             "active_runs": len(self._active),
-            "active_by_adapter": byAdapter,
+            "active_by_adapter": by_adapter,
             "completed": totals.completed,
             "error": totals.error,
             "cancelled": totals.cancelled,
@@ -333,13 +318,13 @@ class RunManager:
     def _emitted(self, run: _Run, event: RuntimeEvent) -> None:
         """The ``emit`` given to the provider."""
         if run.finished:
-            logger = self.log.debug if run.endedBy == "ended" else self.log.warn
+            logger = self.log.debug if run.ended_by == "ended" else self.log.warn
             logger(
                 "dropping {event_type} event of run {run_id}: the run already ended",
                 event_type=getattr(getattr(event, "type", None), "value", repr(event)),
                 run_id=run.run_id,
                 adapter=run.adapter,
-                node_id=self._nodeId,
+                node_id=self._node_id,
             )
             return
         if event.usage is not None:
@@ -352,42 +337,28 @@ class RunManager:
                     "dropping a second start event of run {run_id}",
                     run_id=run.run_id,
                     adapter=run.adapter,
-                    node_id=self._nodeId,
+                    node_id=self._node_id,
                 )
                 return
             run.started = True
             self._relay(run, event)
             return
         if event.terminal:
-            run.endedBy = "terminal"
+            run.ended_by = "terminal"
             self._finish(run, event)
             return
-        self._ensureStarted(run)
+        self._ensure_started(run)
         self._relay(run, event)
 
-    def _ensureStarted(self, run: _Run) -> None:
+    def _ensure_started(self, run: _Run) -> None:
         if not run.started:
             run.started = True
             self._relay(run, RuntimeEvent.start(session_id=run.session_id))
 
     def _relay(self, run: _Run, event: RuntimeEvent) -> None:
         run.sequence += 1
-        message = event_to_proto(event, run.run_id, run.sequence, self._nowMs())
-        self._safeSend(pb.Envelope(run_event=message), run.run_id)
-
-    def _safeSend(self, envelope: pb.Envelope, runId: str) -> None:
-        try:
-            self._send(envelope)
-        except Exception:
-            self.log.failure(
-                "sending {kind} to the edge failed",
-                kind=envelope.WhichOneof("message"),
-                run_id=runId,
-                node_id=self._nodeId,
-            )
-
-    def _nowMs(self) -> int:
-        return int(self._clock.seconds() * 1000)
+        message = event_to_proto(event, run.run_id, run.sequence, self._now_ms())
+        self._safe_send(pb.Envelope(run_event=message), run.run_id)
 
     # -- internals: the one end of a run -----------------------------------------------------
 
@@ -395,7 +366,7 @@ class RunManager:
         self,
         run: _Run,
         terminal: RuntimeEvent,
-        cancelProvider: bool = False,
+        cancel_provider: bool = False,
         send: bool = True,
     ) -> None:
         """
@@ -406,19 +377,19 @@ class RunManager:
         if run.finished:
             return
         run.finished = True
-        if not run.endedBy:
-            run.endedBy = "ended"
+        if not run.ended_by:
+            run.ended_by = "ended"
         if self._active.get(run.run_id) is run:
             del self._active[run.run_id]
         if run.timer is not None:
             if run.timer.active():
                 run.timer.cancel()
             run.timer = None
-        if cancelProvider:
-            self._cancelProvider(run)
+        if cancel_provider:
+            self._cancel_provider(run)
         run.slot.release()
         if send:
-            self._ensureStarted(run)
+            self._ensure_started(run)
             self._relay(run, terminal)
         status = _STATUS_OF[terminal.type]
         if status is RunStatus.COMPLETED:
@@ -435,22 +406,22 @@ class RunManager:
             status=status.value,
             detail=f" ({terminal.error})" if terminal.error else "",
             events=run.sequence,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         self._store.run_finished(
             run.run_id,
             status,
             terminal.error,
             session_id=run.session_id,
-            finished_at=self._clock.seconds(),
+            finished_at=self.clock.seconds(),
         )
 
-    def _cancelProvider(self, run: _Run) -> None:
+    def _cancel_provider(self, run: _Run) -> None:
         if run.deferred is None:
             # execute() has not returned yet: cancel as soon as it does.
-            run.cancelPending = True
+            run.cancel_pending = True
             return
-        run.cancelPending = False
+        run.cancel_pending = False
         if run.deferred.called:
             return
         try:
@@ -460,29 +431,29 @@ class RunManager:
                 "cancelling run {run_id} on adapter {adapter} raised",
                 run_id=run.run_id,
                 adapter=run.adapter,
-                node_id=self._nodeId,
+                node_id=self._node_id,
             )
 
-    def _executeSucceeded(self, _: object, run: _Run) -> None:
+    def _execute_succeeded(self, _: object, run: _Run) -> None:
         if run.finished:
             return
         self.log.info(
             "adapter {adapter} ended run {run_id} without a terminal event; completing it",
             adapter=run.adapter,
             run_id=run.run_id,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         self._finish(run, RuntimeEvent.complete(session_id=run.session_id))
 
-    def _executeFailed(self, failure: Failure, run: _Run) -> None:
+    def _execute_failed(self, failure: Failure, run: _Run) -> None:
         if run.finished:
             if not failure.check(CancelledError):
                 self.log.info(
                     "run {run_id} on adapter {adapter} failed after it ended: {error}",
                     run_id=run.run_id,
                     adapter=run.adapter,
-                    error=_failureMessage(failure),
-                    node_id=self._nodeId,
+                    error=_failure_message(failure),
+                    node_id=self._node_id,
                 )
             return
         # An adapter failing (upstream down, process crashed) is an outcome, not a node bug.
@@ -490,13 +461,13 @@ class RunManager:
             "run {run_id} on adapter {adapter} failed: {error}",
             run_id=run.run_id,
             adapter=run.adapter,
-            error=_failureMessage(failure),
+            error=_failure_message(failure),
             error_type=failure.type.__name__ if failure.type is not None else None,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
-        self._finish(run, RuntimeEvent.failed(_failureMessage(failure)))
+        self._finish(run, RuntimeEvent.failed(_failure_message(failure)))
 
-    def _timedOut(self, run: _Run) -> None:
+    def _timed_out(self, run: _Run) -> None:
         run.timer = None
         if run.finished:
             return
@@ -506,47 +477,17 @@ class RunManager:
             run_id=run.run_id,
             adapter=run.adapter,
             seconds=_seconds(seconds),
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         self._finish(
             run,
             RuntimeEvent.failed(f"timed out after {_seconds(seconds)} s"),
-            cancelProvider=True,
+            cancel_provider=True,
         )
 
     # -- internals: refusals and cancels -----------------------------------------------------
 
-    def _refuse(
-        self,
-        request: pb.RunRequest,
-        reason: str,
-        adapter: str | None = None,
-        record: bool = True,
-    ) -> None:
-        self._totals.rejected += 1
-        self._totals.error += 1
-        self.log.warn(
-            "refusing run {run_id} for adapter {adapter}: {error}",
-            run_id=request.run_id,
-            adapter=request.adapter,
-            error=reason,
-            node_id=self._nodeId,
-        )
-        event = RuntimeEvent(EventType.ERROR, error=reason, session_id=request.session_id)
-        message = event_to_proto(event, request.run_id, 1, self._nowMs())
-        self._safeSend(pb.Envelope(run_event=message), request.run_id)
-        if record:
-            self._store.run_rejected(
-                request.run_id,
-                adapter if adapter is not None else request.adapter,
-                request.target,
-                reason,
-                session_id=request.session_id,
-                background=request.background,
-                at=self._clock.seconds(),
-            )
-
-    def _cancelResponse(
+    def _cancel_response(
         self, request: pb.CancelRequest, ok: bool, reason: str
     ) -> pb.CancelResponse:
         return pb.CancelResponse(
@@ -557,12 +498,12 @@ class RunManager:
             reason=reason,
         )
 
-    def _cancelRun(self, request: pb.CancelRequest) -> pb.CancelResponse:
+    def _cancel_run(self, request: pb.CancelRequest) -> pb.CancelResponse:
         if not request.run_id:
-            return self._cancelResponse(request, False, "cancel without a run_id")
+            return self._cancel_response(request, False, "cancel without a run_id")
         run = self._active.get(request.run_id)
         if run is None:
-            return self._cancelResponse(
+            return self._cancel_response(
                 request, False, f"no active run {request.run_id!r} on this node"
             )
         self.log.info(
@@ -570,32 +511,32 @@ class RunManager:
             run_id=run.run_id,
             adapter=run.adapter,
             reason=request.reason or CANCELLED_BY_EDGE,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         self._finish(
-            run, RuntimeEvent.cancelled(request.reason or CANCELLED_BY_EDGE), cancelProvider=True
+            run, RuntimeEvent.cancelled(request.reason or CANCELLED_BY_EDGE), cancel_provider=True
         )
-        return self._cancelResponse(request, True, "")
+        return self._cancel_response(request, True, "")
 
-    def _terminateSession(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
+    def _terminate_session(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
         try:
             instance = self._registry.resolve(request.adapter)
         except UnknownAdapter as e:
-            return succeed(self._cancelResponse(request, False, str(e)))
+            return succeed(self._cancel_response(request, False, str(e)))
         name = instance.name
         if not instance.enabled or instance.provider is None:
-            return succeed(self._cancelResponse(request, False, f"adapter {name!r} is disabled"))
+            return succeed(self._cancel_response(request, False, f"adapter {name!r} is disabled"))
         terminator = ISessionTerminator(instance.provider, None)
         if terminator is None:
             return succeed(
-                self._cancelResponse(request, False, f"adapter {name!r} does not support sessions")
+                self._cancel_response(request, False, f"adapter {name!r} does not support sessions")
             )
         if not request.session_id:
-            return succeed(self._cancelResponse(request, False, "terminate without a session_id"))
+            return succeed(self._cancel_response(request, False, "terminate without a session_id"))
         d: Deferred[bool] = maybeDeferred(
             terminator.terminate_session, request.target, request.session_id
         )
-        d.addTimeout(TERMINATE_SESSION_TIMEOUT, self._clock)
+        d.addTimeout(TERMINATE_SESSION_TIMEOUT, self.clock)
 
         def done(existed: bool) -> pb.CancelResponse:
             self.log.info(
@@ -603,11 +544,11 @@ class RunManager:
                 session_id=request.session_id,
                 adapter=name,
                 existed=bool(existed),
-                node_id=self._nodeId,
+                node_id=self._node_id,
             )
             if existed:
-                return self._cancelResponse(request, True, "")
-            return self._cancelResponse(
+                return self._cancel_response(request, True, "")
+            return self._cancel_response(
                 request, False, f"adapter {name!r} has no session {request.session_id!r}"
             )
 
@@ -616,11 +557,11 @@ class RunManager:
                 "terminating session {session_id} on adapter {adapter} failed: {error}",
                 session_id=request.session_id,
                 adapter=name,
-                error=_failureMessage(failure),
-                node_id=self._nodeId,
+                error=_failure_message(failure),
+                node_id=self._node_id,
             )
-            return self._cancelResponse(
-                request, False, f"terminating the session failed: {_failureMessage(failure)}"
+            return self._cancel_response(
+                request, False, f"terminating the session failed: {_failure_message(failure)}"
             )
 
         return d.addCallbacks(done, failed)

@@ -38,9 +38,10 @@ from iop.config import ConfigError, load_node_config
 from iop.config.model import NodeDaemonConfig
 from iop.node.commands import NodeCommandHandler, sessionTransportStatus
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession, SessionBuilder, SessionSetup
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
-from iop.node.transport import EdgeConnectionFactory, NodeSession, SessionSetup
+from iop.node.transport import EdgeConnectionFactory
 from iop.node.tunnel import TunnelManager
 from iop.runtime.interfaces import AdapterContext
 from iop.security.tls import TLSConfigError, client_connection_creator
@@ -116,15 +117,15 @@ def makeSessionSetup(
     """
 
     def setup(session: NodeSession) -> None:
-        runs = RunManager(session.registry, session.send, store, clock, nodeId=session.node_id)
-        tunnels = TunnelManager(session.registry, session.send, clock, nodeId=session.node_id)
+        runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
+        tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
 
         def cancelReceived(envelope: pb.Envelope) -> None:
             request = envelope.cancel_request
-            if request.kind == pb.CANCEL_RUN and tunnels.isActive(request.run_id):
-                tunnels.cancelRequestReceived(envelope)
+            if request.kind == pb.CANCEL_RUN and tunnels.is_active(request.run_id):
+                tunnels.cancel_request_received(envelope)
             else:
-                runs.cancelRequestReceived(envelope)
+                runs.cancel_request_received(envelope)
 
         commands = NodeCommandHandler(
             session.registry,
@@ -134,12 +135,12 @@ def makeSessionSetup(
             sessionTransportStatus(session, clock, transportInfo),
             nodeId=session.node_id,
         )
-        session.install("run_request", runs.runRequestReceived)
+        session.install("run_request", runs.run_request_received)
         session.install("cancel_request", cancelReceived)
-        session.install("provider_tunnel_request", tunnels.tunnelRequestReceived)
+        session.install("provider_tunnel_request", tunnels.tunnel_request_received)
         session.install("node_command_request", commands.commandReceived)
-        session.whenClosed().addCallback(lambda _: runs.connectionLost())
-        session.whenClosed().addCallback(lambda _: tunnels.connectionLost())
+        session.when_closed().addCallback(lambda _: runs.connection_lost())
+        session.when_closed().addCallback(lambda _: tunnels.connection_lost())
 
     return setup
 
@@ -235,9 +236,8 @@ def makeService(
 
     factory = EdgeConnectionFactory(
         reactor,
-        maxFrameBytes=config.max_frame_bytes,
-        adapterContext=adapterContext,
-        sessionSetup=makeSessionSetup(store, reactor, transportInfo),
+        SessionBuilder(adapterContext, setup=makeSessionSetup(store, reactor, transportInfo)),
+        max_frame_bytes=config.max_frame_bytes,
     )
     supervisor = NodeSupervisor(
         endpoint,
@@ -245,7 +245,7 @@ def makeService(
         config.token,
         config.reconnect,
         reactor,
-        handshakeTimeout=config.handshake_timeout_sec,
+        handshake_timeout=config.handshake_timeout_sec,
     )
     supervisor.setName("supervisor")
     exit_ = _ProcessExit(reactor)
@@ -262,5 +262,5 @@ def makeService(
     node.setName("node")
     top = MultiService()
     node.setServiceParent(top)
-    supervisor.whenFinished().addCallback(finished)
+    supervisor.when_finished().addCallback(finished)
     return top

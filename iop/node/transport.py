@@ -3,29 +3,37 @@
 The Node end of the Edge socket: framing, heartbeat and the register → apply → ready handshake.
 
 The protocol frames and forwards; it decides nothing about reconnecting (that is
-:mod:`iop.node.supervisor`). Its lifecycle is one explicit state machine::
+:mod:`iop.node.supervisor`) and nothing about what a message means now: it names each envelope
+it reads as one input of the connection's lifecycle, an Automat machine, and the machine's state
+decides::
 
-    dialing ──handshake()──▶ registering ──accepted──▶ applying ──ready=true──▶ ready
-       └──────────────────────────┴────────────────────────┴──────────────────────┴──▶ closed
+    dialing ──handshake──▶ registering ──accepted, applied──▶ applying ──ready=true──▶ ready
+       │                        │                                │                     │
+       └────── abort / anything unexpected ──────────────────────┴─────────────────────┴─▶ closing
+                                                                      connection lost ─▶ closed
+
+A transition that depends on what a response says (accepted or not, applied or not, ready or
+not) is fed back as the machine's own next input, which Automat runs before the input that caused
+it returns: so the ready response has moved the connection to ``ready`` before any later
+envelope, even one read in the same chunk, is looked at. From then on every Edge request goes to
+the connection's :class:`~iop.node.session.NodeSession`. A request that arrives before the ready
+response is the Edge dispatching before it acknowledged: a protocol error, the connection is
+aborted and says so.
 
 Every failure on the way aborts the transport first and then fails the handshake's Deferred with a
 :class:`~iop.node.errors.FatalError` (the Edge does not know our token) or a
-:class:`~iop.node.errors.RetryableError` (anything else remote). Once ready, every envelope is
-handed to the connection's :class:`NodeSession`.
-
-Between apply and ready the factory's ``sessionSetup`` hook (if any) is given the new session to
-install its request handlers (runs, cancel, node commands); a hook that raises fails the handshake
-like a payload that does not apply. Adapter providers are built with the factory's
-:class:`~iop.runtime.AdapterContext` (reactor + HTTP client).
+:class:`~iop.node.errors.RetryableError` (anything else remote). The config apply itself is the
+:class:`~iop.node.session.SessionBuilder`'s.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Mapping
-from enum import Enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
-import treq
+from automat import TypeMachineBuilder
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.interfaces import IAddress, IReactorTime
@@ -34,307 +42,410 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop import __version__
-from iop.node.adapters.registry import AdapterApplyError, AdapterRegistry
-from iop.node.errors import FatalError, NodeError, RetryableError
-from iop.runtime.interfaces import AdapterContext, AdapterFactory
+from iop.node.errors import FatalError, RetryableError
+from iop.node.session import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    EDGE_REQUEST_KINDS,
+    NodeSession,
+    SessionBuilder,
+    default_adapter_context,
+)
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import DEFAULT_MAX_FRAME_BYTES, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
 
-DEFAULT_HEARTBEAT_INTERVAL = 2.0
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0
-
-# ---------------------------------------------------------------------------------------------
-# Lifecycle
-
-
-class NodeState(Enum):
-    DIALING = "dialing"
-    REGISTERING = "registering"
-    APPLYING = "applying"
-    READY = "ready"
-    CLOSED = "closed"
-
-
-# The one place the node-side transitions are defined. Closing is allowed from every open state.
-_TRANSITIONS: dict[NodeState, frozenset[NodeState]] = {
-    NodeState.DIALING: frozenset({NodeState.REGISTERING, NodeState.CLOSED}),
-    NodeState.REGISTERING: frozenset({NodeState.APPLYING, NodeState.CLOSED}),
-    NodeState.APPLYING: frozenset({NodeState.READY, NodeState.CLOSED}),
-    NodeState.READY: frozenset({NodeState.CLOSED}),
-    NodeState.CLOSED: frozenset(),
-}
+__all__ = [
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "EdgeConnectionFactory",
+    "EdgeConnectionProtocol",
+    "IllegalTransition",
+]
 
 
 class IllegalTransition(RuntimeError):
-    """A lifecycle transition that :data:`_TRANSITIONS` does not allow (a programming error)."""
+    """A handshake asked of a connection that already has one (a programming error)."""
 
 
-class NodeLifecycle:
-    """
-    dialing → registering → applying → ready → closed, with guarded transitions: an illegal
-    transition raises :class:`IllegalTransition` and leaves the state unchanged.
-    """
-
-    __slots__ = ("_state",)
-
-    def __init__(self) -> None:
-        self._state = NodeState.DIALING
-
-    @property
-    def state(self) -> NodeState:
-        return self._state
-
-    def advance(self, to: NodeState) -> None:
-        if to not in _TRANSITIONS[self._state]:
-            raise IllegalTransition(
-                f"node connection cannot go from {self._state.value} to {to.value}"
-            )
-        self._state = to
-
-    def close(self) -> bool:
-        """Go to ``closed``. Idempotent; ``True`` only for the call that closed."""
-        if self._state is NodeState.CLOSED:
-            return False
-        self.advance(NodeState.CLOSED)
-        return True
-
-
-# ---------------------------------------------------------------------------------------------
-# Session
-
-EnvelopeHandler = Callable[[pb.Envelope], None]
-# Installs a new session's request handlers before the Node announces ready.
-SessionSetup = Callable[["NodeSession"], None]
-
-# Requests an Edge may send to a ready node. Each has a default handler that answers explicitly
-# until the run, cancel, tunnel, command and refresh handlers are installed by later work.
-EDGE_REQUEST_KINDS = frozenset(
-    {
-        "run_request",
-        "cancel_request",
-        "provider_tunnel_request",
-        "node_command_request",
-        "node_config_refresh_request",
-    }
-)
-
-RUN_UNAVAILABLE = "execution not available on this node version"
-CANCEL_UNAVAILABLE = "cancel not available on this node version"
-TUNNEL_UNAVAILABLE = "provider tunnel not available on this node version"
-COMMAND_UNAVAILABLE = "not implemented on this node yet"
-REFRESH_UNAVAILABLE = "live config refresh not supported by this node version; restart the node"
-
-
-class NodeSession:
-    """
-    What a ready connection serves: the node id and config payload the Edge delivered, the
-    adapter registry built from it, and the handlers for the Edge's requests.
-
-    The handlers are the seam later work extends (:meth:`install`); the defaults answer every
-    request with an explicit error, never silence.
-    """
-
-    log = Logger()
-
-    def __init__(
-        self,
-        node_id: str,
-        config: pb.NodeConfigPayload,
-        registry: AdapterRegistry,
-        send: EnvelopeHandler,
-        clock: IReactorTime,
-        heartbeatInterval: float = DEFAULT_HEARTBEAT_INTERVAL,
-        heartbeatTimeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-    ) -> None:
-        self.node_id = node_id
-        self.config = config
-        self.registry = registry
-        # Transport facts for status (node commands): the heartbeat cadence in force, and when
-        # the Edge acknowledged ready (seconds on the clock; None until then).
-        self.heartbeat_interval = heartbeatInterval
-        self.heartbeat_timeout = heartbeatTimeout
-        self.ready_at: float | None = None
-        self._send = send
-        self._clock = clock
-        self._closed = False
-        self._closeWaiters: list[Deferred[None]] = []
-        self._handlers: dict[str, EnvelopeHandler] = {
-            "run_request": self._unavailableRun,
-            "cancel_request": self._unavailableCancel,
-            "provider_tunnel_request": self._unavailableTunnel,
-            "node_command_request": self._unavailableCommand,
-            "node_config_refresh_request": self._unavailableRefresh,
-        }
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def install(self, kind: str, handler: EnvelopeHandler) -> None:
-        """Handle the Edge requests of ``kind`` (an ``Envelope`` oneof name) with ``handler``."""
-        if kind not in EDGE_REQUEST_KINDS:
-            raise ValueError(f"{kind!r} is not a request an edge sends to a node")
-        self._handlers[kind] = handler
-
-    def handles(self, kind: str) -> bool:
-        return kind in self._handlers
-
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
-        kind = envelope.WhichOneof("message")
-        handler = self._handlers.get(kind or "")
-        if handler is None:
-            raise ValueError(f"no handler for {kind!r}")
-        handler(envelope)
-
-    def send(self, envelope: pb.Envelope) -> None:
-        """Send to the Edge; a no-op once the connection has closed."""
-        if not self._closed:
-            self._send(envelope)
-
-    def connectionLost(self, reason: Failure) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        waiters, self._closeWaiters = self._closeWaiters, []
-        for waiter in waiters:
-            waiter.callback(None)
-
-    def whenClosed(self) -> Deferred[None]:
-        """A new Deferred, fired with ``None`` once this session's connection is gone."""
-        if self._closed:
-            return succeed(None)
-        waiter: Deferred[None] = Deferred()
-        self._closeWaiters.append(waiter)
-        return waiter
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "node_id": self.node_id,
-            "alias": self.config.alias,
-            "config_revision": self.config.config_revision,
-            "adapters": self.registry.describe(),
-        }
-
-    # -- default handlers --------------------------------------------------------------------
-
-    def _nowMs(self) -> int:
-        return int(self._clock.seconds() * 1000)
-
-    def _unavailableRun(self, envelope: pb.Envelope) -> None:
-        request = envelope.run_request
-        self.log.warn(
-            "refusing run {run_id} for adapter {adapter}: {error}",
-            run_id=request.run_id,
-            adapter=request.adapter,
-            node_id=self.node_id,
-            error=RUN_UNAVAILABLE,
-        )
-        self.send(
-            pb.Envelope(
-                run_event=pb.RunEvent(
-                    run_id=request.run_id,
-                    sequence=1,
-                    type="error",
-                    error=RUN_UNAVAILABLE,
-                    session_id=request.session_id,
-                    timestamp_unix_ms=self._nowMs(),
-                )
-            )
-        )
-
-    def _unavailableCancel(self, envelope: pb.Envelope) -> None:
-        request = envelope.cancel_request
-        self.log.warn(
-            "refusing cancel of run {run_id}: {error}",
-            run_id=request.run_id,
-            node_id=self.node_id,
-            error=CANCEL_UNAVAILABLE,
-        )
-        self.send(
-            pb.Envelope(
-                cancel_response=pb.CancelResponse(
-                    kind=request.kind,
-                    run_id=request.run_id,
-                    session_id=request.session_id,
-                    ok=False,
-                    reason=CANCEL_UNAVAILABLE,
-                )
-            )
-        )
-
-    def _unavailableTunnel(self, envelope: pb.Envelope) -> None:
-        request = envelope.provider_tunnel_request
-        self.log.warn(
-            "refusing provider tunnel {run_id} for adapter {adapter}: {error}",
-            run_id=request.run_id,
-            adapter=request.adapter,
-            node_id=self.node_id,
-            error=TUNNEL_UNAVAILABLE,
-        )
-        self.send(
-            pb.Envelope(
-                provider_tunnel_frame=pb.ProviderTunnelFrame(
-                    run_id=request.run_id,
-                    kind=pb.ERROR,
-                    sequence=1,
-                    end=True,
-                    error=TUNNEL_UNAVAILABLE,
-                )
-            )
-        )
-
-    def _unavailableCommand(self, envelope: pb.Envelope) -> None:
-        request = envelope.node_command_request
-        self.log.warn(
-            "refusing node command {request_id} ({command}): {error}",
-            request_id=request.request_id,
-            command=_commandName(request.type),
-            node_id=self.node_id,
-            error=COMMAND_UNAVAILABLE,
-        )
-        self.send(
-            pb.Envelope(
-                node_command_response=pb.NodeCommandResponse(
-                    request_id=request.request_id,
-                    type=request.type,
-                    ok=False,
-                    error=COMMAND_UNAVAILABLE,
-                )
-            )
-        )
-
-    def _unavailableRefresh(self, envelope: pb.Envelope) -> None:
-        request = envelope.node_config_refresh_request
-        self.log.warn(
-            "config refresh {request_id} needs a restart: {error}",
-            request_id=request.request_id,
-            node_id=self.node_id,
-            error=REFRESH_UNAVAILABLE,
-        )
-        self.send(
-            pb.Envelope(
-                node_config_refresh_response=pb.NodeConfigRefreshResponse(
-                    request_id=request.request_id,
-                    outcome=pb.REFRESH_RESTART_REQUIRED,
-                    reason=REFRESH_UNAVAILABLE,
-                )
-            )
-        )
-
-
-def _rejectCodeName(code: int) -> str:
+def _reject_code_name(code: int) -> str:
     try:
         return pb.RegisterRejectCode.Name(code)
     except ValueError:
         return str(code)
 
 
-def _commandName(command: int) -> str:
-    try:
-        return pb.NodeCommandType.Name(command)
-    except ValueError:
-        return str(command)
+def _accepted_node_id(response: pb.RegisterResponse) -> str:
+    """The node id of an accepted registration; the reason as a NodeError otherwise."""
+    if not response.accepted:
+        reason = response.reason or "no reason given"
+        code = _reject_code_name(response.reject_code)
+        if response.reject_code == pb.REGISTER_REJECT_UNKNOWN_TOKEN:
+            raise FatalError(f"edge does not know this node's token ({code}): {reason}")
+        raise RetryableError(f"edge rejected registration ({code}): {reason}")
+    if not response.node_id:
+        raise RetryableError("edge accepted registration without a node id")
+    return response.node_id
+
+
+# ---------------------------------------------------------------------------------------------
+# The lifecycle machine
+
+# How a handshake fails: a NodeError, or the Failure of something unexpected.
+_Failed = Exception | Failure
+
+
+class _Wire(Protocol):
+    """What the lifecycle uses of its connection (the protocol)."""
+
+    def write(self, envelope: pb.Envelope) -> None: ...
+
+    def drop(self, reason: str, **fields: object) -> None: ...
+
+    def adopt_heartbeat(self, interval_ms: int, timeout_ms: int) -> tuple[float, float]: ...
+
+    def stop_heartbeat(self) -> None: ...
+
+    def peer(self) -> str: ...
+
+
+class _Connection(Protocol):
+    """
+    The inputs of one Edge connection's lifecycle. An input called from inside a transition (a
+    Deferred callback the machine fired, say) runs once that transition is over; only inputs
+    that return nothing may be called so.
+    """
+
+    def handshake(self, token: str) -> Deferred[NodeSession]:
+        """Register with ``token``; fires with the ready session (or fails, aborted first)."""
+
+    def register_response_received(self, envelope: pb.Envelope) -> None:
+        """The Edge answered the registration."""
+
+    def ready_response_received(self, envelope: pb.Envelope) -> None:
+        """The Edge answered the ready request."""
+
+    def request_received(self, envelope: pb.Envelope) -> None:
+        """One of :data:`~iop.node.session.EDGE_REQUEST_KINDS`."""
+
+    def unexpected_received(self, envelope: pb.Envelope) -> None:
+        """Any other envelope (never a heartbeat: liveness is the protocol's)."""
+
+    def abort(self, reason: str, error: _Failed | None = None) -> None:
+        """Close for ``reason``; fail a handshake in progress with ``error`` (if given)."""
+
+    def connection_lost(self, reason: Failure) -> None:
+        """The transport is gone."""
+
+    def _registered(self, session: NodeSession) -> None:
+        """The registration was accepted and its config applied into ``session``."""
+
+    def _ready(self, session: NodeSession) -> None:
+        """The Edge acknowledged ready."""
+
+
+@dataclass
+class _Core:
+    """What the lifecycle works with: the connection, the config applier, the handshake."""
+
+    wire: _Wire
+    sessions: SessionBuilder
+    clock: IReactorTime
+    node_version: str
+    hostname: str
+    log: Logger
+    # The handshake in progress (until it fires), and the session built on this connection
+    # (from apply until the connection is lost, so its close is signalled either way).
+    waiter: Deferred[NodeSession] | None = None
+    session: NodeSession | None = None
+    node_id: str | None = None
+    # Whether anything may still be written: shut by every close.
+    writable: bool = True
+
+    def send(self, envelope: pb.Envelope) -> None:
+        if self.writable:
+            self.wire.write(envelope)
+
+    def new_waiter(self) -> Deferred[NodeSession]:
+        def cancel(d: Deferred[NodeSession]) -> None:
+            if self.waiter is d:
+                self.waiter = None
+
+        self.waiter = Deferred(cancel)
+        return self.waiter
+
+    def fail_waiter(self, error: _Failed) -> None:
+        waiter, self.waiter = self.waiter, None
+        if waiter is not None:
+            waiter.errback(error)
+
+    def close(self, reason: str, error: _Failed | None = None, **fields: object) -> None:
+        """Abort the transport (once) for ``reason``, then fail the handshake with ``error``."""
+        self.writable = False
+        self.wire.stop_heartbeat()
+        self.wire.drop(reason, **fields)
+        if error is not None:
+            self.fail_waiter(error)
+
+    def lost(self, reason: Failure) -> None:
+        self.writable = False
+        self.fail_waiter(
+            RetryableError(f"connection lost during the handshake: {reason.getErrorMessage()}")
+        )
+        session, self.session = self.session, None
+        if session is not None:
+            session.connection_lost(reason)
+
+
+def _kind(envelope: pb.Envelope) -> str:
+    return envelope.WhichOneof("message") or ""
+
+
+def _carry(c: _Connection, s: _Core, session: NodeSession) -> NodeSession:
+    return session
+
+
+def _fail_handshake(c: _Connection, failure: Failure) -> None:
+    # Fed back as an input: it runs as soon as the current transition is over.
+    c.abort(f"handshake failed: {failure.getErrorMessage()}", failure)
+
+
+class _EnvelopeBehaviour(Protocol):
+    def __call__(self, c: _Connection, s: _Core, envelope: pb.Envelope) -> None: ...
+
+
+class _SessionEnvelopeBehaviour(Protocol):
+    def __call__(
+        self, c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope
+    ) -> None: ...
+
+
+def _refuse(s: _Core, envelope: pb.Envelope, during: str) -> None:
+    kind = _kind(envelope)
+    s.close(
+        f"unexpected {kind} while {during}",
+        RetryableError(f"edge sent an unexpected {kind} while {during}"),
+        message=kind,
+    )
+
+
+def _unexpected(during: str) -> _EnvelopeBehaviour:
+    def refuse(c: _Connection, s: _Core, envelope: pb.Envelope) -> None:
+        _refuse(s, envelope, during)
+
+    return refuse
+
+
+def _unexpected_applying(
+    c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope
+) -> None:
+    _refuse(s, envelope, "applying")
+
+
+def _ignore(c: _Connection, s: _Core, envelope: pb.Envelope) -> None:
+    pass
+
+
+def _ignore_session(c: _Connection, s: _Core, session: NodeSession) -> None:
+    pass
+
+
+def _ignore_lost(c: _Connection, s: _Core, reason: Failure) -> None:
+    pass
+
+
+def _make_connection_machine() -> Callable[[_Core], _Connection]:
+    machine = TypeMachineBuilder(_Connection, _Core)
+    dialing = machine.state("Dialing")
+    registering = machine.state("Registering")
+    applying = machine.state("Applying", _carry)
+    ready = machine.state("Ready", _carry)
+    closing = machine.state("Closing")
+    closed = machine.state("Closed")
+    received = (
+        _Connection.register_response_received,
+        _Connection.ready_response_received,
+        _Connection.request_received,
+        _Connection.unexpected_received,
+    )
+
+    # -- dialing -----------------------------------------------------------------------------
+
+    @dialing.upon(_Connection.handshake).to(registering)
+    def register(c: _Connection, s: _Core, token: str) -> Deferred[NodeSession]:
+        s.log.info(
+            "registering with edge {peer}",
+            peer=s.wire.peer(),
+            node_version=s.node_version,
+            hostname=s.hostname,
+        )
+        waiter = s.new_waiter()
+        s.send(
+            pb.Envelope(
+                register_request=pb.RegisterRequest(
+                    token=token, node_version=s.node_version, hostname=s.hostname
+                )
+            )
+        )
+        return waiter
+
+    for message in received:
+        dialing.upon(message).to(closing)(_unexpected("dialing"))
+
+    # -- registering -------------------------------------------------------------------------
+
+    @registering.upon(_Connection.register_response_received).loop()
+    def apply(c: _Connection, s: _Core, envelope: pb.Envelope) -> None:
+        response = envelope.register_response
+        try:
+            node_id = _accepted_node_id(response)
+            s.node_id = node_id
+            interval, timeout = s.wire.adopt_heartbeat(
+                response.heartbeat_interval_ms, response.heartbeat_timeout_ms
+            )
+            s.log.info(
+                "registered as node {node_id}; applying config revision {revision}",
+                node_id=node_id,
+                revision=response.config.config_revision,
+                adapters=len(response.config.adapters),
+            )
+            session = s.sessions.apply(
+                node_id,
+                response.config,
+                s.send,
+                s.clock,
+                heartbeat_interval=interval,
+                heartbeat_timeout=timeout,
+            )
+        except Exception:
+            _fail_handshake(c, Failure())
+            return
+        s.session = session
+        c._registered(session)
+
+    @registering.upon(_Connection._registered).to(applying)
+    def announce(c: _Connection, s: _Core, session: NodeSession) -> None:
+        try:
+            s.sessions.equip(session)
+        except Exception:
+            _fail_handshake(c, Failure())
+            return
+        s.send(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=session.node_id)))
+
+    for message in received[1:]:
+        registering.upon(message).to(closing)(_unexpected("registering"))
+
+    # -- applying ----------------------------------------------------------------------------
+
+    @applying.upon(_Connection.ready_response_received).loop()
+    def acknowledged(c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope) -> None:
+        response = envelope.node_ready_response
+        if not response.ready:
+            reason = response.reason or "no reason given"
+            _fail_handshake(c, Failure(RetryableError(f"edge refused ready: {reason}")))
+            return
+        c._ready(session)
+
+    @applying.upon(_Connection._ready).to(ready)
+    def serve(c: _Connection, s: _Core, applied: NodeSession, session: NodeSession) -> None:
+        session.ready_at = s.clock.seconds()
+        s.log.info("node {node_id} ready", node_id=session.node_id, adapters=len(session.registry))
+        waiter, s.waiter = s.waiter, None
+        if waiter is not None:
+            waiter.callback(session)
+
+    @applying.upon(_Connection.request_received).to(closing)
+    def early_request(
+        c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope
+    ) -> None:
+        # The Edge must acknowledge ready before it dispatches anything to this connection.
+        kind = _kind(envelope)
+        s.close(
+            f"unexpected {kind} while applying: a request before the ready response",
+            RetryableError(
+                f"edge sent an unexpected {kind} while applying, before acknowledging ready"
+            ),
+            message=kind,
+        )
+
+    for message in (_Connection.register_response_received, _Connection.unexpected_received):
+        applying.upon(message).to(closing)(_unexpected_applying)
+
+    # -- ready -------------------------------------------------------------------------------
+
+    @ready.upon(_Connection.request_received).loop()
+    def forward(c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope) -> None:
+        session.envelope_received(envelope)
+
+    def not_for_ready(
+        c: _Connection, s: _Core, session: NodeSession, envelope: pb.Envelope
+    ) -> None:
+        s.close("message the edge may not send to a ready node", message=_kind(envelope))
+
+    for message in (
+        _Connection.register_response_received,
+        _Connection.ready_response_received,
+        _Connection.unexpected_received,
+    ):
+        ready.upon(message).to(closing)(not_for_ready)
+
+    # -- every open state --------------------------------------------------------------------
+
+    def close(c: _Connection, s: _Core, reason: str, error: _Failed | None = None) -> None:
+        s.close(reason, error)
+
+    def lost(c: _Connection, s: _Core, reason: Failure) -> None:
+        s.lost(reason)
+
+    def twice(c: _Connection, s: _Core, token: str) -> Deferred[NodeSession]:
+        return fail(IllegalTransition("node connection cannot handshake twice"))
+
+    def close_session(
+        c: _Connection, s: _Core, session: NodeSession, reason: str, error: _Failed | None = None
+    ) -> None:
+        s.close(reason, error)
+
+    def lost_session(c: _Connection, s: _Core, session: NodeSession, reason: Failure) -> None:
+        s.lost(reason)
+
+    def twice_session(
+        c: _Connection, s: _Core, session: NodeSession, token: str
+    ) -> Deferred[NodeSession]:
+        return twice(c, s, token)
+
+    dialing.upon(_Connection.abort).to(closing)(close)
+    dialing.upon(_Connection.connection_lost).to(closed)(lost)
+    registering.upon(_Connection.abort).to(closing)(close)
+    registering.upon(_Connection.connection_lost).to(closed)(lost)
+    registering.upon(_Connection.handshake).loop()(twice)
+    for open_ in (applying, ready):
+        open_.upon(_Connection.abort).to(closing)(close_session)
+        open_.upon(_Connection.connection_lost).to(closed)(lost_session)
+        open_.upon(_Connection.handshake).loop()(twice_session)
+
+    # -- closing / closed: nothing more is read, written or decided --------------------------
+
+    def fail_late(c: _Connection, s: _Core, reason: str, error: _Failed | None = None) -> None:
+        if error is not None:
+            s.fail_waiter(error)
+
+    def gone(c: _Connection, s: _Core, token: str) -> Deferred[NodeSession]:
+        return fail(RetryableError("connection closed before the handshake"))
+
+    closing.upon(_Connection.connection_lost).to(closed)(lost)
+    closed.upon(_Connection.connection_lost).loop()(_ignore_lost)
+    for over in (closing, closed):
+        over.upon(_Connection.abort).loop()(fail_late)
+        over.upon(_Connection.handshake).loop()(gone)
+        over.upon(_Connection._registered).loop()(_ignore_session)
+        over.upon(_Connection._ready).loop()(_ignore_session)
+        for message in received:
+            over.upon(message).loop()(_ignore)
+
+    return machine.build()
+
+
+_ConnectionMachine = _make_connection_machine()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +455,7 @@ def _commandName(command: int) -> str:
 class EdgeConnectionProtocol(EnvelopeProtocol):
     """
     One connection to the Edge. Call :meth:`handshake` once after ``connectionMade``; the
-    Deferred it returns fires with the ready :class:`NodeSession`.
+    Deferred it returns fires with the ready :class:`~iop.node.session.NodeSession`.
     """
 
     log = Logger()
@@ -352,45 +463,30 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
     def __init__(
         self,
         clock: IReactorTime,
-        heartbeatInterval: float = DEFAULT_HEARTBEAT_INTERVAL,
-        heartbeatTimeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-        maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES,
-        nodeVersion: str = __version__,
+        sessions: SessionBuilder | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        node_version: str = __version__,
         hostname: str = "",
-        adapterContext: AdapterContext | None = None,
-        adapterFactories: Mapping[str, AdapterFactory] | None = None,
-        sessionSetup: SessionSetup | None = None,
     ) -> None:
-        super().__init__(maxFrameBytes)
+        super().__init__(max_frame_bytes)
         self._clock = clock
-        self._adapterContext = (
-            adapterContext if adapterContext is not None else defaultAdapterContext(clock)
+        self._heartbeat_sequence = 0
+        self._heartbeat_interval = heartbeat_interval
+        self._heartbeat_timeout = heartbeat_timeout
+        self._heartbeat = self._make_heartbeat(heartbeat_interval, heartbeat_timeout)
+        self._core = _Core(
+            self,
+            sessions if sessions is not None else SessionBuilder(default_adapter_context(clock)),
+            clock,
+            node_version,
+            hostname,
+            self.log,
         )
-        self._adapterFactories = adapterFactories
-        self._sessionSetup = sessionSetup
-        self._nodeVersion = nodeVersion
-        self._hostname = hostname
-        self._lifecycle = NodeLifecycle()
-        self._heartbeatSequence = 0
-        self._heartbeatInterval = heartbeatInterval
-        self._heartbeatTimeout = heartbeatTimeout
-        self._heartbeat = self._makeHeartbeat(heartbeatInterval, heartbeatTimeout)
-        # The one handshake step in flight: the envelope kind it waits for, and its Deferred.
-        self._awaiting: tuple[str, Deferred[pb.Envelope]] | None = None
-        self._session: NodeSession | None = None
-        # The session built while applying, until ready (so its close is signalled either way).
-        self._applying: NodeSession | None = None
+        self._connection = _ConnectionMachine(self._core)
         self._disconnected = False
-        self._disconnectWaiters: list[Deferred[None]] = []
-
-    @property
-    def state(self) -> NodeState:
-        return self._lifecycle.state
-
-    @property
-    def session(self) -> NodeSession | None:
-        """The ready session, or ``None`` before ready."""
-        return self._session
+        self._disconnect_waiters: list[Deferred[None]] = []
 
     # -- connection --------------------------------------------------------------------------
 
@@ -400,32 +496,23 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         super().connectionLost(reason)
         self._heartbeat.stop()
-        self._lifecycle.close()
         self._disconnected = True
-        self._failAwaiting(
-            RetryableError(f"connection lost during the handshake: {reason.getErrorMessage()}")
-        )
-        session, self._session = self._session, None
-        applying, self._applying = self._applying, None
-        if session is not None:
-            session.connectionLost(reason)
-        elif applying is not None:
-            applying.connectionLost(reason)
+        self._connection.connection_lost(reason)
         self.log.info(
             "connection to edge closed: {reason}",
             reason=self.closeReason or reason.getErrorMessage(),
-            node_id=session.node_id if session is not None else None,
+            node_id=self._core.node_id,
         )
-        waiters, self._disconnectWaiters = self._disconnectWaiters, []
+        waiters, self._disconnect_waiters = self._disconnect_waiters, []
         for waiter in waiters:
             waiter.callback(None)
 
-    def whenDisconnected(self) -> Deferred[None]:
+    def when_disconnected(self) -> Deferred[None]:
         """A new Deferred, fired with ``None`` once this connection is lost."""
         if self._disconnected:
             return succeed(None)
         waiter: Deferred[None] = Deferred()
-        self._disconnectWaiters.append(waiter)
+        self._disconnect_waiters.append(waiter)
         return waiter
 
     # -- handshake ---------------------------------------------------------------------------
@@ -436,204 +523,97 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         bounded by ``timeout`` seconds on ``clock``. On any failure the transport is aborted
         before the returned Deferred fails (FatalError or RetryableError).
         """
-        if self._lifecycle.state is NodeState.CLOSED:
-            return fail(RetryableError("connection closed before the handshake"))
-        d = Deferred.fromCoroutine(self._handshake(token))
+        d = self._connection.handshake(token)
         d.addTimeout(timeout, clock)
-        return d.addErrback(self._handshakeFailed, timeout)
+        return d.addErrback(self._handshake_failed, timeout)
 
-    async def _handshake(self, token: str) -> NodeSession:
-        self._lifecycle.advance(NodeState.REGISTERING)
-        self.log.info(
-            "registering with edge {peer}",
-            peer=self._peer(),
-            node_version=self._nodeVersion,
-            hostname=self._hostname,
-        )
-        registered = self._expect("register_response")
-        self.sendEnvelope(
-            pb.Envelope(
-                register_request=pb.RegisterRequest(
-                    token=token, node_version=self._nodeVersion, hostname=self._hostname
-                )
-            )
-        )
-        response = (await registered).register_response
-        if not response.accepted:
-            reason = response.reason or "no reason given"
-            code = _rejectCodeName(response.reject_code)
-            if response.reject_code == pb.REGISTER_REJECT_UNKNOWN_TOKEN:
-                raise FatalError(f"edge does not know this node's token ({code}): {reason}")
-            raise RetryableError(f"edge rejected registration ({code}): {reason}")
-        nodeId = response.node_id
-        if not nodeId:
-            raise RetryableError("edge accepted registration without a node id")
-        self._adoptHeartbeat(response.heartbeat_interval_ms, response.heartbeat_timeout_ms)
-
-        self._lifecycle.advance(NodeState.APPLYING)
-        self.log.info(
-            "registered as node {node_id}; applying config revision {revision}",
-            node_id=nodeId,
-            revision=response.config.config_revision,
-            adapters=len(response.config.adapters),
-        )
-        try:
-            registry = AdapterRegistry.from_payload(
-                response.config, self._adapterContext, self._adapterFactories
-            )
-        except AdapterApplyError as e:
-            raise RetryableError(f"config payload does not apply: {e}") from e
-        config = pb.NodeConfigPayload()
-        config.CopyFrom(response.config)
-        session = NodeSession(
-            nodeId,
-            config,
-            registry,
-            self._sendIfOpen,
-            self._clock,
-            heartbeatInterval=self._heartbeatInterval,
-            heartbeatTimeout=self._heartbeatTimeout,
-        )
-        self._applying = session
-        if self._sessionSetup is not None:
-            try:
-                self._sessionSetup(session)
-            except Exception as e:
-                self.log.failure("session setup failed", node_id=nodeId)
-                raise RetryableError(f"session setup failed: {e or type(e).__name__}") from e
-
-        readied = self._expect("node_ready_response")
-        self.sendEnvelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=nodeId)))
-        ready = (await readied).node_ready_response
-        if not ready.ready:
-            raise RetryableError(f"edge refused ready: {ready.reason or 'no reason given'}")
-
-        self._lifecycle.advance(NodeState.READY)
-        self._applying = None
-        self._session = session
-        session.ready_at = self._clock.seconds()
-        self.log.info("node {node_id} ready", node_id=nodeId, adapters=len(registry))
-        return session
-
-    def _handshakeFailed(self, failure: Failure, timeout: float) -> NodeSession:
+    def _handshake_failed(self, failure: Failure, timeout: float) -> NodeSession:
         if isinstance(failure.value, DeferredTimeoutError):
             message = f"handshake timed out after {timeout:g} s"
-            self._abort(message)
+            self._connection.abort(message)
             raise RetryableError(message) from failure.value
-        self._abort(f"handshake failed: {failure.getErrorMessage()}")
+        # A failure the lifecycle decided has already closed; this covers the rest.
+        self._connection.abort(f"handshake failed: {failure.getErrorMessage()}")
         failure.raiseException()
 
-    def _expect(self, kind: str) -> Deferred[pb.Envelope]:
-        def cancel(d: Deferred[pb.Envelope]) -> None:
-            if self._awaiting is not None and self._awaiting[1] is d:
-                self._awaiting = None
-
-        waiter: Deferred[pb.Envelope] = Deferred(cancel)
-        self._awaiting = (kind, waiter)
-        return waiter
-
-    def _failAwaiting(self, error: NodeError) -> None:
-        awaiting, self._awaiting = self._awaiting, None
-        if awaiting is not None:
-            awaiting[1].errback(error)
-
-    # -- inbound -----------------------------------------------------------------------------
+    # -- inbound: name the envelope, the lifecycle decides -----------------------------------
 
     def envelopeReceived(self, envelope: pb.Envelope) -> None:
         self._heartbeat.received()
-        kind = envelope.WhichOneof("message") or ""
+        kind = envelope.WhichOneof("message")
         if kind == "heartbeat":
             return
-        state = self._lifecycle.state
-        if state is NodeState.READY:
-            assert self._session is not None
-            if self._session.handles(kind):
-                self._session.envelopeReceived(envelope)
-            else:
-                self._abort("message the edge may not send to a ready node", message=kind)
-            return
-        if state is NodeState.CLOSED:
-            return
-        awaiting = self._awaiting
-        if awaiting is not None and awaiting[0] == kind:
-            self._awaiting = None
-            awaiting[1].callback(envelope)
-            return
-        self._abort(
-            f"unexpected {kind} while {state.value}",
-            RetryableError(f"edge sent an unexpected {kind} while {state.value}"),
-            message=kind,
-        )
+        if kind in EDGE_REQUEST_KINDS:
+            self._connection.request_received(envelope)
+        elif kind == "register_response":
+            self._connection.register_response_received(envelope)
+        elif kind == "node_ready_response":
+            self._connection.ready_response_received(envelope)
+        else:
+            self._connection.unexpected_received(envelope)
+
+    # -- the wire, as the lifecycle uses it --------------------------------------------------
+
+    def write(self, envelope: pb.Envelope) -> None:
+        if self.transport is not None:
+            self.sendEnvelope(envelope)
+
+    def drop(self, reason: str, **fields: object) -> None:
+        if not self._disconnected:
+            self.dropConnection(reason, **fields)
+
+    def peer(self) -> str:
+        return self._peer()
+
+    def adopt_heartbeat(self, interval_ms: int, timeout_ms: int) -> tuple[float, float]:
+        """Restart the heartbeat with the Edge's cadence (0 keeps the current value)."""
+        if interval_ms:
+            self._heartbeat_interval = interval_ms / 1000
+        if timeout_ms:
+            self._heartbeat_timeout = timeout_ms / 1000
+        self._heartbeat.stop()
+        self._heartbeat = self._make_heartbeat(self._heartbeat_interval, self._heartbeat_timeout)
+        self._heartbeat.start()
+        return self._heartbeat_interval, self._heartbeat_timeout
+
+    def stop_heartbeat(self) -> None:
+        self._heartbeat.stop()
 
     # -- heartbeat ---------------------------------------------------------------------------
 
-    def _makeHeartbeat(self, interval: float, timeout: float) -> Heartbeat:
+    def _make_heartbeat(self, interval: float, timeout: float) -> Heartbeat:
         return Heartbeat(
-            self._clock, interval, timeout, self._sendHeartbeat, self._heartbeatExpired
+            self._clock, interval, timeout, self._send_heartbeat, self._heartbeat_expired
         )
 
-    def _adoptHeartbeat(self, intervalMs: int, timeoutMs: int) -> None:
-        """Restart the heartbeat with the Edge's cadence (0 keeps the current value)."""
-        if intervalMs:
-            self._heartbeatInterval = intervalMs / 1000
-        if timeoutMs:
-            self._heartbeatTimeout = timeoutMs / 1000
-        self._heartbeat.stop()
-        self._heartbeat = self._makeHeartbeat(self._heartbeatInterval, self._heartbeatTimeout)
-        self._heartbeat.start()
-
-    def _sendHeartbeat(self, _sequence: int) -> None:
+    def _send_heartbeat(self, _sequence: int) -> None:
         # Our own counter, so it keeps counting when the heartbeat restarts with the Edge's cadence.
-        self._heartbeatSequence += 1
-        self._sendIfOpen(
+        self._heartbeat_sequence += 1
+        self._core.send(
             pb.Envelope(
                 heartbeat=pb.Heartbeat(
-                    sequence=self._heartbeatSequence,
+                    sequence=self._heartbeat_sequence,
                     sent_unix_ms=int(self._clock.seconds() * 1000),
                 )
             )
         )
 
-    def _heartbeatExpired(self) -> None:
+    def _heartbeat_expired(self) -> None:
         self.log.warn(
             "nothing from edge for {timeout} s; dropping the connection",
-            timeout=self._heartbeatTimeout,
-            node_id=self._session.node_id if self._session is not None else None,
+            timeout=self._heartbeat_timeout,
+            node_id=self._core.node_id,
         )
-        self._abort("heartbeat timeout", RetryableError("edge heartbeat timed out"))
-
-    # -- outbound / closing ------------------------------------------------------------------
-
-    def _sendIfOpen(self, envelope: pb.Envelope) -> None:
-        if self._lifecycle.state is not NodeState.CLOSED and self.transport is not None:
-            self.sendEnvelope(envelope)
-
-    def _abort(self, reason: str, error: NodeError | None = None, **fields: object) -> None:
-        """Close for ``reason`` (aborting the transport once), then fail any handshake step."""
-        if self._lifecycle.close():
-            self._heartbeat.stop()
-            if not self._disconnected:
-                self.dropConnection(reason, **fields)
-        if error is not None:
-            self._failAwaiting(error)
-
-
-def defaultAdapterContext(reactor: IReactorTime) -> AdapterContext:
-    """``reactor`` and the ``treq`` module as the HTTP client (a daemon passes a pooled one)."""
-    return AdapterContext(reactor=reactor, http=treq)
+        self._connection.abort("heartbeat timeout", RetryableError("edge heartbeat timed out"))
 
 
 class EdgeConnectionFactory(Factory):
     """
     Builds one :class:`EdgeConnectionProtocol` per dial, with the node's defaults.
 
-    :param adapterContext: what adapter factories get besides their config (default: the clock
-        and the ``treq`` module).
-    :param adapterFactories: adapter factories by type (default: the modules in
-        :mod:`iop.node.adapters`); tests inject fakes.
-    :param sessionSetup: called with each new session after its config applied and before the
-        ready request; installs the session's request handlers. If it raises, the handshake fails
-        with a :class:`~iop.node.errors.RetryableError`.
+    :param sessions: applies each accepted registration's config and installs the session's
+        request handlers (default: a :class:`~iop.node.session.SessionBuilder` with the clock,
+        the ``treq`` module, the adapters of :mod:`iop.node.adapters` and no handlers).
     """
 
     noisy = False
@@ -641,38 +621,32 @@ class EdgeConnectionFactory(Factory):
     def __init__(
         self,
         clock: IReactorTime,
-        heartbeatInterval: float = DEFAULT_HEARTBEAT_INTERVAL,
-        heartbeatTimeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
-        maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES,
-        nodeVersion: str = __version__,
+        sessions: SessionBuilder | None = None,
+        heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+        heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        node_version: str = __version__,
         hostname: str | None = None,
-        adapterContext: AdapterContext | None = None,
-        adapterFactories: Mapping[str, AdapterFactory] | None = None,
-        sessionSetup: SessionSetup | None = None,
     ) -> None:
         self.clock = clock
-        self.heartbeatInterval = heartbeatInterval
-        self.heartbeatTimeout = heartbeatTimeout
-        self.maxFrameBytes = maxFrameBytes
-        self.nodeVersion = nodeVersion
-        self.hostname = socket.gethostname() if hostname is None else hostname
-        self.adapterContext = (
-            adapterContext if adapterContext is not None else defaultAdapterContext(clock)
+        self.sessions = (
+            sessions if sessions is not None else SessionBuilder(default_adapter_context(clock))
         )
-        self.adapterFactories = adapterFactories
-        self.sessionSetup = sessionSetup
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self.node_version = node_version
+        self.hostname = socket.gethostname() if hostname is None else hostname
 
     def buildProtocol(self, addr: IAddress | None) -> EdgeConnectionProtocol:
         protocol = EdgeConnectionProtocol(
             self.clock,
-            heartbeatInterval=self.heartbeatInterval,
-            heartbeatTimeout=self.heartbeatTimeout,
-            maxFrameBytes=self.maxFrameBytes,
-            nodeVersion=self.nodeVersion,
+            self.sessions,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+            max_frame_bytes=self.max_frame_bytes,
+            node_version=self.node_version,
             hostname=self.hostname,
-            adapterContext=self.adapterContext,
-            adapterFactories=self.adapterFactories,
-            sessionSetup=self.sessionSetup,
         )
         protocol.factory = self
         return protocol

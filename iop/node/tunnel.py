@@ -31,8 +31,10 @@ out before ``END`` when there was any. The body itself is never parsed into anyt
 re-encoded or held back.
 
 Admission goes through the adapter instance's :class:`~iop.node.adapters.capacity.CapacityGate`,
-the same gate normalized runs use. The slot is released before the last frame goes out, so an
-Edge that dispatches the next request on seeing ``END``/``ERROR`` finds it free.
+the same gate normalized runs use, on the same path (:class:`~iop.node.work.WorkManager`); an
+at-capacity ERROR frame carries ``metadata[error_code] = provider_at_capacity``. The slot is
+released before the last frame goes out, so an Edge that dispatches the next request on seeing
+``END``/``ERROR`` finds it free.
 
 Credentials: the adapter's configured headers are sent upstream and appear nowhere else (not in
 frames, errors or logs); a request's own headers pass only through an allow-list and can never
@@ -44,7 +46,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, NamedTuple
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -56,8 +58,9 @@ from twisted.web.iweb import IResponse
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.http_stream import ended_cleanly, read_body
 from iop.node.adapters.openai_compat import describe_failure, token_count
-from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
+from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.adapters.sse import SSEParser
+from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import ITunnelProvider
 from iop.wire import runtime_pb2 as pb
@@ -78,7 +81,6 @@ BODY_FRAME_BYTES = 256 * 1024
 DEFAULT_IDLE_TIMEOUT = 120.0
 # A non-streaming body larger than this is still passed through, but not parsed for usage.
 USAGE_JSON_LIMIT = 32 * 1024 * 1024
-CONNECTION_LOST_REASON = "edge connection lost"
 CANCELLED = "cancelled"
 
 # Provider paths of the named operations, when the adapter's profile does not name them.
@@ -364,7 +366,7 @@ class TunnelFrames:
     The frames of one tunnel, in an order that is always valid: every method sends its frame
     only when it may come next (and says whether it did), so no caller can produce
     ``BODY`` before ``RESPONSE_START``, a second ``RESPONSE_START``, or anything after
-    ``END``/``ERROR``. Sequences are 1, 2, 3…; a ``BODY`` larger than ``bodyFrameBytes`` is
+    ``END``/``ERROR``. Sequences are 1, 2, 3…; a ``BODY`` larger than ``body_frame_bytes`` is
     split over several frames.
     """
 
@@ -374,13 +376,13 @@ class TunnelFrames:
         self,
         run_id: str,
         send: Callable[[pb.ProviderTunnelFrame], None],
-        bodyFrameBytes: int = BODY_FRAME_BYTES,
+        body_frame_bytes: int = BODY_FRAME_BYTES,
     ) -> None:
-        if bodyFrameBytes < 1:
-            raise ValueError("bodyFrameBytes must be at least 1")
+        if body_frame_bytes < 1:
+            raise ValueError("body_frame_bytes must be at least 1")
         self.run_id = run_id
         self._send = send
-        self._bodyFrameBytes = bodyFrameBytes
+        self._body_frame_bytes = body_frame_bytes
         self._state = _FrameState.NEW
         self.sequence = 0
         self.body_bytes = 0
@@ -411,7 +413,7 @@ class TunnelFrames:
     def body(self, data: bytes) -> bool:
         if not self._expect(_FrameState.STARTED, "BODY"):
             return False
-        step = self._bodyFrameBytes
+        step = self._body_frame_bytes
         for offset in range(0, len(data), step):
             piece = data[offset : offset + step]
             self.body_bytes += len(piece)
@@ -431,12 +433,15 @@ class TunnelFrames:
         self._emit(pb.ProviderTunnelFrame(kind=pb.END, end=True))
         return True
 
-    def error(self, message: str) -> bool:
+    def error(self, message: str, metadata: Mapping[str, str] | None = None) -> bool:
+        """The last frame: ERROR ``message``, with ``metadata`` (an error code) if given."""
         if self._state is _FrameState.ENDED:
             self._dropped("ERROR")
             return False
         self._state = _FrameState.ENDED
-        self._emit(pb.ProviderTunnelFrame(kind=pb.ERROR, end=True, error=message))
+        self._emit(
+            pb.ProviderTunnelFrame(kind=pb.ERROR, end=True, error=message, metadata=metadata)
+        )
         return True
 
     def _expect(self, state: _FrameState, kind: str) -> bool:
@@ -492,11 +497,11 @@ class _Tunnel:
         self._body = request.body
         self._slot = slot
         self.started_at = manager.clock.seconds()
-        self.frames = TunnelFrames(self.run_id, manager._sendFrame, manager.bodyFrameBytes)
+        self.frames = TunnelFrames(self.run_id, manager._send_frame, manager.body_frame_bytes)
         self.over = False
         self._inner: Deferred[None] | None = None
-        self._idleCall: IDelayedCall | None = None
-        self._boundCall: IDelayedCall | None = None
+        self._idle_call: IDelayedCall | None = None
+        self._bound_call: IDelayedCall | None = None
         self._idle = float(provider.idle_timeout or DEFAULT_IDLE_TIMEOUT)
 
     @property
@@ -537,13 +542,13 @@ class _Tunnel:
         self.frames.start(response.code, filter_response_headers(response.headers, provider.redact))
         observer = self._observer(response)
 
-        def onData(data: bytes) -> None:
+        def on_data(data: bytes) -> None:
             self._touch()
             self.frames.body(data)
             if observer is not None:
                 observer.feed(data)
 
-        reason = await read_body(response, onData)
+        reason = await read_body(response, on_data)
         if self.over:
             return
         if not ended_cleanly(reason):
@@ -560,10 +565,10 @@ class _Tunnel:
     def _observer(self, response: IResponse) -> UsageObserver | None:
         if self.operation not in USAGE_OPERATIONS or not 200 <= response.code < 300:
             return None
-        contentType = (response.headers.getRawHeaders(b"content-type") or [b""])[0].lower()
-        if contentType.startswith(b"text/event-stream"):
+        content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0].lower()
+        if content_type.startswith(b"text/event-stream"):
             return UsageObserver(sse=True)
-        if b"json" in contentType:
+        if b"json" in content_type:
             return UsageObserver(sse=False)
         return UsageObserver(sse=self.stream)
 
@@ -581,27 +586,27 @@ class _Tunnel:
     def _arm(self) -> None:
         clock = self.manager.clock
         if self.timeout_sec > 0:
-            self._boundCall = clock.callLater(
+            self._bound_call = clock.callLater(
                 self.timeout_sec,
                 self._expired,
                 f"request timed out after {_seconds(self.timeout_sec)}s",
             )
-        self._idleCall = clock.callLater(
+        self._idle_call = clock.callLater(
             self._idle, self._expired, f"upstream idle for {_seconds(self._idle)}s"
         )
 
     def _touch(self) -> None:
-        if self._idleCall is not None and self._idleCall.active():
-            self._idleCall.reset(self._idle)
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.reset(self._idle)
 
     def _disarm(self) -> None:
-        for call in (self._idleCall, self._boundCall):
+        for call in (self._idle_call, self._bound_call):
             if call is not None and call.active():
                 call.cancel()
-        self._idleCall = self._boundCall = None
+        self._idle_call = self._bound_call = None
 
     def _expired(self, reason: str) -> None:
-        self.manager._timedOut(self, reason)
+        self.manager._timed_out(self, reason)
 
     # -- the one end -------------------------------------------------------------------------
 
@@ -623,7 +628,15 @@ class _Tunnel:
 # -- the manager ------------------------------------------------------------------------------
 
 
-class TunnelManager:
+class _Plan(NamedTuple):
+    """What admission found out about a tunnel request."""
+
+    provider: ITunnelProvider
+    method: str
+    path: str
+
+
+class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
     """
     Serves the Edge's ``ProviderTunnelRequest``s of one session on the adapters of
     ``registry``.
@@ -631,43 +644,42 @@ class TunnelManager:
     :param registry: the session's adapter instances (providers and capacity gates).
     :param send: sends one envelope to the Edge.
     :param clock: idle and overall timeouts.
-    :param nodeId: for logs.
-    :param bodyFrameBytes: the largest body a ``BODY`` frame carries.
+    :param node_id: for logs.
+    :param body_frame_bytes: the largest body a ``BODY`` frame carries.
     """
 
     log = Logger()
+    noun: ClassVar[str] = "provider tunnel"
+    request_noun: ClassVar[str] = "provider tunnel request"
+    active_noun: ClassVar[str] = "tunnel"
+    lost_message: ClassVar[str] = "edge connection lost; aborting {count} provider tunnel(s)"
 
     def __init__(
         self,
         registry: AdapterRegistry,
         send: Callable[[pb.Envelope], None],
         clock: IReactorTime,
-        nodeId: str = "",
-        bodyFrameBytes: int = BODY_FRAME_BYTES,
+        node_id: str = "",
+        body_frame_bytes: int = BODY_FRAME_BYTES,
     ) -> None:
-        self._registry = registry
-        self._send = send
-        self.clock = clock
-        self._nodeId = nodeId
-        self.bodyFrameBytes = bodyFrameBytes
-        self._active: dict[str, _Tunnel] = {}
-        self._closed = False
+        super().__init__(registry, send, clock, node_id)
+        self.body_frame_bytes = body_frame_bytes
         self._counts = {"completed": 0, "error": 0, "cancelled": 0, "rejected": 0}
 
     # -- envelope handlers (install these on the session) -------------------------------------
 
-    def tunnelRequestReceived(self, envelope: pb.Envelope) -> None:
+    def tunnel_request_received(self, envelope: pb.Envelope) -> None:
         """The ``provider_tunnel_request`` handler."""
         self.submit(envelope.provider_tunnel_request)
 
-    def cancelRequestReceived(self, envelope: pb.Envelope) -> None:
+    def cancel_request_received(self, envelope: pb.Envelope) -> None:
         """
         A ``CANCEL_RUN`` for a tunnel: abort it (its ERROR frame goes out) and answer with a
         ``CancelResponse``.
         """
         request = envelope.cancel_request
         ok = request.kind == pb.CANCEL_RUN and self.cancel(request.run_id, request.reason)
-        self._safeSend(
+        self._safe_send(
             pb.Envelope(
                 cancel_response=pb.CancelResponse(
                     kind=request.kind,
@@ -682,106 +694,6 @@ class TunnelManager:
 
     # -- tunnels -----------------------------------------------------------------------------
 
-    def submit(self, request: pb.ProviderTunnelRequest) -> None:
-        """Admit and open one tunnel, or refuse it with a single ``ERROR`` frame."""
-        runId = request.run_id
-        if self._closed:
-            self.log.warn(
-                "ignoring provider tunnel {run_id}: the edge connection is gone",
-                run_id=runId,
-                node_id=self._nodeId,
-            )
-            return
-        if not runId:
-            self._refuse(request, "provider tunnel request without a run_id")
-            return
-        if runId in self._active:
-            self._refuse(request, f"tunnel {runId!r} is already active on this node")
-            return
-        try:
-            instance = self._registry.resolve(request.adapter)
-        except UnknownAdapter as e:
-            self._refuse(request, str(e))
-            return
-        if not instance.enabled or instance.provider is None:
-            self._refuse(request, f"adapter {instance.name!r} is disabled")
-            return
-        provider = ITunnelProvider(instance.provider, None)
-        if provider is None:
-            self._refuse(
-                request,
-                f"adapter {instance.name!r} (type {instance.type}) cannot serve provider tunnels;"
-                " only HTTP providers (openai_compat, vllm) can",
-            )
-            return
-        if request.credential_lease or request.HasField("credential_binding"):
-            # Fail closed: this node cannot verify a managed credential lease.
-            self._refuse(request, "managed credential leases are not supported by this node")
-            return
-        method = (request.method or "POST").upper()
-        if method not in ALLOWED_METHODS:
-            self._refuse(request, f"method {request.method!r} is not allowed for provider tunnels")
-            return
-        path, problem = self._path(request, instance, provider)
-        if problem:
-            self._refuse(request, problem)
-            return
-        gate = instance.gate
-        slot = gate.try_acquire()
-        if slot is None:
-            self._refuse(
-                request, f"adapter {instance.name!r} is at capacity ({gate.in_use}/{gate.limit})"
-            )
-            return
-        profile = provider.profile
-        headers, dropped = upstream_request_headers(
-            provider.configured_headers(),
-            request.headers,
-            authHeader=profile.auth_header if profile is not None else "",
-            hasBody=bool(request.body),
-        )
-        if dropped:
-            self.log.debug(
-                "tunnel {run_id}: request headers not forwarded: {names}",
-                run_id=runId,
-                names=sorted(set(dropped)),
-                node_id=self._nodeId,
-            )
-        tunnel = _Tunnel(
-            self,
-            request,
-            instance,
-            provider,
-            slot,
-            method,
-            provider.base_url + path,
-            path,
-            headers,
-        )
-        self._active[runId] = tunnel
-        self.log.info(
-            "tunnel {run_id} opened on adapter {adapter}: {method} {path}"
-            " ({operation}, {in_use}/{limit})",
-            run_id=runId,
-            adapter=instance.name,
-            target=request.target,
-            method=method,
-            path=path,
-            operation=request.operation or "path",
-            stream=request.stream,
-            in_use=gate.in_use,
-            limit=gate.limit,
-            node_id=self._nodeId,
-        )
-        tunnel.start()
-
-    def isActive(self, run_id: str) -> bool:
-        """Whether ``run_id`` names an open tunnel (cancel routing asks this)."""
-        return run_id in self._active
-
-    def __contains__(self, run_id: object) -> bool:
-        return run_id in self._active
-
     def cancel(self, run_id: str, reason: str = "") -> bool:
         """Abort an open tunnel: the upstream is disconnected, its ERROR says ``cancelled``."""
         tunnel = self._active.get(run_id)
@@ -793,29 +705,90 @@ class TunnelManager:
             run_id=run_id,
             adapter=tunnel.adapter,
             reason=reason or "cancelled by edge",
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         return tunnel.abort(message)
 
-    def connectionLost(self, reason: str = CONNECTION_LOST_REASON) -> None:
-        """The session is gone: abort every tunnel (nothing more can be sent) and free its slot."""
-        self._closed = True
-        tunnels = list(self._active.values())
-        if tunnels:
-            self.log.warn(
-                "edge connection lost; aborting {count} provider tunnel(s)",
-                count=len(tunnels),
-                node_id=self._nodeId,
+    # -- admission (the shared skeleton's hooks) ---------------------------------------------
+
+    def _check(self, request: pb.ProviderTunnelRequest, instance: AdapterInstance) -> _Plan:
+        provider = ITunnelProvider(instance.provider, None)
+        if provider is None:
+            raise Refusal(
+                f"adapter {instance.name!r} (type {instance.type}) cannot serve provider tunnels;"
+                " only HTTP providers (openai_compat, vllm) can"
             )
-        for tunnel in tunnels:
-            tunnel.abort(reason)
+        if request.credential_lease or request.HasField("credential_binding"):
+            # Fail closed: this node cannot verify a managed credential lease.
+            raise Refusal("managed credential leases are not supported by this node")
+        method = (request.method or "POST").upper()
+        if method not in ALLOWED_METHODS:
+            raise Refusal(f"method {request.method!r} is not allowed for provider tunnels")
+        path, problem = self._path(request, instance, provider)
+        if problem:
+            raise Refusal(problem)
+        return _Plan(provider, method, path)
+
+    def _open(
+        self,
+        request: pb.ProviderTunnelRequest,
+        instance: AdapterInstance,
+        plan: _Plan,
+        slot: Slot,
+    ) -> _Tunnel:
+        provider = plan.provider
+        profile = provider.profile
+        headers, dropped = upstream_request_headers(
+            provider.configured_headers(),
+            request.headers,
+            authHeader=profile.auth_header if profile is not None else "",
+            hasBody=bool(request.body),
+        )
+        if dropped:
+            self.log.debug(
+                "tunnel {run_id}: request headers not forwarded: {names}",
+                run_id=request.run_id,
+                names=sorted(set(dropped)),
+                node_id=self._node_id,
+            )
+        return _Tunnel(
+            self,
+            request,
+            instance,
+            provider,
+            slot,
+            plan.method,
+            provider.base_url + plan.path,
+            plan.path,
+            headers,
+        )
+
+    def _start(self, tunnel: _Tunnel, request: pb.ProviderTunnelRequest) -> None:
+        gate = tunnel.instance.gate
+        self.log.info(
+            "tunnel {run_id} opened on adapter {adapter}: {method} {path}"
+            " ({operation}, {in_use}/{limit})",
+            run_id=tunnel.run_id,
+            adapter=tunnel.adapter,
+            target=request.target,
+            method=tunnel.method,
+            path=tunnel.path,
+            operation=request.operation or "path",
+            stream=request.stream,
+            in_use=gate.in_use,
+            limit=gate.limit,
+            node_id=self._node_id,
+        )
+        tunnel.start()
+
+    def _refused(self, request: pb.ProviderTunnelRequest, refusal: Refusal) -> None:
+        self._counts["rejected"] += 1
+        TunnelFrames(request.run_id, self._send_frame).error(refusal.reason, refusal.metadata)
+
+    def _lose(self, tunnel: _Tunnel, reason: str) -> None:
+        tunnel.abort(reason)
 
     # -- status ------------------------------------------------------------------------------
-
-    def activeCount(self, adapter: str | None = None) -> int:
-        if adapter is None:
-            return len(self._active)
-        return sum(1 for tunnel in self._active.values() if tunnel.adapter == adapter)
 
     def describe(self) -> dict[str, object]:
         """Open tunnels (identities and progress only) and counters of ended ones."""
@@ -858,44 +831,16 @@ class TunnelManager:
             return "", "provider tunnel path must be a relative path starting with '/'"
         return path, ""
 
-    def _sendFrame(self, frame: pb.ProviderTunnelFrame) -> None:
-        self._safeSend(pb.Envelope(provider_tunnel_frame=frame), frame.run_id)
+    def _send_frame(self, frame: pb.ProviderTunnelFrame) -> None:
+        self._safe_send(pb.Envelope(provider_tunnel_frame=frame), frame.run_id)
 
-    def _safeSend(self, envelope: pb.Envelope, runId: str) -> None:
-        if self._closed:
-            return
-        try:
-            self._send(envelope)
-        except Exception:
-            self.log.failure(
-                "sending {kind} to the edge failed",
-                kind=envelope.WhichOneof("message"),
-                run_id=runId,
-                node_id=self._nodeId,
-            )
-
-    def _refuse(self, request: pb.ProviderTunnelRequest, reason: str) -> None:
-        self._counts["rejected"] += 1
-        self.log.warn(
-            "refusing provider tunnel {run_id} for adapter {adapter}: {error}",
-            run_id=request.run_id,
-            adapter=request.adapter,
-            error=reason,
-            node_id=self._nodeId,
-        )
-        TunnelFrames(request.run_id, self._sendFrame).error(reason)
-
-    def _forget(self, tunnel: _Tunnel) -> None:
-        if self._active.get(tunnel.run_id) is tunnel:
-            del self._active[tunnel.run_id]
-
-    def _timedOut(self, tunnel: _Tunnel, reason: str) -> None:
+    def _timed_out(self, tunnel: _Tunnel, reason: str) -> None:
         self.log.warn(
             "tunnel {run_id} on adapter {adapter}: {error}",
             run_id=tunnel.run_id,
             adapter=tunnel.adapter,
             error=reason,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )
         tunnel.abort(reason)
 
@@ -916,5 +861,5 @@ class TunnelManager:
             status_code=tunnel.frames.status_code,
             body_bytes=tunnel.frames.body_bytes,
             frames=tunnel.frames.sequence,
-            node_id=self._nodeId,
+            node_id=self._node_id,
         )

@@ -22,7 +22,8 @@ from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.transport import NodeConnectionFactory
 from iop.node.errors import RetryableError
-from iop.node.transport import EdgeConnectionFactory, EdgeConnectionProtocol, NodeSession
+from iop.node.session import NodeSession
+from iop.node.transport import EdgeConnectionFactory, EdgeConnectionProtocol
 from iop.security.tls import client_connection_creator, server_context_factory
 from iop.test.edge.fixtures import TOKENS, edge_config
 from iop.testing.pki import create_dev_pki

@@ -11,7 +11,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.commands import NodeCommandHandler, sessionTransportStatus
 from iop.node.runs import RunManager
-from iop.node.transport import NodeSession
+from iop.node.session import NodeSession
 from iop.runtime import RuntimeEvent
 from iop.test.node.test_runs import (
     FakeOllama,
@@ -153,8 +153,8 @@ class StatusTests(CommandTestCase):
             self.registry,
             self.sent.append,
             self.clock,
-            heartbeatInterval=2.0,
-            heartbeatTimeout=5.0,
+            heartbeat_interval=2.0,
+            heartbeat_timeout=5.0,
         )
         status = sessionTransportStatus(session, self.clock, lambda: {"tls": True})
         self.assertEqual(status()["connected_since_unix_ms"], None)
@@ -174,7 +174,7 @@ class StatusTests(CommandTestCase):
                 "tls": True,
             },
         )
-        session.connectionLost(None)  # type: ignore[arg-type]
+        session.connection_lost(None)  # type: ignore[arg-type]
         self.assertEqual(status()["state"], "closed")
 
     def test_usageStatus(self) -> None:
@@ -228,7 +228,7 @@ class StatusTests(CommandTestCase):
             (result["runs"]["completed"], result["runs"]["error"], result["runs"]["rejected"]),
             (1, 1, 1),
         )
-        self.runs.connectionLost()
+        self.runs.connection_lost()
 
     def test_unknownType(self) -> None:
         self.assertEqual(self.refused(99), "unknown node command type 99")

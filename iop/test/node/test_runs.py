@@ -22,9 +22,10 @@ from zope.interface import implementer
 from iop.node.adapters.registry import AdapterRegistry
 from iop.node.errors import RetryableError
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession, SessionBuilder
 from iop.node.store import RunStatus, RunStore, SynchronousExecutor
 from iop.node.tap import makeSessionSetup
-from iop.node.transport import EdgeConnectionFactory, NodeSession
+from iop.node.transport import EdgeConnectionFactory
 from iop.runtime import (
     AdapterContext,
     Capabilities,
@@ -35,6 +36,7 @@ from iop.runtime import (
     RuntimeEvent,
     Usage,
 )
+from iop.runtime.codes import ErrorCode, error_code
 from iop.test.node.fakes import TOKEN, accepted, drain, frame, readyResponse
 from iop.wire import runtime_pb2 as pb
 
@@ -244,7 +246,7 @@ class RunManagerTestCase(SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def submit(self, request: pb.RunRequest | None = None, **kwargs: Any) -> None:
-        self.manager.runRequestReceived(
+        self.manager.run_request_received(
             pb.Envelope(run_request=request if request is not None else runRequest(**kwargs))
         )
 
@@ -262,7 +264,7 @@ class RunManagerTestCase(SynchronousTestCase):
 
     def cancel(self, **kwargs: Any) -> pb.CancelResponse:
         before = len(self.sent)
-        self.manager.cancelRequestReceived(pb.Envelope(cancel_request=pb.CancelRequest(**kwargs)))
+        self.manager.cancel_request_received(pb.Envelope(cancel_request=pb.CancelRequest(**kwargs)))
         responses = [
             e.cancel_response
             for e in self.sent[before:]
@@ -484,6 +486,7 @@ class AdmissionTests(RunManagerTestCase):
         [refusal] = self.events()
         self.assertEqual((refusal.run_id, refusal.sequence, refusal.type), ("c", 1, "error"))
         self.assertEqual(refusal.error, "adapter 'gpu' is at capacity (2/2)")
+        self.assertEqual(error_code(refusal.metadata), ErrorCode.PROVIDER_AT_CAPACITY)
         self.assertEqual(len(self.gpu.executions), 2)
         self.assertEqual(self.record("c").status, RunStatus.ERROR)
         self.assertIsNone(self.record("c").started_at)
@@ -520,6 +523,8 @@ class AdmissionTests(RunManagerTestCase):
         record = self.record("r1")
         self.assertEqual((record.adapter, record.status), ("nope", RunStatus.ERROR))
         self.assertEqual(record.error, "unknown adapter 'nope'")
+        # Only a full gate is a coded refusal: this one has no code.
+        self.assertEqual(dict(refusal.metadata), {})
 
     def test_disabledAdapter(self) -> None:
         registry = registryOf(self.gpu, disabled=["gpu"])
@@ -682,7 +687,7 @@ class ConnectionLostTests(RunManagerTestCase):
         self.submit(runId="c", adapter="agent")
         self.gpu.executions[1].emit(RuntimeEvent.complete())
         self.events()
-        self.manager.connectionLost()
+        self.manager.connection_lost()
         self.assertEqual(self.events(), [])
         self.assertTrue(self.gpu.executions[0].cancelled)
         self.assertFalse(self.gpu.executions[1].cancelled)
@@ -837,10 +842,10 @@ class DescribeTests(RunManagerTestCase):
         self.assertEqual(usage["active_runs"], 2)
         self.assertEqual(usage["active_by_adapter"], {"gpu": 1, "agent": 1})
         self.assertEqual((usage["error"], usage["rejected"]), (1, 1))
-        self.assertEqual(self.manager.activeCount("gpu"), 1)
-        self.assertEqual(self.manager.activeCount(), 2)
+        self.assertEqual(self.manager.active_count("gpu"), 1)
+        self.assertEqual(self.manager.active_count(), 2)
         self.assertEqual(self.record("b").background, True)
-        self.manager.connectionLost()
+        self.manager.connection_lost()
 
 
 # -- the session hook through a real handshake -------------------------------------------------
@@ -857,10 +862,12 @@ class SessionSetupTests(SynchronousTestCase):
     def connect(self, sessionSetup: Callable[[NodeSession], None]) -> Any:
         factory = EdgeConnectionFactory(
             self.clock,
+            SessionBuilder(
+                AdapterContext(reactor=self.clock, http=None),
+                factoriesFor(self.gpu),
+                setup=sessionSetup,
+            ),
             hostname="h",
-            adapterContext=AdapterContext(reactor=self.clock, http=None),
-            adapterFactories=factoriesFor(self.gpu),
-            sessionSetup=sessionSetup,
         )
         protocol = factory.buildProtocol(None)
         transport = StringTransport()
@@ -950,7 +957,7 @@ class SessionSetupTests(SynchronousTestCase):
         protocol, _ = self.connect(sessions.append)
         d = protocol.handshake(TOKEN, self.clock, 10)
         protocol.dataReceived(frame(accepted(self.payload())))
-        closed = sessions[0].whenClosed()
+        closed = sessions[0].when_closed()
         protocol.dataReceived(frame(readyResponse(ready=False, reason="superseded")))
         self.failureResultOf(d, RetryableError)
         self.assertNoResult(closed)

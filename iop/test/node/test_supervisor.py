@@ -49,7 +49,7 @@ class SupervisorTests(SynchronousTestCase):
         endpoint: FakeEndpoint,
         max_attempts: int,
         interval: float = INTERVAL,
-        handshakeTimeout: float = 30.0,
+        handshake_timeout: float = 30.0,
     ) -> tuple[NodeSupervisor, Deferred[int]]:
         supervisor = NodeSupervisor(
             endpoint,
@@ -57,9 +57,9 @@ class SupervisorTests(SynchronousTestCase):
             Secret(TOKEN),
             ReconnectPolicy(max_attempts=max_attempts, interval_sec=interval),
             self.clock,
-            handshakeTimeout=handshakeTimeout,
+            handshake_timeout=handshake_timeout,
         )
-        return supervisor, supervisor.whenFinished()
+        return supervisor, supervisor.when_finished()
 
     def assertNoTokenIn(self, supervisor: NodeSupervisor) -> None:
         self.assertNotIn(TOKEN, repr(supervisor.describe()))
@@ -110,7 +110,7 @@ class SupervisorTests(SynchronousTestCase):
         )
         # The tap stops every service at exit; that changes nothing.
         self.successResultOf(supervisor.stopService())
-        self.assertEqual(self.successResultOf(supervisor.whenFinished()), EXIT_FAILURE)
+        self.assertEqual(self.successResultOf(supervisor.when_finished()), EXIT_FAILURE)
 
     def test_retryableRejectCountsAsAttempt(self) -> None:
         endpoint = FakeEndpoint(
@@ -148,9 +148,9 @@ class SupervisorTests(SynchronousTestCase):
         self.successResultOf(stopped)
         self.assertEqual(self.successResultOf(finished), EXIT_OK)
 
-    def test_handshakeTimeoutCountsAsAttempt(self) -> None:
+    def test_handshake_timeoutCountsAsAttempt(self) -> None:
         endpoint = FakeEndpoint(self.clock, default=silentEdge)
-        supervisor, finished = self.supervise(endpoint, max_attempts=2, handshakeTimeout=3)
+        supervisor, finished = self.supervise(endpoint, max_attempts=2, handshake_timeout=3)
         supervisor.startService()
         endpoint.flush()
         self.clock.advance(3)
@@ -236,13 +236,13 @@ class SupervisorTests(SynchronousTestCase):
     def test_whenFinishedPerCaller(self) -> None:
         endpoint = FakeEndpoint(self.clock)
         supervisor, first = self.supervise(endpoint, max_attempts=0)
-        second = supervisor.whenFinished()
+        second = supervisor.when_finished()
         self.assertIsNot(first, second)
         supervisor.startService()
         supervisor.stopService()
         self.assertEqual(self.successResultOf(first), EXIT_OK)
         self.assertEqual(self.successResultOf(second), EXIT_OK)
-        self.assertEqual(self.successResultOf(supervisor.whenFinished()), EXIT_OK)
+        self.assertEqual(self.successResultOf(supervisor.when_finished()), EXIT_OK)
 
     # -- reconnect ---------------------------------------------------------------------------
 

@@ -13,16 +13,14 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop import __version__
 from iop.node.errors import FatalError, RetryableError
-from iop.node.transport import (
+from iop.node.session import (
     COMMAND_UNAVAILABLE,
     RUN_UNAVAILABLE,
-    EdgeConnectionFactory,
-    EdgeConnectionProtocol,
-    IllegalTransition,
-    NodeLifecycle,
     NodeSession,
-    NodeState,
+    SessionBuilder,
+    default_adapter_context,
 )
+from iop.node.transport import EdgeConnectionFactory, EdgeConnectionProtocol, IllegalTransition
 from iop.test.node.fakes import (
     NODE_ID,
     TOKEN,
@@ -38,39 +36,6 @@ from iop.test.node.fakes import (
     rejected,
 )
 from iop.wire import runtime_pb2 as pb
-
-
-class NodeLifecycleTests(SynchronousTestCase):
-    def test_forward(self) -> None:
-        lifecycle = NodeLifecycle()
-        self.assertIs(lifecycle.state, NodeState.DIALING)
-        for state in (NodeState.REGISTERING, NodeState.APPLYING, NodeState.READY):
-            lifecycle.advance(state)
-            self.assertIs(lifecycle.state, state)
-        self.assertTrue(lifecycle.close())
-        self.assertIs(lifecycle.state, NodeState.CLOSED)
-        self.assertFalse(lifecycle.close())
-
-    def test_closeFromEveryOpenState(self) -> None:
-        path = [NodeState.REGISTERING, NodeState.APPLYING, NodeState.READY]
-        for steps in range(len(path) + 1):
-            lifecycle = NodeLifecycle()
-            for state in path[:steps]:
-                lifecycle.advance(state)
-            self.assertTrue(lifecycle.close())
-
-    def test_illegalTransitionsAreImpossible(self) -> None:
-        lifecycle = NodeLifecycle()
-        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.READY)
-        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.APPLYING)
-        self.assertIs(lifecycle.state, NodeState.DIALING)
-        lifecycle.advance(NodeState.REGISTERING)
-        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.REGISTERING)
-        self.assertRaises(IllegalTransition, lifecycle.advance, NodeState.READY)
-        lifecycle.close()
-        for state in NodeState:
-            self.assertRaises(IllegalTransition, lifecycle.advance, state)
-        self.assertIs(lifecycle.state, NodeState.CLOSED)
 
 
 class TransportTestCase(SynchronousTestCase):
@@ -89,18 +54,22 @@ class TransportTestCase(SynchronousTestCase):
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
     def connect(
-        self, heartbeatInterval: float = 2.0, heartbeatTimeout: float = 5.0
+        self,
+        heartbeat_interval: float = 2.0,
+        heartbeat_timeout: float = 5.0,
+        sessions: SessionBuilder | None = None,
     ) -> tuple[StringTransport, EdgeConnectionProtocol, Deferred[None]]:
         factory = EdgeConnectionFactory(
             self.clock,
-            heartbeatInterval=heartbeatInterval,
-            heartbeatTimeout=heartbeatTimeout,
+            sessions,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
             hostname="node-host",
         )
         protocol = factory.buildProtocol(None)
         transport = StringTransport()
         protocol.makeConnection(transport)
-        lost = protocol.whenDisconnected()
+        lost = protocol.when_disconnected()
         self.connections.append((protocol, lost))
         return transport, protocol, lost
 
@@ -132,7 +101,6 @@ class HandshakeTests(TransportTestCase):
         self.assertEqual(register.register_request.token, TOKEN)
         self.assertEqual(register.register_request.node_version, __version__)
         self.assertEqual(register.register_request.hostname, "node-host")
-        self.assertIs(self.protocol.state, NodeState.REGISTERING)
         self.assertNoResult(d)
 
         config = payload(adapter("gpu", "vllm", max_concurrency=3), adapter("", "ollama"))
@@ -140,14 +108,10 @@ class HandshakeTests(TransportTestCase):
         [ready] = self.sent()
         self.assertEqual(ready.WhichOneof("message"), "node_ready_request")
         self.assertEqual(ready.node_ready_request.node_id, NODE_ID)
-        self.assertIs(self.protocol.state, NodeState.APPLYING)
-        self.assertIsNone(self.protocol.session)
         self.assertNoResult(d)
 
         self.deliver(readyResponse())
         session = self.successResultOf(d)
-        self.assertIs(self.protocol.state, NodeState.READY)
-        self.assertIs(self.protocol.session, session)
         self.assertEqual(session.node_id, NODE_ID)
         self.assertEqual(session.config.config_revision, 7)
         self.assertEqual(session.registry.get("gpu").max_concurrency, 3)
@@ -178,11 +142,12 @@ class HandshakeTests(TransportTestCase):
         )
         d = protocol.handshake(TOKEN, self.clock, 10)
         pump.flush()
-        self.assertEqual(self.successResultOf(d).node_id, NODE_ID)
+        session = self.successResultOf(d)
+        self.assertEqual(session.node_id, NODE_ID)
         self.assertEqual(edge.kinds(), ["register_request", "node_ready_request"])
         edge.transport.loseConnection()  # type: ignore[union-attr]
         pump.flush()
-        self.assertIs(protocol.state, NodeState.CLOSED)
+        self.assertTrue(session.closed)
         self.assertTrue(edge.lost)
 
     def test_rejectCodes(self) -> None:
@@ -211,7 +176,7 @@ class HandshakeTests(TransportTestCase):
             self.assertEqual(seen, [True], "transport aborted before the errback")
             self.assertIn("nope", failure.getErrorMessage())
             self.assertIn(pb.RegisterRejectCode.Name(code), failure.getErrorMessage())
-            self.assertIs(protocol.state, NodeState.CLOSED)
+            self.assertTrue(transport.disconnecting)
             self.assertEqual(kinds(self.sent(transport)), ["register_request"])
             self.loseConnection(protocol)
             self.assertIsNone(self.successResultOf(lost))
@@ -223,8 +188,6 @@ class HandshakeTests(TransportTestCase):
         failure = self.failureResultOf(d, RetryableError)
         self.assertIn("superseded by a newer connection", failure.getErrorMessage())
         self.assertTrue(self.transport.disconnecting)
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
-        self.assertIsNone(self.protocol.session)
 
     def test_unknownAdapterType(self) -> None:
         """A payload that does not apply: no ready request, aborted, retryable."""
@@ -259,7 +222,6 @@ class HandshakeTests(TransportTestCase):
         failure = self.failureResultOf(d, RetryableError)
         self.assertIn("timed out after 10 s", failure.getErrorMessage())
         self.assertTrue(self.transport.disconnecting)
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
 
     def test_timeoutWhileApplying(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 3)
@@ -274,7 +236,7 @@ class HandshakeTests(TransportTestCase):
         failure = self.failureResultOf(d, RetryableError)
         self.assertIn("connection lost", failure.getErrorMessage())
         self.assertIsNone(self.successResultOf(self.lost))
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
+        self.failureResultOf(self.protocol.handshake(TOKEN, self.clock, 10), RetryableError)
 
     def test_connectionLostWhileApplying(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
@@ -341,7 +303,6 @@ class HeartbeatTests(TransportTestCase):
         self.assertFalse(self.transport.disconnecting)
         self.clock.advance(0.1)
         self.assertTrue(self.transport.disconnecting)
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
         self.assertTrue(any("heartbeat timeout" in formatEvent(e) for e in events))
         self.loseConnection()
 
@@ -463,23 +424,147 @@ class ReadySessionTests(TransportTestCase):
         self.assertRaises(ValueError, self.session.install, "register_response", seen.append)
 
     def test_messageEdgeMayNotSend(self) -> None:
+        events = captureEvents(self)
         self.deliver(accepted())
         self.assertTrue(self.transport.disconnecting)
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
+        self.assertTrue(
+            any("message the edge may not send to a ready node" in formatEvent(e) for e in events)
+        )
+        # Closed: nothing more is read or answered.
+        self.protocol.paused = False
+        self.deliver(pb.Envelope(run_request=pb.RunRequest(run_id="r1")))
+        self.assertEqual(self.sent(), [])
 
     def test_disconnectNotifiesEachCaller(self) -> None:
-        first, second = self.protocol.whenDisconnected(), self.protocol.whenDisconnected()
+        first, second = self.protocol.when_disconnected(), self.protocol.when_disconnected()
         self.assertIsNot(first, second)
         self.assertNoResult(first)
         self.loseConnection()
         self.assertIsNone(self.successResultOf(first))
         self.assertIsNone(self.successResultOf(second))
-        self.assertIsNone(self.successResultOf(self.protocol.whenDisconnected()))
+        self.assertIsNone(self.successResultOf(self.protocol.when_disconnected()))
         self.assertTrue(self.session.closed)
-        self.assertIsNone(self.protocol.session)
-        self.assertIs(self.protocol.state, NodeState.CLOSED)
 
     def test_noSendAfterClose(self) -> None:
         self.loseConnection()
         self.session.send(pb.Envelope(run_event=pb.RunEvent(run_id="late")))
         self.assertEqual(self.sent(), [])
+
+
+class SessionOrderTests(TransportTestCase):
+    """
+    The ready response moves the connection to ready before any later envelope is read; a
+    request before it is the Edge dispatching too early.
+    """
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.served: list[tuple[str, str]] = []
+        self.sessions: list[NodeSession] = []
+
+        def setup(session: NodeSession) -> None:
+            self.sessions.append(session)
+            session.install(
+                "provider_tunnel_request",
+                lambda e: self.served.append(("tunnel", e.provider_tunnel_request.run_id)),
+            )
+            session.install(
+                "run_request", lambda e: self.served.append(("run", e.run_request.run_id))
+            )
+
+        builder = SessionBuilder(default_adapter_context(self.clock), setup=setup)
+        self.transport, self.protocol, self.lost = self.connect(sessions=builder)
+
+    def requests(self) -> bytes:
+        return frame(
+            pb.Envelope(provider_tunnel_request=pb.ProviderTunnelRequest(run_id="t1"))
+        ) + frame(pb.Envelope(run_request=pb.RunRequest(run_id="r1")))
+
+    def test_readyAndRequestsInOneRead(self) -> None:
+        """Ready, a tunnel request and a run request in one chunk: both are served, in order."""
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.sent()
+        ready: list[list[tuple[str, str]]] = []
+
+        def fired(session: NodeSession) -> NodeSession:
+            ready.append(list(self.served))
+            return session
+
+        d.addCallback(fired)
+        self.protocol.dataReceived(frame(readyResponse()) + self.requests())
+        session = self.successResultOf(d)
+        self.assertEqual(ready, [[]], "the handshake fired before the requests were served")
+        self.assertEqual(self.served, [("tunnel", "t1"), ("run", "r1")])
+        self.assertEqual(self.sessions, [session])
+        self.assertFalse(self.transport.disconnecting)
+        self.assertIsNotNone(session.ready_at)
+
+    def test_readyAndRequestsByteByByte(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        for byte in frame(readyResponse()) + self.requests():
+            self.protocol.dataReceived(bytes([byte]))
+        self.successResultOf(d)
+        self.assertEqual(self.served, [("tunnel", "t1"), ("run", "r1")])
+        self.assertFalse(self.transport.disconnecting)
+
+    def test_requestBeforeReadyAborts(self) -> None:
+        """The Edge must acknowledge ready before it dispatches: an early request aborts."""
+        events = captureEvents(self)
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.sent()
+        self.protocol.dataReceived(self.requests() + frame(readyResponse()))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn(
+            "unexpected provider_tunnel_request while applying, before acknowledging ready",
+            failure.getErrorMessage(),
+        )
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(
+            self.protocol.closeReason,
+            "unexpected provider_tunnel_request while applying: a request before the ready "
+            "response",
+        )
+        self.assertTrue(any("before the ready response" in formatEvent(e) for e in events))
+        self.assertEqual(self.served, [])
+        self.assertEqual(self.sent(), [])
+        # The session built for this connection learns that it is gone.
+        [session] = self.sessions
+        self.assertFalse(session.closed)
+        self.loseConnection()
+        self.assertTrue(session.closed)
+
+    def test_runRequestBeforeReadyAborts(self) -> None:
+        d = self.protocol.handshake(TOKEN, self.clock, 10)
+        self.deliver(accepted())
+        self.deliver(pb.Envelope(run_request=pb.RunRequest(run_id="r1")))
+        failure = self.failureResultOf(d, RetryableError)
+        self.assertIn("unexpected run_request while applying", failure.getErrorMessage())
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.served, [])
+
+
+class SessionBuilderTests(TransportTestCase):
+    def test_appliesACopyOfThePayload(self) -> None:
+        config = payload(adapter("gpu", "vllm"))
+        session = SessionBuilder(default_adapter_context(self.clock)).apply(
+            NODE_ID, config, lambda e: None, self.clock, 1.0, 3.0
+        )
+        config.alias = "changed"
+        self.assertEqual(session.config.alias, "lab")
+        self.assertEqual((session.heartbeat_interval, session.heartbeat_timeout), (1.0, 3.0))
+        self.assertEqual(session.registry.get("gpu").type, "vllm")
+
+    def test_payloadThatDoesNotApply(self) -> None:
+        builder = SessionBuilder(default_adapter_context(self.clock))
+        error = self.assertRaises(
+            RetryableError,
+            builder.apply,
+            NODE_ID,
+            payload(adapter("x", "y")),
+            lambda e: None,
+            self.clock,
+        )
+        self.assertIn("config payload does not apply", str(error))

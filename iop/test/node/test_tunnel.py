@@ -22,8 +22,8 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.runs import RunManager
+from iop.node.session import NodeSession
 from iop.node.tap import makeSessionSetup
-from iop.node.transport import NodeSession
 from iop.node.tunnel import (
     BODY_FRAME_BYTES,
     TunnelManager,
@@ -32,6 +32,7 @@ from iop.node.tunnel import (
     upstream_request_headers,
 )
 from iop.runtime import AdapterContext, ITunnelProvider, Usage
+from iop.runtime.codes import ErrorCode, error_code
 from iop.test.node.fakes import captureEvents
 from iop.test.node.test_runs import openStore
 from iop.testing.fake_openai import FAIL_500_MODEL, FAIL_MIDSTREAM_MODEL, FakeOpenAI, fake_text
@@ -237,7 +238,7 @@ class TunnelCase(SynchronousTestCase):
         ends = [f for f in frames if f.kind in (pb.END, pb.ERROR)]
         self.assertEqual(ends, [frames[-1]])
         self.assertEqual(self.instance.gate.in_use, 0)
-        self.assertFalse(self.tunnels.isActive(run_id))
+        self.assertFalse(self.tunnels.is_active(run_id))
 
     def usage(self, run_id: str = "t1") -> pb.Usage:
         [frame] = [f for f in self.frames(run_id) if f.kind == pb.USAGE]
@@ -320,7 +321,9 @@ class StreamTests(TunnelCase):
 
     def test_smallerFrameSize(self) -> None:
         self.useFake(tokens=3)
-        self.tunnels = TunnelManager(self.registry, self.sent.append, self.clock, bodyFrameBytes=7)
+        self.tunnels = TunnelManager(
+            self.registry, self.sent.append, self.clock, body_frame_bytes=7
+        )
         self.open(chat())
         self.assertTrue(all(len(f.body) <= 7 for f in self.frames() if f.kind == pb.BODY))
         self.assertTrue(self.body().endswith(b"data: [DONE]\n\n"))
@@ -460,6 +463,8 @@ class RoutingTests(TunnelCase):
         [frame] = new
         self.assertEqual((frame.kind, frame.sequence, frame.end), (pb.ERROR, 1, True))
         self.assertEqual(self.instance.gate.in_use, 0)
+        # Only a full gate is a coded refusal.
+        self.assertEqual(dict(frame.metadata), {})
         return frame.error
 
     def test_refusals(self) -> None:
@@ -502,7 +507,7 @@ class RoutingTests(TunnelCase):
         self.tunnels.submit(self.request())
         [refusal] = self.frames()[len(frames) :]
         self.assertIn("already active", refusal.error)
-        self.assertTrue(self.tunnels.isActive("t1"))
+        self.assertTrue(self.tunnels.is_active("t1"))
         self.tunnels.cancel("t1")
         self.http.flush()
 
@@ -535,6 +540,7 @@ class GateTests(TunnelCase):
         [frame] = self.frames()
         self.assertEqual(frame.kind, pb.ERROR)
         self.assertEqual(frame.error, "adapter 'up' is at capacity (1/1)")
+        self.assertEqual(error_code(frame.metadata), ErrorCode.PROVIDER_AT_CAPACITY)
         self.advance(3, steps=3)
         self.assertEqual(self.runEvents()[-1].type, "complete")
         self.assertEqual(self.instance.gate.in_use, 0)
@@ -551,6 +557,7 @@ class GateTests(TunnelCase):
         self.runs.submit(pb.RunRequest(run_id="r1", adapter="up", target="demo-model", input="x"))
         [event] = self.runEvents()
         self.assertEqual((event.type, event.error), ("error", "adapter 'up' is at capacity (1/1)"))
+        self.assertEqual(error_code(event.metadata), ErrorCode.PROVIDER_AT_CAPACITY)
         self.advance(3, steps=3)
         self.assertValid()
         self.runs.submit(
@@ -583,7 +590,7 @@ class GateTests(TunnelCase):
 class CancelTests(TunnelCase):
     def cancel(self, run_id: str = "t1", reason: str = "client went away") -> pb.CancelResponse:
         before = len(self.sent)
-        self.tunnels.cancelRequestReceived(
+        self.tunnels.cancel_request_received(
             pb.Envelope(
                 cancel_request=pb.CancelRequest(kind=pb.CANCEL_RUN, run_id=run_id, reason=reason)
             )
@@ -643,11 +650,11 @@ class CancelTests(TunnelCase):
         self.advance(1)
         self.assertEqual(self.instance.gate.in_use, 2)
         count = len(self.sent)
-        self.tunnels.connectionLost()
+        self.tunnels.connection_lost()
         self.http.flush()
         self.assertEqual(len(self.sent), count)
         self.assertEqual(self.instance.gate.in_use, 0)
-        self.assertEqual(self.tunnels.activeCount(), 0)
+        self.assertEqual(self.tunnels.active_count(), 0)
         self.assertEqual(fake.stats().client_disconnects, 2)
         self.tunnels.submit(self.request(run_id="t3"))
         self.assertEqual(len(self.sent), count)
@@ -939,7 +946,7 @@ class SessionTests(TunnelCase):
         makeSessionSetup(openStore(self, self.clock), self.clock)(self.session)
 
     def deliver(self, **message: Any) -> None:
-        self.session.envelopeReceived(pb.Envelope(**message))
+        self.session.envelope_received(pb.Envelope(**message))
         self.http.flush()
 
     def test_cancelRoutesByRunId(self) -> None:
@@ -975,7 +982,7 @@ class SessionTests(TunnelCase):
     def test_sessionLossAbortsTunnels(self) -> None:
         self.deliver(provider_tunnel_request=self.request(run_id="t1"))
         self.advance(1)
-        self.session.connectionLost(Failure(ConnectionDone()))
+        self.session.connection_lost(Failure(ConnectionDone()))
         self.http.flush()
         self.assertEqual(self.instance.gate.in_use, 0)
         self.assertEqual(self.fake.stats().client_disconnects, 1)

@@ -144,7 +144,7 @@ class FrameSequenceProperties(SynchronousTestCase):
         )
         sent: list[pb.Envelope] = []
         manager = TunnelManager(
-            AdapterRegistry([instance]), sent.append, clock, bodyFrameBytes=scenario["frameBytes"]
+            AdapterRegistry([instance]), sent.append, clock, body_frame_bytes=scenario["frameBytes"]
         )
         ending = scenario["ending"]
         interrupt = ending in INTERRUPTIONS
@@ -171,8 +171,8 @@ class FrameSequenceProperties(SynchronousTestCase):
             elif ending == "bound":
                 clock.advance(BOUND - clock.seconds())
             else:
-                manager.connectionLost()
-            self.assertFalse(manager.isActive(RUN_ID))
+                manager.connection_lost()
+            self.assertFalse(manager.is_active(RUN_ID))
 
         delivered = b""
         response: Response | None = None
@@ -193,7 +193,7 @@ class FrameSequenceProperties(SynchronousTestCase):
                     self.assertTrue(response.transport.stopped, "upstream not disconnected")
                 if response.transport.stopped and not scenario["late"]:
                     break
-                if manager.isActive(RUN_ID):
+                if manager.is_active(RUN_ID):
                     delivered += chunk
                 protocol.dataReceived(chunk)
                 if ending != "bound":
@@ -215,7 +215,7 @@ class FrameSequenceProperties(SynchronousTestCase):
         self.assertEqual(clock.getDelayedCalls(), [])
 
         self.assertEqual((gate.releases, gate.in_use), (1, 0))
-        self.assertFalse(manager.isActive(RUN_ID))
+        self.assertFalse(manager.is_active(RUN_ID))
         frames = [e.provider_tunnel_frame for e in sent]
         self.assertTrue(all(e.WhichOneof("message") == "provider_tunnel_frame" for e in sent))
         self.assertTrue(all(f.run_id == RUN_ID for f in frames))
