@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import openai
@@ -67,6 +68,10 @@ def node(node_id: str, token_var: str, openai_port: int, ollama_port: int) -> di
 
 def queued(cluster: Cluster, provider_id: str) -> int:
     return int(cluster.provider(provider_id)["queued"])
+
+
+def holds_one(cluster: Cluster, provider_id: str) -> bool:
+    return bool(cluster.provider(provider_id)["in_flight"] == 1)
 
 
 def counters(cluster: Cluster) -> dict[str, tuple[int, int]]:
@@ -141,7 +146,7 @@ class TestActualNodeReconnectReadyPumpsQueuedWaiterExactlyOnce:
         chats = Chats(cluster)
         for model, pid in (("m", "y-chat"), ("m-run", "y-llama")):
             chats.start(model)  # holds y's slot of the model
-            wait_until(lambda pid=pid: cluster.provider(pid)["in_flight"] == 1, 10, pid)
+            wait_until(partial(holds_one, cluster, pid), 10, pid)
         for _ in range(QUEUED):
             chats.start("m")
             chats.start("m-run")
