@@ -26,7 +26,7 @@ from iop.edge.admin import AdminApp
 from iop.edge.commands import NodeCommander
 from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus, UsageEvent
-from iop.edge.gateway import Dispatch, EdgeGateway
+from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
@@ -102,12 +102,12 @@ class EdgeService(MultiService):
             conn, env.provider_tunnel_frame
         )
         self.gateway = EdgeGateway(
-            config, self.pool, self.runs, self.tunnels, onFinished=self.requestFinished
+            config, self.pool, self.runs, self.tunnels, on_finished=self.requestFinished
         )
         self.clients = ClientApp(self.gateway, config.client_api, reactor)
         self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
 
-    def requestFinished(self, dispatch: Dispatch, usage: Usage | None, outcome: str) -> None:
+    def requestFinished(self, dispatch: Placement, usage: Usage | None, outcome: str) -> None:
         """A client request ended: its usage and attribution go on the event bus."""
         self.bus.publish(
             UsageEvent(
