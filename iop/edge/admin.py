@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_admin -*-
+# -*- test-case-name: iop.test.edge.test_admin_runs,iop.test.edge.test_tunnel -*-
 """
 The small admin HTTP surface (Klein), loopback by default.
 
@@ -19,6 +19,11 @@ The small admin HTTP surface (Klein), loopback by default.
   ``model`` set to ``target`` (and, for chat_completions/responses/messages, ``stream`` set to
   the flag). A client that goes away cancels the tunnel; an error after the response started
   aborts the connection, so the client sees a truncated body rather than a clean end.
+
+Runs and tunnels reach the client through the client surfaces' relay
+(:func:`iop.edge.ingress.relay.relay`), with the NDJSON stream (:class:`NdjsonStream`) or a
+passthrough as its transform; a pooled run holds its placement through
+:func:`~iop.edge.ingress.relay.with_placement`, which releases it once the run has ended.
 """
 
 from __future__ import annotations
@@ -37,9 +42,18 @@ from twisted.web.resource import IResource
 
 from iop.edge.commands import CommandFailed, NodeCommander
 from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
-from iop.edge.gateway import Dispatch, EdgeGateway
-from iop.edge.pool import Overloaded, QueueTimeout, Unavailable, UnknownModel
-from iop.edge.tunnel import TunnelDispatcher, TunnelFailed, TunnelOutcome, TunnelStream
+from iop.edge.gateway import EdgeGateway, Placement
+from iop.edge.ingress.errors import ApiError
+from iop.edge.ingress.relay import (
+    Exchange,
+    Head,
+    PassThrough,
+    RunSource,
+    TunnelSource,
+    relay,
+    with_placement,
+)
+from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
 from iop.wire import runtime_pb2 as pb
 
@@ -70,12 +84,27 @@ def event_json(handle: RunHandle, event: RuntimeEvent) -> dict[str, Any]:
     return out
 
 
-_POOL_ERRORS: dict[type, int] = {
-    UnknownModel: 404,
-    Unavailable: 503,
-    Overloaded: 429,
-    QueueTimeout: 503,
-}
+def _api_error(request: IRequest, error: ApiError) -> bytes:
+    for name, value in error.headers:
+        request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+    return _error(request, error.status, error.message)
+
+
+class NdjsonStream:
+    """The relay transform of a run streamed as NDJSON: one event per line, from the first."""
+
+    def __init__(self, handle: RunHandle) -> None:
+        self._handle = handle
+
+    def head(self, start: RuntimeEvent) -> Head:
+        return Head(200, "application/x-ndjson", [("x-iop-run-id", self._handle.run_id)])
+
+    def feed(self, item: RuntimeEvent) -> bytes:
+        return json.dumps(event_json(self._handle, item)).encode() + b"\n"
+
+    def end(self, ending: RuntimeEvent) -> bytes:
+        return b""
+
 
 _RUN_FIELDS = {
     "model": str,
@@ -245,7 +274,9 @@ class AdminApp:
         }
         gateway = self._gateway
         if "model" in body and gateway is not None and gateway.model(body["model"]) is not None:
-            return self._submitPooled(request, gateway, body["model"], options)
+            return Deferred.fromCoroutine(
+                self._submit_pooled(request, gateway, body["model"], options)
+            )
         try:
             if "model" in body:
                 handle = self._runs.submit_model_run(body["model"], **options)
@@ -259,11 +290,13 @@ class AdminApp:
             return _error(request, 503, str(e))
         except DispatchError as e:
             return _error(request, 400, str(e))
-        return self._stream(request, handle)
+        return Deferred.fromCoroutine(
+            relay(Exchange(request), NdjsonStream(handle), RunSource(handle))
+        )
 
-    def _submitPooled(
+    async def _submit_pooled(
         self, request: IRequest, gateway: EdgeGateway, model: str, options: dict[str, Any]
-    ) -> Deferred[bytes]:
+    ) -> bytes:
         """
         A ``models[]`` key: take a provider lease from the pool (waiting in its queue when every
         candidate is busy), then run it as a normalized run on the chosen provider. This debug
@@ -271,48 +304,19 @@ class AdminApp:
         """
         options.pop("node_id", None)
         prompt_tokens = (len(options["input"]) + 3) // 4
-        waiting = gateway.dispatch(model, prompt_tokens=prompt_tokens)
-        request.notifyFinish().addErrback(lambda _: waiting.cancel())  # type: ignore[attr-defined]
+        exchange = Exchange(request)
 
-        def chosen(dispatch: Dispatch) -> Deferred[bytes] | bytes:
+        async def answer(placement: Placement) -> bytes:
             try:
-                handle = gateway.run(dispatch, **options)
+                handle = gateway.run(placement, **options)
             except DispatchError as e:
                 return _error(request, 503, str(e))
-            return self._stream(request, handle)
+            return await relay(exchange, NdjsonStream(handle), RunSource(handle))
 
-        def failed(failure: Failure) -> bytes | Failure:
-            if failure.check(defer.CancelledError):
-                return b""
-            code = _POOL_ERRORS.get(type(failure.value))
-            if code is None:
-                return failure
-            if code == 429:
-                request.setHeader(b"retry-after", b"1")
-            return _error(request, code, str(failure.value))
-
-        return waiting.addCallbacks(chosen, failed)
-
-    def _stream(self, request: IRequest, handle: RunHandle) -> Deferred[bytes]:
-        request.setResponseCode(200)
-        request.setHeader(b"content-type", b"application/x-ndjson")
-        request.setHeader(b"cache-control", b"no-store")
-        request.setHeader(b"x-iop-run-id", handle.run_id.encode())
-        gone: list[bool] = []
-
-        def clientGone(failure: Failure) -> None:
-            gone.append(True)
-            handle.cancel("client disconnected")
-
-        request.notifyFinish().addErrback(clientGone)  # type: ignore[attr-defined]
-
-        def write(event: RuntimeEvent) -> None:
-            if not gone:
-                request.write(json.dumps(event_json(handle, event)).encode() + b"\n")
-
-        handle.subscribe(write)
-        done = handle.whenDone()
-        return done.addCallback(lambda _: b"")
+        try:
+            return await with_placement(gateway, exchange, model, prompt_tokens, answer)
+        except ApiError as e:
+            return _api_error(request, e)
 
     @app.route("/tunnels", methods=["POST"])
     def openTunnel(self, request: IRequest) -> bytes | Deferred[bytes]:
@@ -336,6 +340,7 @@ class AdminApp:
         if method != "GET":
             headers.insert(0, ("content-type", "application/json"))
         headers += [(str(k), str(v)) for k, v in body.get("headers", {}).items()]
+        exchange = Exchange(request)
         try:
             node = self._runs.choose_node(body.get("node"))
             tunnel = self._tunnels.open(
@@ -355,54 +360,20 @@ class AdminApp:
             return _error(request, 503, str(e))
         except DispatchError as e:
             return _error(request, 400, str(e))
-        return self._relayTunnel(request, tunnel)
+        passthrough = PassThrough(
+            keep=frozenset({"content-type"}),
+            default_type=None,
+            headers=[("x-iop-run-id", tunnel.run_id)],
+        )
+        return Deferred.fromCoroutine(self._relay(exchange, passthrough, TunnelSource(tunnel)))
 
-    def _relayTunnel(self, request: IRequest, tunnel: TunnelStream) -> Deferred[bytes]:
-        gone: list[bool] = []
-
-        def clientGone(failure: Failure) -> None:
-            gone.append(True)
-            tunnel.cancel("client disconnected")
-
-        request.notifyFinish().addErrback(clientGone)  # type: ignore[attr-defined]
-
-        def started(response: tuple[int, list[tuple[str, str]]]) -> Deferred[bytes]:
-            status, headers = response
-            request.setResponseCode(status)
-            for name, value in headers:
-                if name.lower() == "content-type":
-                    request.setHeader(b"content-type", value.encode("latin-1"))
-                    break
-            request.setHeader(b"cache-control", b"no-store")
-            request.setHeader(b"x-iop-run-id", tunnel.run_id.encode())
-            registered = not gone
-            if registered:
-                request.registerProducer(tunnel, True)  # type: ignore[attr-defined]
-                # Send the status line and headers now, not with the first body bytes.
-                request.write(b"")
-            tunnel.deliverBody(lambda data: None if gone else request.write(data))
-            return tunnel.whenDone().addCallback(done, registered)
-
-        def done(outcome: TunnelOutcome, registered: bool) -> bytes:
-            if registered and not gone:
-                request.unregisterProducer()  # type: ignore[attr-defined]
-            if not outcome.ok and not gone:
-                self.log.warn(
-                    "tunnel {run_id} failed after its response started: {error}",
-                    run_id=tunnel.run_id,
-                    error=outcome.error,
-                )
-                transport = getattr(request, "transport", None)
-                if transport is not None:
-                    getattr(transport, "abortConnection", transport.loseConnection)()
-            return b""
-
-        def failed(failure: Failure) -> bytes:
-            failure.trap(TunnelFailed)
-            message = str(failure.value)
-            return _error(request, 503 if "at capacity" in message else 502, message)
-
-        return tunnel.whenStarted().addCallbacks(started, failed)
+    async def _relay(
+        self, exchange: Exchange, passthrough: PassThrough, source: TunnelSource
+    ) -> bytes:
+        try:
+            return await relay(exchange, passthrough, source)
+        except ApiError as e:
+            return _api_error(exchange.request, e)
 
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:

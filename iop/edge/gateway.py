@@ -1,18 +1,19 @@
 # -*- test-case-name: iop.test.edge.test_gateway -*-
 """
-The Edge service the client surfaces call: model id → a dispatch decision → a run or a tunnel.
+The Edge service the client surfaces call: model id → a placement → a run or a tunnel.
 
-``dispatch(model)`` resolves the model: a ``models[]`` key goes through the provider pool (a
+``place(model)`` resolves the model: a ``models[]`` key goes through the provider pool (a
 capacity lease, queueing when every candidate is busy); an ``openai.model_routes[]`` id goes
-straight to its adapter on its node (or the single ready node). The result, :class:`Dispatch`,
+straight to its adapter on its node (or the single ready node). The result, :class:`Placement`,
 keeps Edge-locally what was really chosen — provider id, served target, node id, usage
 attribution — and which wire the provider needs: OpenAI-compatible providers (``openai_compat``,
 ``vllm``) take the raw provider tunnel, everything else a normalized ``RunRequest``. The choice
 comes from the selected provider, never from the client.
 
-Whatever path a request ends by (terminal event, tunnel end, send failure, node gone, client
-gone), the lease is released exactly once: the run/tunnel helpers here attach the release to the
-request's end, and :meth:`Dispatch.release` is idempotent for callers that stop earlier.
+The gateway never releases a lease: whoever placed the request releases it once, when it is
+done with it (:func:`iop.edge.ingress.relay.with_placement`; :meth:`Placement.release` is
+idempotent). :meth:`EdgeGateway.run` and :meth:`EdgeGateway.tunnel` report each request's end
+with its usage and attribution (log + ``on_finished``).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
 
 
 @dataclass
-class Dispatch:
+class Placement:
     """What the Edge chose for one request. Edge-local: none of it goes on the wire as such."""
 
     model: str
@@ -79,13 +80,13 @@ class EdgeGateway:
         pool: ProviderPool,
         runs: RunDispatcher,
         tunnels: TunnelDispatcher,
-        onFinished: Callable[[Dispatch, Usage | None, str], None] | None = None,
+        on_finished: Callable[[Placement, Usage | None, str], None] | None = None,
     ) -> None:
         self._config = config
         self._pool = pool
         self._runs = runs
         self._tunnels = tunnels
-        self._onFinished = onFinished
+        self._on_finished = on_finished
         self._models = {m.id: m for m in config.models}
         self._resolver = runs.routes
         self._providers: dict[str, tuple[str, ProviderConfig]] = {
@@ -117,9 +118,9 @@ class EdgeGateway:
             return [self._profiles.get(provider[1].profile) if provider else None]
         return []
 
-    # -- dispatch ----------------------------------------------------------------------------
+    # -- placement ---------------------------------------------------------------------------
 
-    def dispatch(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Dispatch]:
+    def place(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Placement]:
         """
         Choose where ``model_id`` runs. Fails with the pool's errors (``UnknownModel``,
         ``Unavailable``, ``Overloaded``, ``QueueTimeout``) or the dispatcher's (``NoRoute``,
@@ -128,16 +129,16 @@ class EdgeGateway:
         if model_id in self._models:
             policy = self._models[model_id]
             return self._pool.acquire(model_id, prompt_tokens=prompt_tokens).addCallback(
-                self._fromLease, policy
+                self._from_lease, policy
             )
         route = self._resolver.route(model_id)
         if route is None:
-            raise UnknownModel(f"model {model_id!r} does not exist")
+            raise UnknownModel(model_id)
         node_id = self._resolver.choose_node(route.node_id)
         adapter = self._resolver.adapter(node_id, route.adapter)
         provider = self._resolver.route_provider(node_id, route.adapter, route.target)
         return succeed(
-            Dispatch(
+            Placement(
                 model=model_id,
                 node_id=node_id,
                 adapter=adapter.name if adapter else route.adapter,
@@ -149,9 +150,9 @@ class EdgeGateway:
             )
         )
 
-    def _fromLease(self, lease: Lease, policy: ModelConfig) -> Dispatch:
+    def _from_lease(self, lease: Lease, policy: ModelConfig) -> Placement:
         _, provider = self._providers[lease.provider_id]
-        return Dispatch(
+        return Placement(
             model=policy.id,
             node_id=lease.node_id,
             adapter=lease.adapter,
@@ -166,22 +167,18 @@ class EdgeGateway:
 
     # -- execution ---------------------------------------------------------------------------
 
-    def run(self, dispatch: Dispatch, *, input: str, **options: Any) -> RunHandle:
-        """Send a normalized run for ``dispatch``; its end releases the lease."""
-        try:
-            handle = self._runs.submit_run(
-                adapter=dispatch.adapter,
-                target=dispatch.target,
-                input=input,
-                node_id=dispatch.node_id,
-                **options,
-            )
-        except Exception:
-            dispatch.release()
-            raise
+    def run(self, placement: Placement, *, input: str, **options: Any) -> RunHandle:
+        """Send a normalized run for ``placement``; its end is reported."""
+        handle = self._runs.submit_run(
+            adapter=placement.adapter,
+            target=placement.target,
+            input=input,
+            node_id=placement.node_id,
+            **options,
+        )
 
         def finished(terminal: RuntimeEvent) -> RuntimeEvent:
-            self._finished(dispatch, terminal.usage, terminal.type.value)
+            self._finished(placement, terminal.usage, terminal.type.value)
             return terminal
 
         handle.whenDone().addCallback(finished)
@@ -189,7 +186,7 @@ class EdgeGateway:
 
     def tunnel(
         self,
-        dispatch: Dispatch,
+        placement: Placement,
         *,
         operation: str,
         body: bytes,
@@ -198,46 +195,41 @@ class EdgeGateway:
         method: str = "POST",
         timeout_sec: int = 0,
     ) -> TunnelStream:
-        """Open the raw provider tunnel for ``dispatch``; its end releases the lease."""
-        try:
-            tunnel = self._tunnels.open(
-                dispatch.node_id,
-                adapter=dispatch.adapter,
-                target=dispatch.target,
-                operation=operation,
-                method=method,
-                headers=headers,
-                body=body,
-                stream=stream,
-                timeout_sec=timeout_sec,
-                profile=dispatch.profile.name if dispatch.profile else "",
-            )
-        except Exception:
-            dispatch.release()
-            raise
+        """Open the raw provider tunnel for ``placement``; its end is reported."""
+        tunnel = self._tunnels.open(
+            placement.node_id,
+            adapter=placement.adapter,
+            target=placement.target,
+            operation=operation,
+            method=method,
+            headers=headers,
+            body=body,
+            stream=stream,
+            timeout_sec=timeout_sec,
+            profile=placement.profile.name if placement.profile else "",
+        )
 
         def finished(outcome: TunnelOutcome) -> TunnelOutcome:
-            self._finished(dispatch, outcome.usage, "complete" if outcome.ok else "error")
+            self._finished(placement, outcome.usage, "complete" if outcome.ok else "error")
             return outcome
 
         def failed(failure: Failure) -> Failure:
-            self._finished(dispatch, None, "error")
+            self._finished(placement, None, "error")
             return failure
 
         tunnel.whenDone().addCallbacks(finished, failed)
         return tunnel
 
-    def _finished(self, dispatch: Dispatch, usage: Usage | None, outcome: str) -> None:
-        """Release the lease and report usage with its attribution (log + observer)."""
-        dispatch.release()
+    def _finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
+        """Report usage with its attribution (log + observer)."""
         self.log.info(
             "request finished: {model} on {provider_id}@{node_id} ({outcome})",
             outcome=outcome,
             usage=usage.as_dict() if usage else None,
-            **dispatch.attribution(),
+            **placement.attribution(),
         )
-        if self._onFinished is not None:
-            self._onFinished(dispatch, usage, outcome)
+        if self._on_finished is not None:
+            self._on_finished(placement, usage, outcome)
 
 
-__all__ = ["TUNNEL_TYPES", "Dispatch", "EdgeGateway", "NoRoute"]
+__all__ = ["TUNNEL_TYPES", "EdgeGateway", "NoRoute", "Placement"]

@@ -25,7 +25,7 @@ from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
 from iop.edge.commands import NodeCommander
 from iop.edge.events import EventBus, UsageEvent
-from iop.edge.gateway import Dispatch, EdgeGateway
+from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
@@ -89,20 +89,20 @@ class EdgeService(MultiService):
             conn, env.provider_tunnel_frame
         )
         self.gateway = EdgeGateway(
-            config, self.pool, self.runs, self.tunnels, onFinished=self.request_finished
+            config, self.pool, self.runs, self.tunnels, on_finished=self.request_finished
         )
         self.clients = ClientApp(self.gateway, config.client_api, reactor)
         self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
 
-    def request_finished(self, dispatch: Dispatch, usage: Usage | None, outcome: str) -> None:
+    def request_finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
         """A client request ended: its usage and attribution go on the event bus."""
         self.bus.publish(
             UsageEvent(
-                model=dispatch.model,
-                provider_id=dispatch.provider_id or "",
-                node_id=dispatch.node_id,
-                target=dispatch.target,
-                usage_attribution=dispatch.usage_attribution,
+                model=placement.model,
+                provider_id=placement.provider_id or "",
+                node_id=placement.node_id,
+                target=placement.target,
+                usage_attribution=placement.usage_attribution,
                 outcome=outcome,
                 usage=usage,
                 at=self._clock.seconds(),

@@ -47,8 +47,8 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 
 from iop.config.model import ClientAPIConfig, ModelConfig, ProfileConfig
-from iop.edge.dispatch import RunHandle
-from iop.edge.gateway import Dispatch
+from iop.edge.gateway import Placement
+from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.bridge import (
     BridgeError,
     ChatStreamToMessages,
@@ -61,32 +61,17 @@ from iop.edge.ingress.bridge import (
     run_events_to_message,
     thinking_requested,
 )
-from iop.edge.ingress.common import (
-    ApiError,
-    Exchange,
-    Gateway,
-    authenticate,
-    authorize,
-    bad_request,
-    collect_body,
-    collect_run,
-    dispatch,
-    dispatch_error,
+from iop.edge.ingress.errors import ApiError, bad_request, unsupported, upstream_error
+from iop.edge.ingress.http import (
     header,
     json_bytes,
-    max_tokens_for,
-    open_tunnel,
     optional_bool,
     positive_int,
     read_json,
-    relay_tunnel,
     render_json,
     required_model,
-    stream_run,
-    thinking_budget_for,
-    unsupported,
-    upstream_error,
 )
+from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import (
     Route,
     Unsupported,
@@ -94,8 +79,23 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
+from iop.edge.ingress.relay import (
+    Collect,
+    Exchange,
+    Gateway,
+    Head,
+    PassThrough,
+    RunCollect,
+    RunStream,
+    Stop,
+    TunnelSource,
+    open_run,
+    open_tunnel,
+    relay,
+    with_placement,
+)
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
-from iop.edge.tunnel import TunnelFailed, TunnelStream
+from iop.edge.tunnel import TunnelOutcome
 from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import RuntimeEvent
 
@@ -184,13 +184,13 @@ class AnthropicSurface:
 
     def _tunnel(
         self,
-        chosen: Dispatch,
+        placement: Placement,
         operation: str,
         payload: dict[str, Any],
         stream: bool,
         headers: list[tuple[str, str]],
-    ) -> TunnelStream:
-        return open_tunnel(self._gateway, chosen, operation, payload, stream, headers)
+    ) -> TunnelSource:
+        return open_tunnel(self._gateway, placement, operation, payload, stream, headers)
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -207,7 +207,7 @@ class AnthropicSurface:
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be a list")
-        hasTools = bool(tools)
+        has_tools = bool(tools)
         self._require(model)
         policy = self._gateway.model(model)
         limit = max_tokens_for(positive_int(body, "max_tokens"), policy)
@@ -215,158 +215,102 @@ class AnthropicSurface:
             raise bad_request("'max_tokens' is required")
         body = {**body, "max_tokens": limit}
         self._check_candidates(
-            model, lambda profile: check_messages(profile, stream=stream, tools=hasTools)
+            model, lambda profile: check_messages(profile, stream=stream, tools=has_tools)
         )
-        chosen = await dispatch(
-            self._gateway, exchange, model, estimate_prompt_tokens_messages(body)
+
+        async def answer(placement: Placement) -> bytes:
+            return await self._messages(exchange, placement, body, policy, stream, has_tools)
+
+        return await with_placement(
+            self._gateway, exchange, model, estimate_prompt_tokens_messages(body), answer
         )
+
+    async def _messages(
+        self,
+        exchange: Exchange,
+        placement: Placement,
+        body: dict[str, Any],
+        policy: ModelConfig | None,
+        stream: bool,
+        has_tools: bool,
+    ) -> bytes:
+        model = placement.model
         try:
-            route = check_messages(chosen.profile, stream=stream, tools=hasTools)
-            if route == Route.NATIVE and chosen.wire != "tunnel":
+            route = check_messages(placement.profile, stream=stream, tools=has_tools)
+            if route == Route.NATIVE and placement.wire != "tunnel":
                 raise Unsupported("native Anthropic Messages are served only through a tunnel")
         except Unsupported as e:
-            chosen.release()
             raise unsupported(e.message) from None
         if route == Route.NATIVE:
             payload = dict(body)
-            payload["model"] = chosen.target
-            tunnel = self._tunnel(
-                chosen, "messages", payload, stream, self._native_headers(exchange, stream)
+            payload["model"] = placement.target
+            return await relay(
+                exchange,
+                PassThrough(),
+                self._tunnel(
+                    placement, "messages", payload, stream, self._native_headers(exchange, stream)
+                ),
             )
-            await relay_tunnel(exchange, tunnel)
-            return b""
-        allowed = thinking_allowed(chosen.profile)
+        allowed = thinking_allowed(placement.profile)
         try:
-            chat = messages_to_chat(body, target=chosen.target, thinking_allowed=allowed)
+            chat = messages_to_chat(body, target=placement.target, thinking_allowed=allowed)
         except BridgeError as e:
-            chosen.release()
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
-        if chosen.wire == "tunnel":
-            tunnel = self._tunnel(chosen, "chat_completions", chat, stream, self._headers(stream))
+        if placement.wire == "tunnel":
             if stream:
-                await self._bridgeStream(exchange, tunnel, model, show)
-                return b""
-            status, _, data = await collect_body(exchange, tunnel)
-            if not _is_success(status):
-                raise upstream_error(status, data)
-            try:
-                completion = json.loads(data)
-                message = chat_completion_to_message(completion, model=model, thinking_allowed=show)
-            except (ValueError, UpstreamError) as e:
-                text = e.message if isinstance(e, UpstreamError) else "not JSON"
-                raise ApiError(
-                    502, f"the provider's answer could not be converted: {text}"
-                ) from None
-            return render_json(exchange.request, message)
-        handle = self._run(chosen, chat, body, policy)
+                tunnel_transform: BridgeStream | Collect = BridgeStream(model, show)
+            else:
+
+                def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+                    if not _is_success(status):
+                        raise upstream_error(status, data)
+                    try:
+                        completion = json.loads(data)
+                        message = chat_completion_to_message(
+                            completion, model=model, thinking_allowed=show
+                        )
+                    except (ValueError, UpstreamError) as e:
+                        text = e.message if isinstance(e, UpstreamError) else "not JSON"
+                        raise ApiError(
+                            502, f"the provider's answer could not be converted: {text}"
+                        ) from None
+                    return render_json(exchange.request, message)
+
+                tunnel_transform = Collect(convert)
+            return await relay(
+                exchange,
+                tunnel_transform,
+                self._tunnel(placement, "chat_completions", chat, stream, self._headers(stream)),
+            )
         if stream:
             converter = RunEventsToMessages(model=model, thinking_allowed=show)
 
-            def convert(event: RuntimeEvent) -> bytes:
+            def feed(event: RuntimeEvent) -> bytes:
                 return _sse(converter.feed(event))
 
-            await stream_run(exchange, handle, "text/event-stream", convert)
-            return b""
-        events = await collect_run(exchange, handle)
-        try:
-            message = run_events_to_message(events, model=model, thinking_allowed=show)
-        except UpstreamError as e:
-            raise ApiError(502, e.message, code="upstream_error") from None
-        return render_json(exchange.request, message)
+            run_transform: RunStream | RunCollect = RunStream(feed)
+        else:
 
-    def _run(
-        self,
-        chosen: Dispatch,
-        chat: dict[str, Any],
-        body: dict[str, Any],
-        policy: ModelConfig | None,
-    ) -> RunHandle:
-        thinking = body.get("thinking")
-        budget = thinking_budget_for(policy)
-        if isinstance(thinking, dict):
-            if thinking.get("type") == "disabled":
-                budget = 0
-            elif thinking.get("type") == "enabled" and isinstance(
-                thinking.get("budget_tokens"), int
-            ):
-                budget = int(thinking["budget_tokens"])
-        try:
-            return self._gateway.run(
-                chosen,
+            def whole(events: list[RuntimeEvent]) -> bytes:
+                try:
+                    message = run_events_to_message(events, model=model, thinking_allowed=show)
+                except UpstreamError as e:
+                    raise ApiError(502, e.message, code="upstream_error") from None
+                return render_json(exchange.request, message)
+
+            run_transform = RunCollect(whole)
+        return await relay(
+            exchange,
+            run_transform,
+            open_run(
+                self._gateway,
+                placement,
                 input=json_bytes(chat).decode(),
                 max_tokens=int(chat.get("max_tokens") or 0),
-                thinking_token_budget=budget,
-            )
-        except Exception as e:
-            mapped = dispatch_error(e)
-            if mapped is None:
-                raise
-            raise mapped from None
-
-    async def _bridgeStream(
-        self, exchange: Exchange, tunnel: TunnelStream, model: str, show: bool
-    ) -> None:
-        """A streamed Chat answer through a tunnel, converted to Anthropic stream events."""
-        exchange.onGone(lambda: tunnel.cancel("client disconnected"))
-        try:
-            status, _ = await tunnel.whenStarted()
-        except TunnelFailed as e:
-            raise dispatch_error(e) or e from None
-        if not _is_success(status):
-            chunks: list[bytes] = []
-            tunnel.deliverBody(chunks.append)
-            await tunnel.whenDone()
-            raise upstream_error(status, b"".join(chunks))
-        converter = ChatStreamToMessages(model=model, thinking_allowed=show)
-        parser = SSEParser()
-        exchange.start(200, "text/event-stream")
-        request = exchange.request
-        registered = not exchange.gone
-        if registered:
-            request.registerProducer(tunnel, True)  # type: ignore[attr-defined]
-
-        def emit(events: list[Event]) -> None:
-            exchange.write(_sse(events))
-            if any(name == "error" for name, _ in events) and tunnel.outcome is None:
-                # The answer failed before the provider's body ended: stop the provider.
-                tunnel.cancel("the provider's stream could not be converted")
-
-        def events(items: list[SSEEvent]) -> None:
-            for item in items:
-                if converter.done:
-                    return
-                if item.is_done:
-                    emit(converter.finish())
-                    continue
-                try:
-                    chunk = json.loads(item.data)
-                except ValueError:
-                    emit(converter.fail("the provider sent a malformed stream chunk"))
-                    return
-                emit(converter.feed(chunk))
-
-        def take(data: bytes) -> None:
-            if converter.done:
-                return
-            try:
-                items = parser.feed(data)
-            except SSEError as e:
-                emit(converter.fail(f"the provider's stream is malformed: {e}"))
-                return
-            events(items)
-
-        tunnel.deliverBody(take)
-        outcome = await tunnel.whenDone()
-        if registered and not exchange.gone:
-            request.unregisterProducer()  # type: ignore[attr-defined]
-        if not converter.done:
-            events(parser.finish())
-        if not converter.done:
-            if outcome.ok:
-                emit(converter.finish())
-            else:
-                emit(converter.fail(f"the provider's stream failed: {outcome.error}"))
+                thinking_token_budget=_thinking_budget(body, policy),
+            ),
+        )
 
     # -- count_tokens ------------------------------------------------------------------------
 
@@ -384,21 +328,111 @@ class AnthropicSurface:
         if policy is not None and policy.token_counter:
             return render_json(request, {"input_tokens": count_tokens(body)})
         self._check_candidates(model, check_count_tokens)
-        chosen = await dispatch(self._gateway, exchange, model, 0)
+
+        async def answer(placement: Placement) -> bytes:
+            try:
+                check_count_tokens(placement.profile)
+                if placement.wire != "tunnel":
+                    raise Unsupported("count_tokens is served only through a provider tunnel")
+            except Unsupported as e:
+                raise unsupported(e.message) from None
+            payload = dict(body)
+            payload["model"] = placement.target
+            return await relay(
+                exchange,
+                PassThrough(),
+                self._tunnel(
+                    placement, "count_tokens", payload, False, self._native_headers(exchange, False)
+                ),
+            )
+
+        return await with_placement(self._gateway, exchange, model, 0, answer)
+
+
+def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:
+    """A run's thinking budget: the request's when enabled, 0 when disabled, else the model's."""
+    thinking = body.get("thinking")
+    budget = thinking_budget_for(policy)
+    if isinstance(thinking, dict):
+        if thinking.get("type") == "disabled":
+            budget = 0
+        elif thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
+            budget = int(thinking["budget_tokens"])
+    return budget
+
+
+class BridgeStream:
+    """
+    The relay transform of a streamed Chat answer through a tunnel, converted to Anthropic
+    stream events. An upstream error status is collected and answered in the Anthropic error
+    shape with that status; a provider stream that cannot be converted ends with an ``error``
+    event and stops the provider.
+    """
+
+    def __init__(self, model: str, show: bool) -> None:
+        self._converter = ChatStreamToMessages(model=model, thinking_allowed=show)
+        self._parser = SSEParser()
+        self._status = 0
+        self._error: list[bytes] | None = None
+        self._failed = False
+
+    def head(self, start: tuple[int, list[tuple[str, str]]]) -> Head | None:
+        self._status, _ = start
+        if not _is_success(self._status):
+            self._error = []
+            return None
+        return Head(200, "text/event-stream")
+
+    def feed(self, item: bytes) -> bytes:
+        if self._error is not None:
+            self._error.append(item)
+            return b""
+        if self._converter.done:
+            return b""
         try:
-            check_count_tokens(chosen.profile)
-            if chosen.wire != "tunnel":
-                raise Unsupported("count_tokens is served only through a provider tunnel")
-        except Unsupported as e:
-            chosen.release()
-            raise unsupported(e.message) from None
-        payload = dict(body)
-        payload["model"] = chosen.target
-        tunnel = self._tunnel(
-            chosen, "count_tokens", payload, False, self._native_headers(exchange, False)
-        )
-        await relay_tunnel(exchange, tunnel)
-        return b""
+            items = self._parser.feed(item)
+        except SSEError as e:
+            out = _sse(self._converter.fail(f"the provider's stream is malformed: {e}"))
+            self._failed = True
+        else:
+            out = self._events(items)
+        if self._failed:
+            # The answer failed before the provider's body ended: stop the provider.
+            raise Stop("the provider's stream could not be converted", out)
+        return out
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if self._error is not None:
+            raise upstream_error(self._status, b"".join(self._error))
+        out = b""
+        if not self._converter.done:
+            out += self._events(self._parser.finish())
+        if not self._converter.done:
+            if ending.ok:
+                out += _sse(self._converter.finish())
+            else:
+                out += _sse(self._converter.fail(f"the provider's stream failed: {ending.error}"))
+        return out
+
+    def _events(self, items: list[SSEEvent]) -> bytes:
+        out = b""
+        converter = self._converter
+        for item in items:
+            if converter.done:
+                break
+            if item.is_done:
+                events = converter.finish()
+            else:
+                try:
+                    chunk = json.loads(item.data)
+                except ValueError:
+                    events = converter.fail("the provider sent a malformed stream chunk")
+                else:
+                    events = converter.feed(chunk)
+            out += _sse(events)
+            if any(name == "error" for name, _ in events):
+                self._failed = True
+        return out
 
 
 def _sse(events: list[Event]) -> bytes:

@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.ingress.test_common -*-
+# -*- test-case-name: iop.test.edge.ingress.test_app -*-
 """
 The client listener's Klein app: the OpenAI- and Anthropic-compatible surfaces on one port.
 
@@ -12,7 +12,7 @@ The client listener's Klein app: the OpenAI- and Anthropic-compatible surfaces o
 ``POST /v1/messages/count_tokens``      :mod:`.anthropic`
 =====================================  =========================================================
 
-Every error is a JSON body in the shape of the surface asked (see :mod:`.common`); an unknown
+Every error is a JSON body in the shape of the surface asked (see :mod:`.errors`); an unknown
 path or method gets the Anthropic shape under ``/v1/messages`` or with an ``anthropic-version``
 header, the OpenAI shape otherwise. An unexpected failure is logged and answered 500 (or, once a
 stream has started, the connection is cut).
@@ -32,17 +32,10 @@ from twisted.web.resource import IResource
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.anthropic import AnthropicSurface
-from iop.edge.ingress.common import (
-    ANTHROPIC,
-    OPENAI,
-    ApiError,
-    ClientSite,
-    Exchange,
-    Gateway,
-    header,
-    render_error,
-)
+from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError
+from iop.edge.ingress.http import ClientSite, header, render_error
 from iop.edge.ingress.openai import OpenAISurface
+from iop.edge.ingress.relay import Exchange, Gateway
 
 __all__ = ["ClientApp"]
 

@@ -48,33 +48,30 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.config.model import ClientAPIConfig, ProfileConfig
-from iop.edge.dispatch import RunHandle
-from iop.edge.gateway import Dispatch
-from iop.edge.ingress.common import (
-    ApiError,
-    Exchange,
-    Gateway,
-    authenticate,
-    authorize,
-    bad_request,
-    collect_run,
-    dispatch,
-    dispatch_error,
+from iop.edge.gateway import Placement
+from iop.edge.ingress.auth import authenticate, authorize
+from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported
+from iop.edge.ingress.http import (
     json_bytes,
-    max_tokens_for,
-    open_tunnel,
     optional_bool,
     positive_int,
     read_json,
-    relay_tunnel,
     render_json,
     required_model,
-    run_error,
-    stream_run,
-    thinking_budget_for,
-    unsupported,
 )
+from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Unsupported
+from iop.edge.ingress.relay import (
+    Exchange,
+    Gateway,
+    PassThrough,
+    RunCollect,
+    RunStream,
+    open_run,
+    open_tunnel,
+    relay,
+    with_placement,
+)
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.tools import (
     MARKER_MATCH,
@@ -464,7 +461,7 @@ class OpenAISurface:
         model = required_model(body)
         authorize(key, model)
         stream = optional_bool(body, "stream")
-        includeUsage = _stream_options(body)
+        include_usage = _stream_options(body)
         try:
             chat = parse_chat_input(json_bytes(body).decode())
         except InputError as e:
@@ -477,17 +474,34 @@ class OpenAISurface:
         self._check_candidates(
             model, lambda profile: check_chat(profile, stream=stream, tools=tools)
         )
-        chosen = await dispatch(self._gateway, exchange, model, estimate_prompt_tokens_openai(body))
+
+        async def answer(placement: Placement) -> bytes:
+            return await self._chat(exchange, placement, body, limits, stream, include_usage, tools)
+
+        return await with_placement(
+            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer
+        )
+
+    async def _chat(
+        self,
+        exchange: Exchange,
+        placement: Placement,
+        body: dict[str, Any],
+        limits: dict[str, int | None],
+        stream: bool,
+        include_usage: bool,
+        tools: bool,
+    ) -> bytes:
+        model = placement.model
         try:
-            check_chat(chosen.profile, stream=stream, tools=tools)
-            if chosen.wire == "run" and body.get("n") not in (None, 1):
+            check_chat(placement.profile, stream=stream, tools=tools)
+            if placement.wire == "run" and body.get("n") not in (None, 1):
                 raise Unsupported("'n' other than 1 is not supported by this model's provider")
         except Unsupported as e:
-            chosen.release()
             raise unsupported(e.message) from None
         policy = self._gateway.model(model)
         payload = dict(body)
-        payload["model"] = chosen.target
+        payload["model"] = placement.target
         present = {name: value for name, value in limits.items() if value is not None}
         for name, value in present.items():
             payload[name] = max_tokens_for(value, policy)
@@ -495,14 +509,13 @@ class OpenAISurface:
             default = max_tokens_for(None, policy)
             if default is not None:
                 payload["max_tokens"] = default
-        if chosen.wire == "tunnel":
-            return await self._tunnel(exchange, chosen, "chat_completions", payload, stream)
+        if placement.wire == "tunnel":
+            return await self._tunnel(exchange, placement, "chat_completions", payload, stream)
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
         thinking = 0 if body.get("reasoning_effort") == "none" else thinking_budget_for(policy)
-        handle = self._run(chosen, payload, limit, thinking)
         converter = RunEventsToChunks(
             model=model,
-            include_usage=stream and includeUsage,
+            include_usage=stream and include_usage,
             hold_back=stream and tools,
             created=int(self._clock.seconds()),
         )
@@ -512,38 +525,36 @@ class OpenAISurface:
                 chunks = converter.feed(event)
                 return sse_chunks(chunks, done=event.type == EventType.COMPLETE)
 
-            await stream_run(exchange, handle, "text/event-stream", convert)
-            return b""
-        events = await collect_run(exchange, handle)
-        for event in events:
-            converter.feed(event)
-        terminal = converter.terminal
-        if terminal is None:
-            raise ApiError(502, "the run ended without a result", code="upstream_error")
-        if terminal.type != EventType.COMPLETE:
-            raise run_error(terminal)
-        return render_json(request, converter.completion())
+            transform: RunStream | RunCollect = RunStream(convert)
+        else:
 
-    def _run(
-        self, chosen: Dispatch, payload: dict[str, Any], limit: int, thinking: int
-    ) -> RunHandle:
-        try:
-            return self._gateway.run(
-                chosen,
+            def complete(events: list[RuntimeEvent]) -> bytes:
+                for event in events:
+                    converter.feed(event)
+                terminal = converter.terminal
+                if terminal is None:
+                    raise ApiError(502, "the run ended without a result", code="upstream_error")
+                if terminal.type != EventType.COMPLETE:
+                    raise run_error(terminal)
+                return render_json(exchange.request, converter.completion())
+
+            transform = RunCollect(complete)
+        return await relay(
+            exchange,
+            transform,
+            open_run(
+                self._gateway,
+                placement,
                 input=json_bytes(payload).decode(),
                 max_tokens=limit,
                 thinking_token_budget=thinking,
-            )
-        except Exception as e:
-            mapped = dispatch_error(e)
-            if mapped is None:
-                raise
-            raise mapped from None
+            ),
+        )
 
     async def _tunnel(
         self,
         exchange: Exchange,
-        chosen: Dispatch,
+        placement: Placement,
         operation: str,
         payload: dict[str, Any],
         stream: bool,
@@ -552,9 +563,11 @@ class OpenAISurface:
             ("content-type", "application/json"),
             ("accept", "text/event-stream" if stream else "application/json"),
         ]
-        tunnel = open_tunnel(self._gateway, chosen, operation, payload, stream, headers)
-        await relay_tunnel(exchange, tunnel)
-        return b""
+        return await relay(
+            exchange,
+            PassThrough(),
+            open_tunnel(self._gateway, placement, operation, payload, stream, headers),
+        )
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -571,17 +584,21 @@ class OpenAISurface:
         requested = positive_int(body, "max_output_tokens")
         self._require(model)
         self._check_candidates(model, lambda profile: check_responses(profile, stream=stream))
-        chosen = await dispatch(self._gateway, exchange, model, estimate_prompt_tokens_openai(body))
-        try:
-            check_responses(chosen.profile, stream=stream)
-            if chosen.wire != "tunnel":
-                raise Unsupported("the Responses API is served only through a provider tunnel")
-        except Unsupported as e:
-            chosen.release()
-            raise unsupported(e.message) from None
-        payload = dict(body)
-        payload["model"] = chosen.target
-        limit = max_tokens_for(requested, self._gateway.model(model))
-        if limit is not None:
-            payload["max_output_tokens"] = limit
-        return await self._tunnel(exchange, chosen, "responses", payload, stream)
+
+        async def answer(placement: Placement) -> bytes:
+            try:
+                check_responses(placement.profile, stream=stream)
+                if placement.wire != "tunnel":
+                    raise Unsupported("the Responses API is served only through a provider tunnel")
+            except Unsupported as e:
+                raise unsupported(e.message) from None
+            payload = dict(body)
+            payload["model"] = placement.target
+            limit = max_tokens_for(requested, self._gateway.model(model))
+            if limit is not None:
+                payload["max_output_tokens"] = limit
+            return await self._tunnel(exchange, placement, "responses", payload, stream)
+
+        return await with_placement(
+            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer
+        )

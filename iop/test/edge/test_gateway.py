@@ -1,4 +1,4 @@
-"""EdgeGateway: pool vs direct dispatch, wire choice, lease release on every end."""
+"""EdgeGateway: pool vs direct placement, wire choice, usage reported on every end."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config.model import AdapterConfig, ModelRoute
 from iop.edge.dispatch import NodeUnavailable, RunDispatcher
 from iop.edge.events import EventBus
-from iop.edge.gateway import Dispatch, EdgeGateway
+from iop.edge.gateway import EdgeGateway, Placement
+from iop.edge.ingress.errors import client_error
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool, UnknownModel
 from iop.edge.registry import NodeRegistry
@@ -55,7 +56,7 @@ class GatewayTests(SynchronousTestCase):
             self.pool,
             self.runs,
             self.tunnels,
-            onFinished=lambda d, u, o: self.finished.append((d.model, u, o)),
+            on_finished=lambda d, u, o: self.finished.append((d.model, u, o)),
         )
         self.conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], self.conn)
@@ -64,56 +65,69 @@ class GatewayTests(SynchronousTestCase):
     def in_flight(self) -> int:
         return self.pool.counters("node-a", "a-chat")["in_flight"]
 
-    def test_pool_dispatch_keeps_attribution_and_wire(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("pool"))
+    def test_pool_placement_keeps_attribution_and_wire(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool"))
         self.assertEqual(
-            (dispatch.node_id, dispatch.provider_id, dispatch.adapter, dispatch.target),
+            (placement.node_id, placement.provider_id, placement.adapter, placement.target),
             ("node-a", "a-chat", "fake", "demo-model"),
         )
-        self.assertEqual(dispatch.wire, "tunnel")
+        self.assertEqual(placement.wire, "tunnel")
         self.assertEqual(self.in_flight(), 1)
-        dispatch.release()
-        dispatch.release()
+        placement.release()
+        placement.release()
         self.assertEqual(self.in_flight(), 0)
 
     def test_direct_route(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("direct"))
+        placement = self.successResultOf(self.gateway.place("direct"))
         self.assertEqual(
-            (dispatch.adapter, dispatch.provider_type, dispatch.wire), ("llama", "ollama", "run")
+            (placement.adapter, placement.provider_type, placement.wire),
+            ("llama", "ollama", "run"),
         )
-        self.assertIsNone(dispatch.lease)
+        self.assertIsNone(placement.lease)
 
     def test_unknown_model(self) -> None:
-        self.assertRaises(UnknownModel, self.gateway.dispatch, "nope")
+        e = self.assertRaises(UnknownModel, self.gateway.place, "nope")
+        self.assertEqual((e.model_id, e.message), ("nope", "model 'nope' is not configured"))
+        mapped = client_error(e)
+        assert mapped is not None
+        self.assertEqual((mapped.status, mapped.message), (404, "model 'nope' does not exist"))
 
-    def test_run_end_releases_lease_and_reports_usage(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("pool"))
-        handle = self.gateway.run(dispatch, input="hi")
-        self.assertEqual(self.in_flight(), 1)
+    # The gateway reports each request's end; it never releases the lease: the one owner does
+    # (iop.edge.ingress.relay.with_placement, tested in iop.test.edge.ingress.test_relay).
+
+    def test_run_end_reports_usage_and_leaves_the_lease(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool"))
+        handle = self.gateway.run(placement, input="hi")
         self.runs.runEvent(
             self.conn, event_to_proto(RuntimeEvent.complete(Usage(3, 4)), handle.run_id, 1)
         )
-        self.assertEqual(self.in_flight(), 0)
         self.assertEqual(self.finished, [("pool", Usage(3, 4), "complete")])
+        self.assertEqual(self.in_flight(), 1)
+        placement.release()
+        self.assertEqual(self.in_flight(), 0)
 
-    def test_node_gone_mid_run_releases_once(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("pool"))
-        handle = self.gateway.run(dispatch, input="hi")
+    def test_node_gone_mid_run_reports_once(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool"))
+        handle = self.gateway.run(placement, input="hi")
         self.registry.disconnected(self.conn)
         self.assertEqual(self.successResultOf(handle.whenDone()).type.value, "error")
+        self.assertEqual([o for _, _, o in self.finished], ["error"])
+        assert placement.lease is not None
+        self.assertFalse(placement.lease.released)
+        placement.release()
+        self.assertTrue(placement.lease.released)
         self.assertEqual(self.in_flight(), 0)
-        self.assertTrue(dispatch.lease is not None and dispatch.lease.released)
 
-    def test_submit_failure_releases(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("pool"))
-        broken = Dispatch(**{**dispatch.__dict__, "node_id": "node-b"})
+    def test_submit_failure_raises(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool"))
+        broken = Placement(**{**placement.__dict__, "node_id": "node-b"})
         self.assertRaises(NodeUnavailable, self.gateway.run, broken, input="hi")
-        self.assertEqual(self.in_flight(), 0)
+        self.assertEqual(self.finished, [])
 
-    def test_tunnel_end_releases(self) -> None:
-        dispatch = self.successResultOf(self.gateway.dispatch("pool"))
+    def test_tunnel_end_is_reported(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool"))
         tunnel = self.gateway.tunnel(
-            dispatch, operation="chat_completions", body=b"{}", stream=True
+            placement, operation="chat_completions", body=b"{}", stream=True
         )
         run_id = self.sent[-1].provider_tunnel_request.run_id
         for seq, kind in enumerate((pb.RESPONSE_START, pb.END), start=1):
@@ -122,5 +136,4 @@ class GatewayTests(SynchronousTestCase):
                 pb.ProviderTunnelFrame(run_id=run_id, kind=kind, sequence=seq, status_code=200),
             )
         self.assertTrue(self.successResultOf(tunnel.whenDone()).ok)
-        self.assertEqual(self.in_flight(), 0)
         self.assertEqual([o for _, _, o in self.finished], ["complete"])

@@ -29,6 +29,7 @@ from iop.edge.tunnel import (
     TunnelOutcome,
     TunnelStream,
 )
+from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.test.node.fakes import captureEvents
@@ -577,7 +578,13 @@ class AdminTunnelTests(TunnelCase):
 
     def test_errorBeforeTheResponse(self) -> None:
         d = self.post({"adapter": "fake", "target": "t", "operation": "chat_completions"})
-        self.feed(self.stream(), error("adapter 'fake' is at capacity (1/1)"))
+        self.feed(
+            self.stream(),
+            {
+                **error("adapter 'fake' is at capacity (1/1)"),
+                "metadata": {ERROR_CODE_KEY: ErrorCode.PROVIDER_AT_CAPACITY.value},
+            },
+        )
         self.http.flush()
         response = self.successResultOf(d)
         self.assertEqual(response.code, 503)

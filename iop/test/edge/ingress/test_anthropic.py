@@ -20,8 +20,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.edge.ingress.tokens import count_tokens
 from iop.node.adapters.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
-from iop.test.edge.ingress.test_bridge import check_order, validate_events, validate_message
-from iop.test.edge.ingress.test_common import (
+from iop.test.edge.ingress.harness import (
     END,
     MESSAGES,
     IngressCase,
@@ -31,6 +30,7 @@ from iop.test.edge.ingress.test_common import (
     start,
     usage,
 )
+from iop.test.edge.ingress.test_bridge import check_order, validate_events, validate_message
 from iop.testing.fake_openai import FakeOpenAI
 
 TOOLS = [

@@ -24,7 +24,8 @@ from iop.edge.ingress.openai import RunEventsToChunks, check_chat, check_respons
 from iop.edge.ingress.profiles import Unsupported
 from iop.node.adapters.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
-from iop.test.edge.ingress.test_common import (
+from iop.test.edge.ingress.harness import (
+    AT_CAPACITY,
     CHAT,
     END,
     IngressCase,
@@ -410,8 +411,15 @@ class RunChatTests(IngressCase):
         error_ = self.assertOpenAIError(d, 502, "model not found")
         self.assertEqual(error_["type"], "server_error")
         d, run_id = self.post_run(LLAMA)
-        self.edge.events(run_id, RuntimeEvent.failed("adapter 'llama' is at capacity"))
+        self.edge.events(run_id, RuntimeEvent.failed("adapter 'llama' is at capacity", AT_CAPACITY))
         self.assertOpenAIError(d, 503, "at capacity")
+        # The code decides, not the wording.
+        d, run_id = self.post_run(LLAMA)
+        self.edge.events(run_id, RuntimeEvent.failed("adapter 'llama' is at capacity"))
+        self.assertOpenAIError(d, 502, "at capacity")
+        d, run_id = self.post_run(LLAMA)
+        self.edge.events(run_id, RuntimeEvent.failed("the node is full", AT_CAPACITY))
+        self.assertOpenAIError(d, 503, "the node is full")
         self.assertEqual(self.edge.in_flight("p-llama"), 0)
 
     def test_error_mid_stream_is_an_error_chunk(self) -> None:

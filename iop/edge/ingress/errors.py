@@ -1,0 +1,176 @@
+# -*- test-case-name: iop.test.edge.ingress.test_errors -*-
+"""
+The client surfaces' errors: one exception, two shapes, and the mapping of the Edge's errors.
+
+:class:`ApiError` is rendered in the shape of the surface that raised it: OpenAI
+``{"error": {"message", "type", "param", "code"}}`` or Anthropic
+``{"type": "error", "error": {"type", "message"}}``.
+
+:func:`client_error` maps the gateway's errors: unknown model ``404``; a full queue
+(``Overloaded``) ``429`` with ``retry-after``; no live provider, no ready node, no route or a
+queue timeout ``503``; a tunnel that failed before its response started ``502`` (``503`` when
+the node says, by the code :attr:`~iop.runtime.codes.ErrorCode.PROVIDER_AT_CAPACITY`, that its
+own capacity gate was full). :func:`run_error` does the same for a run that failed before any
+output; upstream HTTP errors keep their status (:func:`upstream_error`). Rendering is
+:func:`iop.edge.ingress.http.render_error`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute
+from iop.edge.pool import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
+from iop.edge.tunnel import TunnelFailed
+from iop.runtime.codes import ErrorCode, error_code
+from iop.runtime.events import EventType, RuntimeEvent
+
+__all__ = [
+    "ANTHROPIC",
+    "OPENAI",
+    "RETRY_AFTER_SEC",
+    "ApiError",
+    "bad_request",
+    "client_error",
+    "error_types",
+    "run_error",
+    "unsupported",
+    "upstream_error",
+]
+
+OPENAI = "openai"
+ANTHROPIC = "anthropic"
+
+# Seconds a client is told to wait after a 429 (the queue was full).
+RETRY_AFTER_SEC = 1
+
+# status → (OpenAI error type, Anthropic error type).
+_STATUS_TYPES: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "invalid_request_error"),
+    401: ("invalid_request_error", "authentication_error"),
+    403: ("permission_error", "permission_error"),
+    404: ("invalid_request_error", "not_found_error"),
+    405: ("invalid_request_error", "invalid_request_error"),
+    413: ("invalid_request_error", "request_too_large"),
+    429: ("rate_limit_error", "rate_limit_error"),
+    500: ("server_error", "api_error"),
+    502: ("server_error", "api_error"),
+    503: ("server_error", "overloaded_error"),
+    504: ("server_error", "api_error"),
+    529: ("server_error", "overloaded_error"),
+}
+
+
+def error_types(status: int) -> tuple[str, str]:
+    """The OpenAI and Anthropic error types for an HTTP status."""
+    if status in _STATUS_TYPES:
+        return _STATUS_TYPES[status]
+    if 400 <= status < 500:
+        return "invalid_request_error", "invalid_request_error"
+    return "server_error", "api_error"
+
+
+class ApiError(Exception):
+    """
+    A request that ends with an HTTP error. ``message`` is shown to the client (never a secret,
+    node address or token); ``code`` and ``param`` fill the OpenAI shape; ``headers`` are added
+    to the response (``retry-after``).
+    """
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.headers = tuple(headers)
+
+    def openai_body(self) -> dict[str, Any]:
+        kind, _ = error_types(self.status)
+        return {
+            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
+        }
+
+    def anthropic_body(self) -> dict[str, Any]:
+        _, kind = error_types(self.status)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def body(self, surface: str) -> dict[str, Any]:
+        return self.anthropic_body() if surface == ANTHROPIC else self.openai_body()
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param, code=code)
+
+
+def unsupported(message: str) -> ApiError:
+    return ApiError(400, message, code="unsupported")
+
+
+def client_error(error: BaseException) -> ApiError | None:
+    """The client-facing error for a gateway/pool/dispatcher error (None: not one of them)."""
+    if isinstance(error, ApiError):
+        return error
+    if isinstance(error, UnknownModel):
+        return ApiError(404, f"model {error.model_id!r} does not exist", code=error.code)
+    if isinstance(error, Overloaded):
+        return ApiError(
+            429, error.message, code=error.code, headers=[("retry-after", str(RETRY_AFTER_SEC))]
+        )
+    if isinstance(error, Unavailable | QueueTimeout):
+        return ApiError(503, error.message, code=error.code)
+    if isinstance(error, PoolError):
+        return ApiError(503, error.message, code=error.code)
+    if isinstance(error, TunnelFailed):
+        if error.code == ErrorCode.PROVIDER_AT_CAPACITY:
+            return ApiError(503, str(error), code="provider_busy")
+        return ApiError(502, str(error), code="upstream_error")
+    if isinstance(error, NodeUnavailable):
+        return ApiError(503, str(error), code="node_unavailable")
+    if isinstance(error, NoRoute):
+        return ApiError(503, str(error), code="no_route")
+    if isinstance(error, DispatchError):
+        return ApiError(502, str(error), code="dispatch_failed")
+    return None
+
+
+def run_error(event: RuntimeEvent) -> ApiError:
+    """The HTTP error for a run that ended (``error``/``cancelled``) before any output."""
+    if event.type == EventType.CANCELLED:
+        reason = event.error or "cancelled"
+        return ApiError(502, f"the run was cancelled: {reason}", code="cancelled")
+    message = event.error or "the run failed"
+    if error_code(event.metadata) == ErrorCode.PROVIDER_AT_CAPACITY:
+        return ApiError(503, message, code="provider_busy")
+    return ApiError(502, message, code="upstream_error")
+
+
+def upstream_error(status: int, body: bytes) -> ApiError:
+    """An upstream HTTP error (non-2xx answer) with its status, its message if it gave one."""
+    message = ""
+    try:
+        decoded = json.loads(body)
+    except ValueError:
+        decoded = None
+    if isinstance(decoded, dict):
+        error = decoded.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            message = error["message"]
+        elif isinstance(error, str):
+            message = error
+        elif isinstance(decoded.get("message"), str):
+            message = decoded["message"]
+    if not message:
+        text = body.decode("utf-8", errors="replace").strip()
+        message = text[:500] if text else f"the provider answered HTTP {status}"
+    return ApiError(status, message, code="upstream_error")

@@ -1,0 +1,214 @@
+# -*- test-case-name: iop.test.edge.ingress.test_http -*-
+"""
+The client listener's HTTP plumbing: the body limit, the ``Site``, JSON in and out.
+
+:class:`ClientSite` serves the app with :class:`LimitedRequest`, which stops storing a request
+body past ``openai.max_body_bytes`` (a ``Content-Length`` over the limit is not stored at all).
+:func:`read_json` is the one place a request body becomes data: ``413`` past the limit; ``400``
+for a body that is not a JSON object, or that is JSON the Edge could not send on as JSON — a
+lone UTF-16 surrogate escape (``"\\ud800"``), ``NaN``/``Infinity`` or a number too large for a
+double (``1e999``), nesting deeper than the decoder goes. What it returns re-serializes with
+:func:`json_bytes` whatever a handler does with it. The field readers (:func:`required_model`,
+:func:`optional_bool`, :func:`positive_int`) answer ``400`` for a field of the wrong type.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from twisted.web.iweb import INonQueuedRequestFactory, IRequest
+from twisted.web.resource import IResource
+from twisted.web.server import Request, Site
+from zope.interface import provider
+
+from iop.edge.ingress.errors import ApiError, bad_request
+
+__all__ = [
+    "ClientSite",
+    "LimitedRequest",
+    "header",
+    "json_bytes",
+    "optional_bool",
+    "positive_int",
+    "read_json",
+    "render_error",
+    "render_json",
+    "required_model",
+]
+
+
+def json_bytes(body: Any) -> bytes:
+    """``body`` as compact UTF-8 JSON (what the Edge sends on and answers)."""
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def render_json(request: IRequest, body: Any, status: int = 200) -> bytes:
+    """Set ``status`` and the JSON headers on ``request``; return ``body`` encoded."""
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"cache-control", b"no-store")
+    return json_bytes(body)
+
+
+def render_error(request: IRequest, surface: str, error: ApiError) -> bytes:
+    """Set the status and headers of ``error`` on ``request``; return its body in ``surface``'s
+    shape."""
+    for name, value in error.headers:
+        request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+    return render_json(request, error.body(surface), error.status)
+
+
+# -- the body limit ----------------------------------------------------------------------------
+
+
+class LimitedRequest(Request):
+    """
+    A ``twisted.web`` request that stores at most ``maxBodyBytes`` of its body: past the limit
+    it keeps nothing and sets ``bodyTooLarge`` (the handler answers 413). Memory and temporary
+    files stay bounded whatever a client sends.
+    """
+
+    maxBodyBytes: int = 10 * 1024 * 1024
+    bodyTooLarge: bool = False
+    _bodyReceived: int = 0
+
+    def gotLength(self, length: int | None) -> None:
+        if length is not None and length > self.maxBodyBytes:
+            self.bodyTooLarge = True
+            super().gotLength(0)
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.bodyTooLarge:
+            return
+        self._bodyReceived += len(data)
+        if self._bodyReceived > self.maxBodyBytes:
+            self.bodyTooLarge = True
+            if self.content is not None:
+                self.content.seek(0)
+                self.content.truncate()
+            return
+        super().handleContentChunk(data)
+
+
+class ClientSite(Site):
+    """The client listener's ``Site``: every request is a :class:`LimitedRequest`."""
+
+    def __init__(self, resource: IResource, maxBodyBytes: int) -> None:
+        limit = maxBodyBytes
+
+        @provider(INonQueuedRequestFactory)
+        class _Request(LimitedRequest):
+            maxBodyBytes = limit
+
+        super().__init__(resource, requestFactory=_Request)
+        self.displayTracebacks = False
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        protocol.makeConnection = _no_delay_first(protocol.makeConnection)
+        return protocol
+
+
+def _no_delay_first(make_connection: Any) -> Any:
+    """Streams are many small writes: send each at once (TCP_NODELAY) rather than wait on ACKs."""
+
+    def no_delay_make_connection(transport: Any) -> None:
+        set_no_delay = getattr(transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
+        make_connection(transport)
+
+    return no_delay_make_connection
+
+
+# -- JSON in -----------------------------------------------------------------------------------
+
+
+class _NotSendable(ValueError):
+    """JSON the Edge could not send on as JSON."""
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotSendable(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotSendable(f"the number {text[:40]} is too large")
+    return value
+
+
+def read_json(request: IRequest, limit: int) -> dict[str, Any]:
+    """
+    The request body as a JSON object that re-serializes as JSON: 413 past ``limit`` bytes,
+    400 for anything else that is not such an object (see the module docstring).
+    """
+    if getattr(request, "bodyTooLarge", False):
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    content = getattr(request, "content", None)
+    data = content.read(limit + 1) if content is not None else b""
+    if len(data) > limit:
+        raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
+    try:
+        body = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except _NotSendable as e:
+        raise bad_request(f"request body is not valid JSON: {e}", code="invalid_json") from None
+    except RecursionError:
+        raise bad_request("request body is nested too deeply", code="invalid_json") from None
+    except ValueError:
+        raise bad_request("request body is not valid JSON", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise bad_request("request body must be a JSON object", code="invalid_json")
+    if b"\\u" in data:
+        # Only an escape can decode to a lone surrogate (UTF-8 input cannot hold one).
+        try:
+            json_bytes(body)
+        except UnicodeEncodeError:
+            raise bad_request(
+                "request body is not valid JSON: it contains a lone UTF-16 surrogate escape",
+                code="invalid_json",
+            ) from None
+        except RecursionError:
+            raise bad_request("request body is nested too deeply", code="invalid_json") from None
+    return body
+
+
+def header(request: IRequest, name: str) -> str | None:
+    values = request.requestHeaders.getRawHeaders(name.encode("latin-1"))
+    if not values:
+        return None
+    value: bytes | str = values[0]
+    return value.decode("latin-1") if isinstance(value, bytes) else value
+
+
+# -- fields ------------------------------------------------------------------------------------
+
+
+def required_model(body: dict[str, Any]) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad_request("'model' is required and must be a non-empty string", param="model")
+    return model
+
+
+def optional_bool(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", param=name)
+    return value
+
+
+def positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise bad_request(f"'{name}' must be a positive integer", param=name)
+    return value

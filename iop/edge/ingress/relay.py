@@ -1,0 +1,629 @@
+# -*- test-case-name: iop.test.edge.ingress.test_relay -*-
+"""
+From a placement to an HTTP response: the one relay the client surfaces and the admin API use.
+
+Placement (:func:`with_placement`)
+    Waits for the gateway's :class:`~iop.edge.gateway.Placement` (in the provider queue if need
+    be: a client that goes away while queued withdraws the request, because Klein cancels the
+    handler), then awaits the caller's ``answer(placement)``. The capacity lease is released
+    there, in one ``finally``, whatever ``answer`` returns or raises; nothing else releases a
+    placement.
+
+Relay (:func:`relay`)
+    Sends one source — an open tunnel (:class:`TunnelSource`) or run (:class:`RunSource`) — to
+    the client through a transform. The transform's ``head`` sees how the source started (the
+    provider's status and headers; a run's first event) and starts the response now (a
+    stream), or returns None (the answer is built at the end: collected), or refuses with an
+    :class:`~iop.edge.ingress.errors.ApiError` (nothing sent); ``feed`` converts each item
+    (raising :class:`Stop` to write a last piece and stop the source); ``end`` sees the ending
+    and returns the tail or the whole body (raising :class:`Cut` when the stream failed after
+    it started: the client must see a truncated body, not a clean end). While a tunnel streams
+    it is the response's producer (backpressure); a client that goes away cancels the source.
+    :func:`relay` returns or raises only once its source has ended, however it got there, so a
+    placement's lease lives exactly as long as the work on the node.
+
+Transforms here: :class:`PassThrough` (tunnel bytes untouched), :class:`Collect` (a tunnel's
+whole body, for a caller that converts it), :class:`RunStream` (each run event converted) and
+:class:`RunCollect` (all of a run's events, one answer). The Anthropic bridge stream and the
+admin NDJSON stream are defined where they are used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+
+from iop.config.model import ModelConfig, ProfileConfig
+from iop.edge.dispatch import DispatchError, RunHandle
+from iop.edge.gateway import Placement
+from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error
+from iop.edge.ingress.http import json_bytes
+from iop.edge.pool import PoolError
+from iop.edge.tunnel import TunnelFailed, TunnelOutcome, TunnelStream
+from iop.runtime.events import EventType, RuntimeEvent
+
+__all__ = [
+    "CLIENT_GONE",
+    "MAX_COLLECTED_BYTES",
+    "PASSTHROUGH_HEADERS",
+    "Collect",
+    "Cut",
+    "Exchange",
+    "Gateway",
+    "Head",
+    "PassThrough",
+    "RunCollect",
+    "RunSource",
+    "RunStream",
+    "Stop",
+    "TunnelSource",
+    "await_placement",
+    "open_run",
+    "open_tunnel",
+    "relay",
+    "with_placement",
+]
+
+# A non-streaming upstream answer the Edge must read whole (to convert it) may be this large.
+MAX_COLLECTED_BYTES = 32 * 1024 * 1024
+# Upstream response headers a passthrough keeps (besides its status and body).
+PASSTHROUGH_HEADERS = frozenset({"content-type", "retry-after", "request-id", "x-request-id"})
+# The cancel reason when the client goes away.
+CLIENT_GONE = "client disconnected"
+# The largest value a run's integer options take on the wire (uint32).
+_UINT32_MAX = 2**32 - 1
+
+HeaderList = list[tuple[str, str]]
+T = TypeVar("T")
+S = TypeVar("S")
+I = TypeVar("I")  # noqa: E741
+E = TypeVar("E")
+S_co = TypeVar("S_co", covariant=True)
+I_co = TypeVar("I_co", covariant=True)
+E_co = TypeVar("E_co", covariant=True)
+S_contra = TypeVar("S_contra", contravariant=True)
+I_contra = TypeVar("I_contra", contravariant=True)
+E_contra = TypeVar("E_contra", contravariant=True)
+
+
+# -- the gateway -------------------------------------------------------------------------------
+
+
+class Gateway(Protocol):
+    """What the client surfaces use of :class:`~iop.edge.gateway.EdgeGateway`."""
+
+    def model_ids(self) -> list[str]: ...
+
+    def model(self, model_id: str) -> ModelConfig | None: ...
+
+    def candidate_profiles(self, model_id: str) -> list[ProfileConfig | None]: ...
+
+    def place(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Placement]: ...
+
+    def run(self, placement: Placement, *, input: str, **options: Any) -> RunHandle: ...
+
+    def tunnel(
+        self,
+        placement: Placement,
+        *,
+        operation: str,
+        body: bytes,
+        stream: bool,
+        headers: Iterable[tuple[str, str]] = (),
+        method: str = "POST",
+        timeout_sec: int = 0,
+    ) -> TunnelStream: ...
+
+
+def _mapped(error: BaseException) -> BaseException:
+    return client_error(error) or error
+
+
+# -- the exchange with one client --------------------------------------------------------------
+
+
+class Exchange:
+    """
+    One client request/response: writes that stop once the client is gone, and callbacks for
+    when it goes (the cancel of the request's run or tunnel).
+    """
+
+    log = Logger()
+
+    def __init__(self, request: IRequest) -> None:
+        self.request = request
+        self.gone = False
+        self.started = False
+        self._on_gone: list[Callable[[], object]] = []
+        request.notifyFinish().addErrback(self._lost)  # type: ignore[attr-defined]
+
+    def on_gone(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` when the client disconnects (at once if it already has)."""
+        if self.gone:
+            callback()
+        else:
+            self._on_gone.append(callback)
+
+    def _lost(self, failure: Failure) -> None:
+        self.gone = True
+        callbacks, self._on_gone = self._on_gone, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                self.log.failure("cancelling the work of a departed client failed")
+
+    def start(
+        self,
+        status: int,
+        content_type: str | None,
+        headers: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        """Send the status line and headers now (a stream's first bytes may come later)."""
+        request = self.request
+        request.setResponseCode(status)
+        if content_type is not None:
+            request.setHeader(b"content-type", content_type.encode("latin-1"))
+        request.setHeader(b"cache-control", b"no-store")
+        for name, value in headers:
+            request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
+        self.started = True
+        if not self.gone:
+            request.write(b"")
+
+    def write(self, data: bytes) -> None:
+        if not self.gone and data:
+            self.request.write(data)
+
+    def abort(self) -> None:
+        """Cut the connection: a client must see a truncated body, not a clean end."""
+        transport = getattr(self.request, "transport", None)
+        if transport is not None and not self.gone:
+            getattr(transport, "abortConnection", transport.loseConnection)()
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+async def await_placement(gateway: Gateway, model: str, prompt_tokens: int) -> Placement:
+    """
+    Where ``model`` runs (waiting in the provider queue if need be), as an :class:`ApiError`
+    when it cannot. Cancelling this (the client went away) withdraws the request from the queue.
+    """
+    try:
+        waiting = gateway.place(model, prompt_tokens=prompt_tokens)
+    except Exception as e:
+        raise _mapped(e) from None
+    try:
+        return await waiting
+    except (PoolError, DispatchError) as e:
+        raise _mapped(e) from None
+
+
+async def with_placement(
+    gateway: Gateway,
+    exchange: Exchange,
+    model: str,
+    prompt_tokens: int,
+    answer: Callable[[Placement], Awaitable[T]],
+) -> T:
+    """
+    Place the request, then ``answer`` it. The placement is released here, exactly once,
+    however ``answer`` ends: a run or tunnel it opened is relayed by :func:`relay`, which
+    returns only once that work has ended on its node.
+    """
+    placement = await await_placement(gateway, model, prompt_tokens)
+    closing = False
+    try:
+        if exchange.gone:
+            raise CancelledError("the client went away")
+        return await answer(placement)
+    except GeneratorExit:
+        # Garbage collected, with everything it waited on: running pool code from a finalizer
+        # would resume other collected coroutines.
+        closing = True
+        raise
+    finally:
+        if not closing:
+            placement.release()
+
+
+# -- sources -----------------------------------------------------------------------------------
+
+
+class Source(Protocol[S_co, I_co, E_co]):
+    """Work on a node, as :func:`relay` consumes it: how it started, its items, its ending."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def node_id(self) -> str: ...
+
+    @property
+    def producer(self) -> IPushProducer | None: ...
+
+    def started(self) -> Awaitable[S_co]: ...
+
+    def deliver(self, consumer: Callable[[I_co], None]) -> None: ...
+
+    def done(self) -> Awaitable[E_co]: ...
+
+    def cancel(self, reason: str) -> None: ...
+
+    def abandon(self, reason: str) -> None:
+        """Nobody will consume the rest: stop the work, drop what is buffered."""
+
+
+class TunnelSource:
+    """An open tunnel: started by the provider's ``(status, headers)``, items are body bytes."""
+
+    def __init__(self, tunnel: TunnelStream) -> None:
+        self.tunnel = tunnel
+        self.run_id = tunnel.run_id
+        self.node_id = tunnel.node_id
+        self.producer: IPushProducer | None = tunnel
+
+    async def started(self) -> tuple[int, HeaderList]:
+        """The response's start; an :class:`ApiError` when the tunnel failed before it."""
+        try:
+            return await self.tunnel.whenStarted()
+        except TunnelFailed as e:
+            raise _mapped(e) from None
+
+    def deliver(self, consumer: Callable[[bytes], None]) -> None:
+        self.tunnel.deliverBody(consumer)
+
+    def done(self) -> Deferred[TunnelOutcome]:
+        return self.tunnel.whenDone()
+
+    def cancel(self, reason: str) -> None:
+        self.tunnel.cancel(reason)
+
+    def abandon(self, reason: str) -> None:
+        self.tunnel.cancel(reason)
+        self.tunnel.stopProducing()
+
+
+class RunSource:
+    """A submitted run: started by its first event; items are its events, the last terminal."""
+
+    producer: IPushProducer | None = None
+
+    def __init__(self, handle: RunHandle) -> None:
+        self.handle = handle
+        self.run_id = handle.run_id
+        self.node_id = handle.node_id
+        self._first: RuntimeEvent | None = None
+        self._buffered: list[RuntimeEvent] = []
+        self._consumer: Callable[[RuntimeEvent], None] | None = None
+        self._waiters: list[Deferred[RuntimeEvent]] = []
+        handle.subscribe(self._event)
+
+    def _event(self, event: RuntimeEvent) -> None:
+        if self._consumer is not None:
+            self._consumer(event)
+            return
+        self._buffered.append(event)
+        if self._first is None:
+            self._first = event
+            waiters, self._waiters = self._waiters, []
+            for d in waiters:
+                d.callback(event)
+
+    def started(self) -> Deferred[RuntimeEvent]:
+        if self._first is not None:
+            return succeed(self._first)
+
+        def forget(d: Deferred[RuntimeEvent]) -> None:
+            if d in self._waiters:
+                self._waiters.remove(d)
+
+        waiter: Deferred[RuntimeEvent] = Deferred(forget)
+        self._waiters.append(waiter)
+        return waiter
+
+    def deliver(self, consumer: Callable[[RuntimeEvent], None]) -> None:
+        self._consumer = consumer
+        buffered, self._buffered = self._buffered, []
+        for event in buffered:
+            consumer(event)
+
+    def done(self) -> Deferred[RuntimeEvent]:
+        return self.handle.whenDone()
+
+    def cancel(self, reason: str) -> None:
+        self.handle.cancel(reason)
+
+    def abandon(self, reason: str) -> None:
+        self.handle.cancel(reason)
+
+
+def open_tunnel(
+    gateway: Gateway,
+    placement: Placement,
+    operation: str,
+    payload: dict[str, Any],
+    stream: bool,
+    headers: list[tuple[str, str]],
+) -> TunnelSource:
+    """Open the provider tunnel for ``payload``, turning dispatch failures into client errors."""
+    body = json_bytes(payload)
+    try:
+        tunnel = gateway.tunnel(
+            placement, operation=operation, body=body, stream=stream, headers=headers
+        )
+    except Exception as e:
+        raise _mapped(e) from None
+    return TunnelSource(tunnel)
+
+
+def open_run(gateway: Gateway, placement: Placement, *, input: str, **options: int) -> RunSource:
+    """Submit the run for ``placement``, turning dispatch failures into client errors."""
+    for name, value in options.items():
+        if not 0 <= value <= _UINT32_MAX:
+            raise bad_request(f"the run's {name} ({value}) is out of range")
+    try:
+        handle = gateway.run(placement, input=input, **options)
+    except Exception as e:
+        raise _mapped(e) from None
+    return RunSource(handle)
+
+
+# -- the relay ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Head:
+    """The start of a streamed response: status, content type (None: not set), headers."""
+
+    status: int
+    content_type: str | None
+    headers: Sequence[tuple[str, str]] = ()
+
+
+class Stop(Exception):
+    """Raised by a transform's ``feed``: write ``last``, then stop the source (``reason``)."""
+
+    def __init__(self, reason: str, last: bytes = b"") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.last = last
+
+
+class Cut(Exception):
+    """Raised by a transform's ``end``: the stream failed after it started (``error``)."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+class Transform(Protocol[S_contra, I_contra, E_contra]):
+    """How :func:`relay` turns one source into the client's response (module docstring)."""
+
+    def head(self, start: S_contra) -> Head | None: ...
+
+    def feed(self, item: I_contra) -> bytes: ...
+
+    def end(self, ending: E_contra) -> bytes: ...
+
+
+class _Feed(Generic[I]):
+    """The consumer :func:`relay` gives a source: each item through ``feed`` to the client."""
+
+    log = Logger()
+
+    def __init__(
+        self, exchange: Exchange, source: Source[Any, I, Any], transform: Transform[Any, I, Any]
+    ) -> None:
+        self._exchange = exchange
+        self._source = source
+        self._transform = transform
+        self.stopped = False
+        self.failure: BaseException | None = None
+
+    def __call__(self, item: I) -> None:
+        if self.stopped:
+            return
+        try:
+            data = self._transform.feed(item)
+        except Stop as e:
+            self.stopped = True
+            self._exchange.write(e.last)
+            self._source.cancel(e.reason)
+            return
+        except Exception as e:
+            self.log.failure(
+                "relaying {run_id} failed", run_id=self._source.run_id, node_id=self._source.node_id
+            )
+            self.stopped = True
+            self.failure = e
+            self._source.cancel("the answer could not be relayed")
+            return
+        self._exchange.write(data)
+
+
+log = Logger()
+
+
+async def relay(
+    exchange: Exchange, transform: Transform[S, I, E], source: Source[S, I, E]
+) -> bytes:
+    """
+    Send ``source`` to the client through ``transform`` (module docstring); the body for Klein
+    to write last. ``transform`` comes first so that it exists before the source is opened
+    (``relay(exchange, PassThrough(), open_tunnel(...))``).
+    """
+    exchange.on_gone(lambda: source.cancel(CLIENT_GONE))
+    registered = False
+    ended = False
+
+    def unregister() -> None:
+        nonlocal registered
+        if registered:
+            registered = False
+            if not exchange.gone:
+                exchange.request.unregisterProducer()  # type: ignore[attr-defined]
+
+    try:
+        head = transform.head(await source.started())
+        if head is not None:
+            exchange.start(head.status, head.content_type, head.headers)
+            if source.producer is not None and not exchange.gone:
+                exchange.request.registerProducer(source.producer, True)  # type: ignore[attr-defined]
+                registered = True
+        feed = _Feed(exchange, source, transform)
+        source.deliver(feed)
+        ending = await source.done()
+        ended = True
+        unregister()
+        if feed.failure is not None:
+            raise feed.failure
+        try:
+            tail = transform.end(ending)
+        except Cut as e:
+            if not exchange.gone:
+                log.warn(
+                    "{run_id} failed after its response started: {error}",
+                    run_id=source.run_id,
+                    node_id=source.node_id,
+                    error=e.error,
+                )
+                exchange.abort()
+            return b""
+        if head is None:
+            return tail
+        exchange.write(tail)
+        return b""
+    except GeneratorExit:
+        # The coroutine is being closed (garbage collected with its source): nothing to wait for.
+        ended = True
+        raise
+    finally:
+        unregister()
+        if not ended:
+            # Leaving early (the client went away, a refusal, a failure): the work must end
+            # before whoever holds its placement releases it.
+            source.abandon("the request ended")
+            await source.done()
+
+
+# -- transforms --------------------------------------------------------------------------------
+
+
+class PassThrough:
+    """A tunnel's response as the provider sent it: status, kept headers, body bytes."""
+
+    def __init__(
+        self,
+        *,
+        keep: frozenset[str] = PASSTHROUGH_HEADERS,
+        default_type: str | None = "application/json",
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        self._keep = keep
+        self._default_type = default_type
+        self._headers = tuple(headers)
+
+    def head(self, start: tuple[int, HeaderList]) -> Head:
+        status, headers = start
+        kept = [(n, v) for n, v in headers if n.lower() in self._keep]
+        content_type = next((v for n, v in kept if n.lower() == "content-type"), self._default_type)
+        others = [(n, v) for n, v in kept if n.lower() != "content-type"]
+        return Head(status, content_type, [*others, *self._headers])
+
+    def feed(self, item: bytes) -> bytes:
+        return item
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if not ending.ok:
+            raise Cut(ending.error)
+        return b""
+
+
+class Collect:
+    """
+    A tunnel's whole response, handed to ``answer(status, headers, body)`` for the response
+    body. A tunnel that fails (before or after its start) or an answer past ``limit`` bytes is
+    a 502 :class:`ApiError`.
+    """
+
+    def __init__(
+        self,
+        answer: Callable[[int, HeaderList, bytes], bytes],
+        limit: int = MAX_COLLECTED_BYTES,
+    ) -> None:
+        self._answer = answer
+        self._limit = limit
+        self._status = 0
+        self._headers: HeaderList = []
+        self._chunks: list[bytes] = []
+        self._size = 0
+
+    def head(self, start: tuple[int, HeaderList]) -> None:
+        self._status, self._headers = start
+
+    def feed(self, item: bytes) -> bytes:
+        self._size += len(item)
+        if self._size > self._limit:
+            raise Stop("the provider's answer is too large")
+        self._chunks.append(item)
+        return b""
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if not ending.ok:
+            raise ApiError(
+                502, f"the provider's answer failed: {ending.error}", code="upstream_error"
+            )
+        return self._answer(self._status, self._headers, b"".join(self._chunks))
+
+
+class RunStream:
+    """
+    A run streamed: the response starts (200, ``content_type``) with the run's first event,
+    unless that event already ends it with an error (an :class:`ApiError` before anything was
+    sent); then each event through ``convert``.
+    """
+
+    def __init__(
+        self, convert: Callable[[RuntimeEvent], bytes], content_type: str = "text/event-stream"
+    ) -> None:
+        self._convert = convert
+        self._content_type = content_type
+
+    def head(self, start: RuntimeEvent) -> Head:
+        if start.terminal and start.type != EventType.COMPLETE:
+            raise run_error(start)
+        return Head(200, self._content_type)
+
+    def feed(self, item: RuntimeEvent) -> bytes:
+        return self._convert(item)
+
+    def end(self, ending: RuntimeEvent) -> bytes:
+        return b""
+
+
+class RunCollect:
+    """A run answered whole: ``answer(events)`` once it ended gives the response body."""
+
+    def __init__(self, answer: Callable[[list[RuntimeEvent]], bytes]) -> None:
+        self._answer = answer
+        self._events: list[RuntimeEvent] = []
+
+    def head(self, start: RuntimeEvent) -> None:
+        return None
+
+    def feed(self, item: RuntimeEvent) -> bytes:
+        self._events.append(item)
+        return b""
+
+    def end(self, ending: RuntimeEvent) -> bytes:
+        return self._answer(self._events)

@@ -1,0 +1,171 @@
+# -*- test-case-name: iop.test.edge.ingress.test_app -*-
+"""The client app: the catalog, the usage event, the client listener, the config in step."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from typing import Any
+
+import yaml
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial.unittest import SkipTest, SynchronousTestCase
+
+from iop.config import parse_edge_config
+from iop.config.model import (
+    EdgeConfig,
+)
+from iop.edge import tap as edge_tap
+from iop.edge.events import UsageEvent
+from iop.edge.gateway import Placement
+from iop.edge.tap import EdgeService
+from iop.runtime.events import Usage
+from iop.test.edge.ingress.harness import IngressCase, ingress_config
+
+
+class CatalogTests(IngressCase):
+    def test_openai_list(self) -> None:
+        code, listing = self.json_answer(self.edge.get("/v1/models"))
+        self.assertEqual(code, 200)
+        self.assertEqual(listing["object"], "list")
+        self.assertEqual(
+            [m["id"] for m in listing["data"]],
+            ["chat", "native", "resp", "plain", "bare", "llama", "counted", "cli"],
+        )
+        self.assertEqual(set(listing["data"][0]), {"id", "object", "created", "owned_by"})
+        code, one = self.json_answer(self.edge.get("/v1/models/cli"))
+        self.assertEqual((code, one["id"], one["object"]), (200, "cli", "model"))
+
+    def test_anthropic_list(self) -> None:
+        code, listing = self.json_answer(
+            self.edge.get("/v1/models", anthropic_version="2023-06-01")
+        )
+        self.assertEqual(code, 200)
+        self.assertEqual(listing["has_more"], False)
+        self.assertEqual((listing["first_id"], listing["last_id"]), ("chat", "cli"))
+        native = next(m for m in listing["data"] if m["id"] == "native")
+        self.assertEqual(native["type"], "model")
+        self.assertEqual(native["display_name"], "Native Claude")
+        code, one = self.json_answer(
+            self.edge.get("/v1/models/native", anthropic_version="2023-06-01")
+        )
+        self.assertEqual((code, one["display_name"]), (200, "Native Claude"))
+
+
+class UsageEventTests(SynchronousTestCase):
+    def test_finished_request_publishes_usage(self) -> None:
+        reactor = MemoryReactorClock()
+        edge = EdgeService(ingress_config(), reactor)
+        seen: list[Any] = []
+        edge.bus.subscribe(seen.append)
+        dispatch = Placement(
+            model="chat",
+            node_id="node-a",
+            adapter="chat",
+            target="chat-target",
+            provider_type="openai_compat",
+            provider_id="p-chat",
+            usage_attribution="team-p-chat",
+        )
+        edge.requestFinished(dispatch, Usage(3, 4), "complete")
+        reactor.advance(0)
+        [event] = seen
+        self.assertIsInstance(event, UsageEvent)
+        self.assertEqual(
+            (event.model, event.provider_id, event.node_id, event.target),
+            ("chat", "p-chat", "node-a", "chat-target"),
+        )
+        self.assertEqual((event.usage_attribution, event.outcome), ("team-p-chat", "complete"))
+        self.assertEqual(event.usage, Usage(3, 4))
+
+    def test_client_listener_only_when_configured(self) -> None:
+        options = edge_tap.Options()
+        options.edgeConfig = ingress_config()
+        service = edge_tap.makeService(options, reactor=MemoryReactorClock())
+        self.assertNotIn("clients", [s.name for s in service])  # type: ignore[attr-defined]
+        listening = ingress_config()
+        options.edgeConfig = dataclasses.replace(
+            listening,
+            client_api=dataclasses.replace(
+                listening.client_api, listen="tcp:0:interface=127.0.0.1"
+            ),
+        )
+        service = edge_tap.makeService(options, reactor=MemoryReactorClock())
+        self.assertIn("clients", [s.name for s in service])  # type: ignore[attr-defined]
+
+
+ETC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "etc", "iop")
+README = os.path.join(ETC, "..", "..", "README.md")
+
+
+class ConfigInStepTests(SynchronousTestCase):
+    """The demo config, the example config and the README agree on the client API."""
+
+    def load(self, name: str, **environ: str) -> EdgeConfig:
+        path = os.path.join(ETC, name)
+        if not os.path.exists(path):
+            raise SkipTest(f"{path} is not in this tree")
+        with open(path) as f:
+            data = yaml.safe_load(f)
+        # TLS material is made at run time; the listeners are loopback, so plaintext loads.
+        data["node_transport"] = {"plaintext": True}
+        data["listen"]["nodes"] = "tcp:7443:interface=127.0.0.1"
+        for node in data["nodes"]:
+            if "token_file" in node:  # a secret file that only exists where it is deployed
+                del node["token_file"]
+                node["token_sha256"] = "0" * 64
+        return parse_edge_config(data, base_dir=os.path.dirname(path), environ=environ)
+
+    def test_demo_client_api(self) -> None:
+        config = self.load(
+            os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u"
+        )
+        api = config.client_api
+        self.assertEqual(api.listen, "tcp:8080:interface=127.0.0.1")
+        self.assertTrue(api.auth)
+        key = api.key_for("sk-iop-demo")
+        assert key is not None
+        self.assertEqual((key.name, key.models), ("demo", ()))
+        self.assertIsNone(api.key_for("sk-iop-demo "))
+        ids = [m.id for m in config.models] + [r.model for r in config.model_routes]
+        self.assertEqual(ids, ["demo-pool", "demo-llama", "demo-openai", "demo-ollama", "demo-cli"])
+        pool = config.models[0]
+        self.assertEqual(pool.token_counter, "approximate")
+        chat = next(p for p in config.nodes[0].providers if p.id == "demo-a-chat")
+        [profile] = config.protocol_profiles
+        self.assertEqual((chat.profile, profile.driver), ("openai-chat", "openai_chat"))
+        self.assertEqual(profile.operations, (("chat_completions", "/chat/completions"),))
+        self.assertEqual(set(profile.capabilities), {"chat", "streaming", "tools"})
+
+    def test_readme_examples_use_the_demo(self) -> None:
+        if not os.path.exists(README):
+            raise SkipTest("README.md is not in this tree")
+        with open(README) as f:
+            text = f.read()
+        config = self.load(
+            os.path.join("demo", "edge.yaml"), IOP_DEMO_NODE_TOKEN="t", IOP_DEMO_NODE_B_TOKEN="u"
+        )
+        ids = {m.id for m in config.models} | {r.model for r in config.model_routes}
+        used = set(re.findall(r'"(demo-[a-z]+)"', text))
+        self.assertTrue(used)
+        self.assertLessEqual(used, ids)
+        self.assertIn("sk-iop-demo", text)
+        self.assertIn("127.0.0.1:8080", text)
+
+    def test_example_documents_the_keys(self) -> None:
+        config = self.load(
+            "edge.yaml",
+            IOP_NODE_GPU_A_TOKEN="a",
+            IOP_VLLM_API_KEY="b",
+            IOP_AGENT_API_KEY="c",
+            IOP_UPSTREAM_KEY="d",
+        )
+        api = config.client_api
+        self.assertEqual(api.listen, "tcp:8080:interface=0.0.0.0")
+        self.assertEqual(api.max_body_bytes, 10 * 1024 * 1024)
+        teamA = api.key_for("example-client-key-team-a")
+        assert teamA is not None
+        self.assertEqual(teamA.models, ("qwen-coder", "local-llama"))
+        ops = api.key_for("example-client-key-ops")
+        assert ops is not None and ops.allows("anything")
