@@ -131,6 +131,8 @@ _TUNNEL_FIELDS = {
     "headers": dict,
     "timeout_sec": int,
 }
+# The wire carries these integers as uint32.
+_UINT32_MAX = 2**32 - 1
 # Operations whose request body carries ``stream``.
 _STREAMING_OPERATIONS = frozenset({"chat_completions", "responses", "messages"})
 
@@ -398,6 +400,8 @@ def _check_tunnel_body(body: Any) -> str:
             return f"unknown field {key!r}"
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"{key!r} must be a {kind.__name__}"
+        if kind is int and not 0 <= value <= _UINT32_MAX:
+            return f"{key!r} must be >= 0" if value < 0 else f"{key!r} must be <= {_UINT32_MAX}"
     for key in ("adapter", "target", "operation"):
         if not body.get(key):
             return f"{key!r} is required"
@@ -415,6 +419,8 @@ def _check_run_body(body: Any) -> str:
             return f"unknown field {key!r}"
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"{key!r} must be a {kind.__name__}"
+        if kind is int and not 0 <= value <= _UINT32_MAX:
+            return f"{key!r} must be >= 0" if value < 0 else f"{key!r} must be <= {_UINT32_MAX}"
     if "input" not in body:
         return "'input' is required"
     if "model" in body:

@@ -159,8 +159,8 @@ class RunDispatcher:
         if connection is None or ownership is None:
             raise NodeUnavailable(f"node {chosen!r} is not connected")
         rid = run_id or f"run-{uuid.uuid4().hex}"
-        handle = RunHandle(rid, chosen, adapter, target, self)
-        self._runs.add(rid, handle, chosen, connection, ownership.generation)
+        # Built before anything is registered: a value the wire cannot carry (an int out of
+        # range) raises here and leaves no run behind.
         request = pb.RunRequest(
             run_id=rid,
             adapter=adapter,
@@ -174,6 +174,8 @@ class RunDispatcher:
             thinking_token_budget=thinking_token_budget,
         )
         request.metadata.update(dict(metadata or {}))
+        handle = RunHandle(rid, chosen, adapter, target, self)
+        self._runs.add(rid, handle, chosen, connection, ownership.generation)
         try:
             self._send(connection, pb.Envelope(run_request=request))
         except Exception as e:

@@ -90,10 +90,14 @@ class AdminRunTests(SynchronousTestCase):
             {"model": "demo", "input": 3},
             {"model": "demo", "adapter": "a", "target": "t", "input": "x"},
             {"model": "demo", "input": "x", "surprise": 1},
+            # The wire carries these as uint32: out of range is the client's error, not a 500.
+            {"model": "demo", "input": "x", "max_tokens": 2**40},
+            {"model": "demo", "input": "x", "timeout_sec": -1},
         ]
         for body in bodies:
             response = self.successResultOf(self.post(body))
             self.assertEqual(response.code, 400, body)
+        self.assertEqual(self.runs.active(), [])
         response = self.successResultOf(self.treq.post("http://admin/runs", data=b"{nope"))
         self.assertEqual(response.code, 400)
         self.assertEqual(self.sent, [])

@@ -65,6 +65,17 @@ class DispatchTests(SynchronousTestCase):
             (handle.run_id, "fake", "demo-model", "hi"),
         )
 
+    def test_a_request_the_wire_cannot_carry_leaves_no_run(self) -> None:
+        self.assertRaises(
+            ValueError,
+            self.runs.submit_run,
+            adapter="fake",
+            target="demo-model",
+            input="hi",
+            max_tokens=2**40,
+        )
+        self.assertEqual((self.runs.active(), self.a.sent), ([], []))
+
     def test_fallback_needs_exactly_one_ready_node(self) -> None:
         self.connect("node-b")
         self.assertRaises(NoRoute, self.runs.submit_run, adapter="fake", target="t", input="x")

@@ -12,7 +12,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import EdgeConfig, ModelConfig, ModelProviderRef
 from iop.edge.events import EventBus
-from iop.edge.gateway import Dispatch
+from iop.edge.gateway import Placement
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.tap import EdgeService
@@ -320,17 +320,21 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
     def submit(self, index: int) -> None:
         gateway = self.edge.gateway
 
-        def send(dispatch: Dispatch) -> None:
-            if dispatch.wire == "tunnel":
+        def send(placement: Placement) -> None:
+            # The client surfaces' relay owns the lease: it releases it when the work ends.
+            if placement.wire == "tunnel":
                 stream = gateway.tunnel(
-                    dispatch, operation="chat_completions", body=b"{}", stream=True
+                    placement, operation="chat_completions", body=b"{}", stream=True
                 )
                 run_id = stream.run_id
+                stream.when_done().addBoth(lambda _: placement.release())
             else:
-                run_id = gateway.run(dispatch, input="hi").run_id
-            self.served.append((index, dispatch.node_id, run_id))
+                handle = gateway.run(placement, input="hi")
+                run_id = handle.run_id
+                handle.when_done().addBoth(lambda _: placement.release())
+            self.served.append((index, placement.node_id, run_id))
 
-        gateway.dispatch("m").addCallback(send)
+        gateway.place("m").addCallback(send)
 
     def finish(self, node: ScriptedNode, pump: iosim.IOPump, run_id: str, wire: str) -> None:
         if wire == "tunnel":

@@ -45,6 +45,7 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import RuntimeEvent, Usage
+from iop.test.edge.fixtures import FakeConnection
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -205,7 +206,7 @@ class Ingress:
             self.tunnels,
             on_finished=lambda d, u, o: self.finished.append((d, u, o)),
         )
-        self.conn = object()
+        self.conn = FakeConnection()
         self.registry.register(NODE_TOKEN, self.conn)
         self.registry.ready("node-a", self.conn)
         self.app = ClientApp(self.gateway, self.config.client_api, self.clock)
