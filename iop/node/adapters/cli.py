@@ -93,6 +93,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from iop.formats.ndjson import LineFramer
+from iop.formats.usage import anthropic_usage, token_count
 from iop.runtime.chat_input import InputError, parse_chat_input
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import (
@@ -356,10 +358,9 @@ class OutputSink(Protocol):
         """The output is unusable: fail the run and stop the process."""
 
 
-def _int(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return max(int(value), 0)
+def _index(value: object) -> int:
+    """A content block index (0 when absent or not a non-negative integer)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def _dict(value: object) -> dict[str, Any]:
@@ -367,17 +368,9 @@ def _dict(value: object) -> dict[str, Any]:
 
 
 def claude_usage(raw: object) -> Usage | None:
-    """Claude ``usage`` → :class:`Usage`: cache reads and writes are part of the input."""
+    """Claude ``usage`` (Anthropic's shape): cache reads and writes are part of the input."""
     usage = _dict(raw)
-    if not usage:
-        return None
-    cacheRead = _int(usage.get("cache_read_input_tokens"))
-    cacheWrite = _int(usage.get("cache_creation_input_tokens")) or 0
-    return Usage(
-        input_tokens=(_int(usage.get("input_tokens")) or 0) + (cacheRead or 0) + cacheWrite,
-        output_tokens=_int(usage.get("output_tokens")) or 0,
-        cached_input_tokens=cacheRead,
-    )
+    return anthropic_usage(usage) if usage else None
 
 
 def codex_usage(raw: object) -> Usage | None:
@@ -385,10 +378,10 @@ def codex_usage(raw: object) -> Usage | None:
     if not usage:
         return None
     return Usage(
-        input_tokens=_int(usage.get("input_tokens")) or 0,
-        output_tokens=_int(usage.get("output_tokens")) or 0,
-        reasoning_tokens=_int(usage.get("reasoning_output_tokens")),
-        cached_input_tokens=_int(usage.get("cached_input_tokens")),
+        input_tokens=token_count(usage.get("input_tokens")) or 0,
+        output_tokens=token_count(usage.get("output_tokens")) or 0,
+        reasoning_tokens=token_count(usage.get("reasoning_output_tokens")),
+        cached_input_tokens=token_count(usage.get("cached_input_tokens")),
     )
 
 
@@ -422,9 +415,9 @@ def gemini_stream_usage(raw: object) -> Usage | None:
     if not stats:
         return None
     return Usage(
-        input_tokens=_int(stats.get("input_tokens")) or 0,
-        output_tokens=_int(stats.get("output_tokens")) or 0,
-        cached_input_tokens=_int(stats.get("cached")),
+        input_tokens=token_count(stats.get("input_tokens")) or 0,
+        output_tokens=token_count(stats.get("output_tokens")) or 0,
+        cached_input_tokens=token_count(stats.get("cached")),
     )
 
 
@@ -437,7 +430,7 @@ def gemini_json_usage(raw: object) -> Usage | None:
     for model in models.values():
         tokens = _dict(_dict(model).get("tokens"))
         for key in totals:
-            value = _int(tokens.get(key))
+            value = token_count(tokens.get(key))
             if value is not None:
                 totals[key] = (totals[key] or 0) + value
     return Usage(
@@ -575,7 +568,7 @@ class StreamInterpreter:
             messageId = _dict(event.get("message")).get("id")
             self._streamMessageId = messageId if isinstance(messageId, str) else ""
         elif kind == "content_block_delta":
-            index = _int(event.get("index")) or 0
+            index = _index(event.get("index"))
             delta = _dict(event.get("delta"))
             key = (self._streamMessageId, index)
             if delta.get("type") == "text_delta" and isinstance(delta.get("text"), str):
@@ -708,52 +701,6 @@ class StreamInterpreter:
         self._complete(gemini_json_usage(document.get("stats")))
 
 
-class LineFramer:
-    """Split a byte stream into lines (any length up to ``max_bytes``); the caller sees each."""
-
-    def __init__(
-        self, max_bytes: int, on_line: Callable[[bytes], None], on_overflow: Callable[[], None]
-    ) -> None:
-        self.max_bytes = max_bytes
-        self._onLine = on_line
-        self._onOverflow = on_overflow
-        self._buffer = bytearray()
-        self._scanned = 0
-        self._overflowed = False
-
-    def feed(self, data: bytes) -> None:
-        if self._overflowed:
-            return
-        self._buffer += data
-        while True:
-            end = self._buffer.find(b"\n", self._scanned)
-            if end < 0:
-                self._scanned = len(self._buffer)
-                if len(self._buffer) > self.max_bytes:
-                    self._overflow()
-                return
-            if end > self.max_bytes:
-                self._overflow()
-                return
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            self._scanned = 0
-            self._onLine(line)
-            if self._overflowed:
-                return
-
-    def finish(self) -> None:
-        if self._buffer and not self._overflowed:
-            line = bytes(self._buffer)
-            self._buffer.clear()
-            self._onLine(line)
-
-    def _overflow(self) -> None:
-        self._overflowed = True
-        self._buffer.clear()
-        self._onOverflow()
-
-
 class OutputDecoder(Protocol):
     """Turns one output format's stdout into sink calls."""
 
@@ -827,12 +774,15 @@ class JsonDecoder:
 
 
 class StreamJsonDecoder:
-    """``stream-json``: NDJSON framed here; lines not starting with ``{`` are skipped."""
+    """
+    ``stream-json``: NDJSON, read leniently: lines not starting with ``{`` and lines that are not
+    JSON are skipped (agents print log lines); a line over ``max_bytes`` aborts the run.
+    """
 
     def __init__(self, interpreter: StreamInterpreter, max_bytes: int, sink: OutputSink) -> None:
         self.interpreter = interpreter
         self.sink = sink
-        self.framer = LineFramer(max_bytes, self._line, self._overflow)
+        self.framer = LineFramer(max_bytes)
 
     def _line(self, line: bytes) -> None:
         line = line.strip()
@@ -844,14 +794,18 @@ class StreamJsonDecoder:
             return
         self.interpreter.feed(message)
 
-    def _overflow(self) -> None:
-        self.sink.abort(f"agent output line exceeds {self.framer.max_bytes} bytes")
-
     def feed(self, data: bytes) -> None:
-        self.framer.feed(data)
+        if self.framer.overflow is not None:
+            return
+        for line in self.framer.feed(data):
+            self._line(line)
+        if self.framer.overflow is not None:
+            self.sink.abort(f"agent output line exceeds {self.framer.max_line_length} bytes")
 
     def finish(self, exit_code: int | None) -> None:
-        self.framer.finish()
+        line = self.framer.finish()
+        if line:
+            self._line(line)
 
 
 # -- the process --------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from iop.node.adapters.ndjson import NDJSONDecoder
+from iop.formats.ndjson import NDJSONDecoder
+from iop.formats.usage import token_count
 from iop.runtime import (
     AdapterContext,
     Capabilities,
@@ -246,10 +247,6 @@ def openai_tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _error_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -302,8 +299,8 @@ class _ChatStream:
             if calls:
                 metadata["openai_tool_calls"] = json.dumps(calls, ensure_ascii=False)
             usage = Usage(
-                input_tokens=_count(value.get("prompt_eval_count")),
-                output_tokens=_count(value.get("eval_count")),
+                input_tokens=token_count(value.get("prompt_eval_count")) or 0,
+                output_tokens=token_count(value.get("eval_count")) or 0,
             )
             self._emit(RuntimeEvent.complete(usage=usage, metadata=metadata))
 

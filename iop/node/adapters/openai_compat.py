@@ -40,9 +40,12 @@ from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from iop.formats.errors import error_message
+from iop.formats.sse import SSEError, SSEEvent, SSEParser
+from iop.formats.usage import openai_chat_usage
+
 # The cancellable body reader, shared with the provider tunnel.
 from iop.node.adapters.http_stream import ended_cleanly, read_body, read_limited
-from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.runtime.interfaces import (
@@ -83,42 +86,13 @@ def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
 
 def upstream_error_message(raw: bytes) -> str:
     """
-    The message of an upstream error body: ``error.message`` (OpenAI), a top-level ``message``
-    (older vLLM ``ErrorResponse``), a string ``error`` or ``detail``; else the body's start.
+    What an error event quotes of an upstream error body: its message
+    (:func:`iop.formats.errors.error_message`), else the start of the body.
     """
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        candidates = [
-            error.get("message") if isinstance(error, dict) else error,
-            data.get("message"),
-            data.get("detail"),
-        ]
-        for candidate in candidates:
-            if isinstance(candidate, str) and candidate.strip():
-                return truncate(candidate)
-    text = truncate(raw.decode("utf-8", errors="replace"))
-    return text or "(empty body)"
-
-
-def token_count(value: Any) -> int | None:
-    """A reported token count, or None when absent or not a non-negative integer."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and value >= 0 and value.is_integer():
-        return int(value)
-    return None
-
-
-def detail(raw: Mapping[str, Any], section: str, name: str) -> int | None:
-    """``raw[section][name]`` as a token count (``prompt_tokens_details.cached_tokens``…)."""
-    details = raw.get(section)
-    return token_count(details.get(name)) if isinstance(details, dict) else None
+    message = error_message(raw)
+    if message is not None:
+        return truncate(message)
+    return truncate(raw.decode("utf-8", errors="replace")) or "(empty body)"
 
 
 def describe_failure(error: BaseException) -> str:
@@ -603,9 +577,4 @@ class OpenAICompatProvider:
         Usage as reported: ``prompt_tokens``/``completion_tokens``, and reasoning and cached
         tokens only where the upstream reported them (OpenAI's ``*_tokens_details``).
         """
-        return Usage(
-            input_tokens=token_count(raw.get("prompt_tokens")) or 0,
-            output_tokens=token_count(raw.get("completion_tokens")) or 0,
-            reasoning_tokens=detail(raw, "completion_tokens_details", "reasoning_tokens"),
-            cached_input_tokens=detail(raw, "prompt_tokens_details", "cached_tokens"),
-        )
+        return openai_chat_usage(raw)

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from iop.node.adapters.openai_compat import OpenAICompatProvider, token_count
+from iop.formats.usage import token_count
+from iop.node.adapters.openai_compat import OpenAICompatProvider
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import AdapterContext, IProvider
 from iop.wire import runtime_pb2 as pb
