@@ -38,6 +38,7 @@ from iop.node.adapters.registry import AdapterApplyError, AdapterRegistry
 from iop.node.errors import FatalError, NodeError, RetryableError
 from iop.runtime.interfaces import AdapterContext, AdapterFactory
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import adapter_specs
 from iop.wire.framing import DEFAULT_MAX_FRAME_BYTES, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
 
@@ -478,8 +479,8 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             adapters=len(response.config.adapters),
         )
         try:
-            registry = AdapterRegistry.from_payload(
-                response.config, self._adapterContext, self._adapterFactories
+            registry = AdapterRegistry.from_specs(
+                adapter_specs(response.config), self._adapterContext, self._adapterFactories
             )
         except AdapterApplyError as e:
             raise RetryableError(f"config payload does not apply: {e}") from e

@@ -3,13 +3,13 @@
 The ``cli`` adapter: CLI coding agents (Claude Code ``claude -p``, ``codex exec --json``,
 ``gemini -p``) run headless, one subprocess per run.
 
-Configuration (``AdapterConfig``):
+Configuration (:class:`~iop.runtime.spec.AdapterSpec`):
 
 ``command``, ``args``
     argv is ``[command, *args]`` (``command`` is looked up on the child's ``PATH``; a relative
     path with a slash is relative to the workspace). ``args`` may hold placeholders, substituted
     in one pass (text that a substitution brings in is never substituted again): ``{model}``
-    (the run's target), ``{mode}`` (``config.mode``), ``{workspace}``, ``{session_id}`` and, with
+    (the run's target), ``{mode}`` (``spec.mode``), ``{workspace}``, ``{session_id}`` and, with
     ``prompt_placement: placeholder`` only, ``{prompt}``. An argument that is exactly one
     placeholder resolving to an empty value is dropped, together with a directly preceding
     option (``["--permission-mode", "{mode}"]`` disappears when ``mode`` is empty); so is an
@@ -87,7 +87,7 @@ from typing import Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorTime
 from twisted.internet.protocol import ProcessProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -105,7 +105,7 @@ from iop.runtime.interfaces import (
     IProvider,
     ISessionTerminator,
 )
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.spec import AdapterSpec
 
 OUTPUT_FORMATS = ("text", "json", "stream-json")
 PROMPT_PLACEMENTS = ("arg", "stdin", "placeholder")
@@ -231,29 +231,29 @@ class CLISettings:
     max_line_bytes: int
 
     @classmethod
-    def from_config(cls, config: pb.AdapterConfig) -> CLISettings:
-        name = config.name or config.type
-        if not config.command:
+    def from_spec(cls, spec: AdapterSpec) -> CLISettings:
+        name = spec.name
+        if not spec.command:
             raise ValueError(f"cli adapter {name!r}: command is required")
-        output_format = config.output_format or "text"
+        output_format = spec.output_format or "text"
         if output_format not in OUTPUT_FORMATS:
             raise ValueError(
                 f"cli adapter {name!r}: output_format must be one of {', '.join(OUTPUT_FORMATS)}"
             )
-        placement = config.prompt_placement or "arg"
+        placement = spec.prompt_placement or "arg"
         if placement not in PROMPT_PLACEMENTS:
             raise ValueError(
                 f"cli adapter {name!r}: prompt_placement must be one of "
                 f"{', '.join(PROMPT_PLACEMENTS)}"
             )
-        hasPromptPlaceholder = any("{prompt}" in arg for arg in config.args)
+        hasPromptPlaceholder = any("{prompt}" in arg for arg in spec.args)
         if placement == "placeholder" and not hasPromptPlaceholder:
             raise ValueError(f"cli adapter {name!r}: prompt_placement placeholder needs {{prompt}}")
         if placement != "placeholder" and hasPromptPlaceholder:
             raise ValueError(
                 f"cli adapter {name!r}: {{prompt}} in args needs prompt_placement placeholder"
             )
-        settings = dict(config.settings)
+        settings = dict(spec.settings)
 
         def number(key: str, default: int) -> int:
             raw = settings.get(key, "").strip()
@@ -268,16 +268,16 @@ class CLISettings:
             return value
 
         return cls(
-            command=config.command,
-            args=tuple(config.args),
-            resume_args=tuple(config.resume_args),
-            env=dict(config.env),
-            workspace=config.workspace,
-            mode=config.mode,
+            command=spec.command,
+            args=tuple(spec.args),
+            resume_args=tuple(spec.resume_args),
+            env=dict(spec.env),
+            workspace=spec.workspace,
+            mode=spec.mode,
             output_format=output_format,
             prompt_placement=placement,
-            request_timeout=config.request_timeout_ms / 1000.0,
-            idle_timeout=config.idle_timeout_ms / 1000.0,
+            request_timeout=spec.request_timeout_ms / 1000.0,
+            idle_timeout=spec.idle_timeout_ms / 1000.0,
             kill_grace=number("kill_grace_ms", DEFAULT_KILL_GRACE_MS) / 1000.0,
             exit_grace=number("exit_grace_ms", DEFAULT_EXIT_GRACE_MS) / 1000.0,
             inherit_env=tuple(
@@ -904,7 +904,7 @@ class CLIRun:
         else:
             childFDs[0] = "w"
         try:
-            self.transport = self._reactor.spawnProcess(
+            self.transport = self.provider.processes.spawnProcess(
                 AgentProcessProtocol(self),
                 sys.executable,
                 argv,
@@ -1155,16 +1155,24 @@ class CLIProvider:
 
     def __init__(
         self,
-        config: pb.AdapterConfig,
-        reactor: Any,
+        spec: AdapterSpec,
+        reactor: IReactorTime,
         signal_group: SignalGroup = signal_process_group,
         which: Which = which,
         environ: Mapping[str, str] | None = None,
     ) -> None:
-        self.name = config.name or config.type or "cli"
-        self.settings = CLISettings.from_config(config)
-        self.max_concurrency = config.max_concurrency or 1
+        """
+        ``reactor`` runs the timers and, adapted to ``IReactorProcess``, spawns the agents;
+        ValueError when it cannot spawn processes or ``spec`` is not a usable configuration.
+        """
+        self.name = spec.name or "cli"
+        self.settings = CLISettings.from_spec(spec)
+        self.max_concurrency = spec.max_concurrency or 1
+        processes = IReactorProcess(reactor, None)
+        if processes is None:
+            raise ValueError(f"cli adapter {self.name!r}: the reactor cannot spawn processes")
         self.reactor = reactor
+        self.processes: IReactorProcess = processes
         self.signal_group = signal_group
         self._which = which
         self._environ = environ
@@ -1283,6 +1291,6 @@ class CLIProvider:
         return done.addCallback(lambda _: True)
 
 
-def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The ``cli`` adapter factory; raises ValueError for an unusable configuration."""
-    return CLIProvider(config, ctx.reactor)
+    return CLIProvider(spec, ctx.reactor)

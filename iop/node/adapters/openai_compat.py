@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
@@ -55,8 +55,9 @@ from iop.runtime.interfaces import (
     ExecutionSpec,
     IProvider,
     ITunnelProvider,
+    TreqClient,
 )
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.spec import AdapterSpec, RuntimeProfile
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 # How much of an error body is read, and how much of its text an error event quotes.
@@ -70,9 +71,9 @@ TOOL_REJECTION_STATUSES = frozenset({400, 422})
 TEXT_TOOL_REPLY_SHAPE = '{"tool_calls":[{"name":"<tool name>","arguments":{<arguments>}}]}'
 
 
-def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The ``openai_compat`` adapter factory."""
-    return OpenAICompatProvider(config, ctx)
+    return OpenAICompatProvider(spec, ctx)
 
 
 class UpstreamFailure(Exception):
@@ -350,7 +351,8 @@ class _Run:
         self, body: dict[str, Any], chat: ChatInput, retried: bool, fallback: bool
     ) -> None:
         provider = self._provider
-        response: IResponse = await provider.http.post(
+        response: IResponse = await provider.http.request(
+            "POST",
             provider.url,
             data=json.dumps(body).encode("utf-8"),
             headers=provider.request_headers(),
@@ -504,20 +506,17 @@ class OpenAICompatProvider:
     type = "openai_compat"
     log = Logger()
 
-    def __init__(self, config: pb.AdapterConfig, ctx: AdapterContext) -> None:
-        self.name: str = config.name or config.type or self.type
-        self.base_url: str = config.base_url.rstrip("/")
+    def __init__(self, spec: AdapterSpec, ctx: AdapterContext) -> None:
+        self.name: str = spec.name or self.type
+        self.base_url: str = spec.base_url.rstrip("/")
         self.url = self.base_url + "/chat/completions"
-        self.profile: pb.RuntimeProfile | None = None
-        if config.HasField("profile"):
-            self.profile = pb.RuntimeProfile()
-            self.profile.CopyFrom(config.profile)
-        self._headers = dict(config.headers)
-        self.idle_timeout = (config.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
-        self.request_timeout = config.request_timeout_ms / 1000.0
-        self.max_concurrency = config.max_concurrency or 1
-        self.clock: Any = ctx.reactor
-        self.http: Any = ctx.http
+        self.profile: RuntimeProfile | None = spec.profile
+        self._headers = dict(spec.headers)
+        self.idle_timeout = (spec.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
+        self.request_timeout = spec.request_timeout_ms / 1000.0
+        self.max_concurrency = spec.max_concurrency or 1
+        self.clock: IReactorTime = ctx.reactor
+        self.http: TreqClient = ctx.require_http(self.type)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

@@ -27,6 +27,7 @@ from iop.node.tap import makeSessionSetup
 from iop.node.transport import EdgeConnectionFactory, NodeSession
 from iop.runtime import (
     AdapterContext,
+    AdapterSpec,
     Capabilities,
     ExecutionSpec,
     IOllamaAPI,
@@ -37,6 +38,7 @@ from iop.runtime import (
 )
 from iop.test.node.fakes import TOKEN, accepted, drain, frame, readyResponse
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import adapter_specs
 
 # -- fake providers ---------------------------------------------------------------------------
 
@@ -171,8 +173,8 @@ def factoriesFor(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
     """Factories (for every known type) that return the given providers by instance name."""
     byName = {p.name: p for p in providers}
 
-    def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
-        return byName[config.name or config.type]
+    def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
+        return byName[spec.name]
 
     return {t: build for t in ("openai_compat", "vllm", "ollama", "cli")}
 
@@ -183,8 +185,8 @@ def registryOf(*providers: ScriptedProvider, disabled: Iterable[str] = ()) -> Ad
         node_id="node-1",
         adapters=[adapterConfig(p, enabled=p.name not in off) for p in providers],
     )
-    return AdapterRegistry.from_payload(
-        config, AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
+    return AdapterRegistry.from_specs(
+        adapter_specs(config), AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
     )
 
 
