@@ -19,9 +19,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import deferLater
 
 from iop.node.adapters.cli import CLIProvider, build
-from iop.runtime import AdapterContext, EventType, ExecutionSpec, RuntimeEvent, Usage
+from iop.runtime import AdapterContext, AdapterSpec, EventType, ExecutionSpec, RuntimeEvent, Usage
 from iop.testing import fake_cli_agent as fake
-from iop.wire import runtime_pb2 as pb
 
 AGENT = ["-m", "iop.testing.fake_cli_agent", "-p"]
 STREAM = [*AGENT, "--output-format", "stream-json", "--verbose", "--model", "{model}"]
@@ -44,7 +43,7 @@ def make_provider(
         "env": env or {},
         **fields,
     }
-    config = pb.AdapterConfig(**values)  # type: ignore[arg-type]
+    config = AdapterSpec(**values)  # type: ignore[arg-type]
     provider = build(config, AdapterContext(reactor=reactor, http=None))
     assert isinstance(provider, CLIProvider)
     return provider

@@ -26,8 +26,7 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.node.adapters.ollama import build
-from iop.runtime import AdapterContext, EventType, ExecutionSpec, RuntimeEvent
-from iop.wire import runtime_pb2 as pb
+from iop.runtime import AdapterContext, AdapterSpec, EventType, ExecutionSpec, RuntimeEvent
 
 TOKENS = 20
 DELAY_MS = 50
@@ -73,7 +72,7 @@ async def sleep(seconds: float) -> None:
 
 
 def provider(base_url: str, http: HTTPClient) -> Any:
-    config = pb.AdapterConfig(name="ollama-a", type="ollama", base_url=base_url)
+    config = AdapterSpec(name="ollama-a", type="ollama", base_url=base_url)
     return build(config, AdapterContext(reactor=reactor, http=http))
 
 

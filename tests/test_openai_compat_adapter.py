@@ -23,9 +23,15 @@ from twisted.internet.task import deferLater
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.node.adapters import openai_compat
-from iop.runtime import AdapterContext, EventType, ExecutionSpec, IProvider, RuntimeEvent
+from iop.runtime import (
+    AdapterContext,
+    AdapterSpec,
+    EventType,
+    ExecutionSpec,
+    IProvider,
+    RuntimeEvent,
+)
 from iop.testing.fake_openai import FakeOpenAI, fake_text
-from iop.wire import runtime_pb2 as pb
 
 reactor: Any = cast(Any, _reactor)
 
@@ -46,7 +52,7 @@ class Upstream:
         self.port = reactor.listenTCP(0, self.fake.site(), interface="127.0.0.1")
         self.pool = HTTPConnectionPool(reactor, persistent=False)
         http = HTTPClient(Agent(reactor, pool=self.pool))
-        config = pb.AdapterConfig(
+        config = AdapterSpec(
             name="fake",
             type="openai_compat",
             enabled=True,

@@ -400,7 +400,7 @@ def _check_tunnel_body(body: Any) -> str:
             return f"unknown field {key!r}"
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"{key!r} must be a {kind.__name__}"
-        if kind is int and not 0 <= value <= _UINT32_MAX:
+        if isinstance(value, int) and not 0 <= value <= _UINT32_MAX:
             return f"{key!r} must be >= 0" if value < 0 else f"{key!r} must be <= {_UINT32_MAX}"
     for key in ("adapter", "target", "operation"):
         if not body.get(key):
@@ -419,7 +419,7 @@ def _check_run_body(body: Any) -> str:
             return f"unknown field {key!r}"
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             return f"{key!r} must be a {kind.__name__}"
-        if kind is int and not 0 <= value <= _UINT32_MAX:
+        if isinstance(value, int) and not 0 <= value <= _UINT32_MAX:
             return f"{key!r} must be >= 0" if value < 0 else f"{key!r} must be <= {_UINT32_MAX}"
     if "input" not in body:
         return "'input' is required"

@@ -26,6 +26,7 @@ from iop.node.adapters.registry import AdapterApplyError, AdapterRegistry
 from iop.node.errors import RetryableError
 from iop.runtime.interfaces import AdapterContext, AdapterFactory
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import adapter_specs
 
 __all__ = [
     "CANCEL_UNAVAILABLE",
@@ -109,7 +110,7 @@ class SessionBuilder:
         """The session ``payload`` describes; :class:`RetryableError` if it does not apply."""
         context, factories = self.adapter_context, self.adapter_factories
         try:
-            registry = AdapterRegistry.from_payload(payload, context, factories)
+            registry = AdapterRegistry.from_specs(adapter_specs(payload), context, factories)
         except AdapterApplyError as e:
             raise RetryableError(f"config payload does not apply: {e}") from e
         config = pb.NodeConfigPayload()

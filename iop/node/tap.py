@@ -43,7 +43,7 @@ from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadE
 from iop.node.supervisor import NodeSupervisor
 from iop.node.transport import EdgeConnectionFactory
 from iop.node.tunnel import TunnelManager
-from iop.runtime.interfaces import AdapterContext
+from iop.runtime.interfaces import AdapterContext, TreqClient
 from iop.security.tls import TLSConfigError, client_connection_creator
 from iop.wire import runtime_pb2 as pb
 
@@ -200,7 +200,14 @@ def makeService(
     options: Options,
     reactor: Any = None,
     storeExecutor: StoreExecutor | None = None,
+    http: TreqClient | None = None,
 ) -> IService:
+    """
+    The node's service tree. ``reactor``, ``storeExecutor`` and ``http`` (the adapters' and the
+    provider tunnel's HTTP client) are the collaborators; by default the global reactor, a
+    thread executor (inline on a reactor without threads) and a treq ``HTTPClient`` on a
+    persistent connection pool of :data:`UPSTREAM_KEEPALIVE_PER_HOST` per host, closed at stop.
+    """
     if reactor is None:
         from twisted.internet import reactor as _reactor
 
@@ -218,9 +225,12 @@ def makeService(
             else SynchronousExecutor()
         )
     store = RunStore(config.store_path, reactor, storeExecutor)
-    httpPool = HTTPConnectionPool(reactor, persistent=True)
-    httpPool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
-    adapterContext = AdapterContext(reactor=reactor, http=HTTPClient(Agent(reactor, pool=httpPool)))
+    http_pool: HTTPConnectionPool | None = None
+    if http is None:
+        http_pool = HTTPConnectionPool(reactor, persistent=True)
+        http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
+        http = HTTPClient(Agent(reactor, pool=http_pool))
+    adapterContext = AdapterContext(reactor=reactor, http=http)
     supervisor: NodeSupervisor | None = None
 
     def transportInfo() -> Mapping[str, object]:
@@ -258,7 +268,7 @@ def makeService(
         if reactor.running:
             reactor.stop()
 
-    node = NodeService(store, supervisor, finished, httpPool)
+    node = NodeService(store, supervisor, finished, http_pool)
     node.setName("node")
     top = MultiService()
     node.setServiceParent(top)

@@ -55,11 +55,12 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from iop.formats.sse import SSEParser
+from iop.formats.usage import anthropic_usage, openai_chat_usage, openai_responses_usage
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.http_stream import ended_cleanly, read_body
-from iop.node.adapters.openai_compat import describe_failure, token_count
+from iop.node.adapters.openai_compat import describe_failure
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
-from iop.node.adapters.sse import SSEParser
 from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import ITunnelProvider
@@ -196,47 +197,6 @@ def filter_response_headers(
 
 
 # -- usage observation ------------------------------------------------------------------------
-
-
-def _details(raw: Mapping[str, Any], section: str, name: str) -> int | None:
-    value = raw.get(section)
-    return token_count(value.get(name)) if isinstance(value, dict) else None
-
-
-def openai_chat_usage(raw: Mapping[str, Any]) -> Usage:
-    """Chat Completions ``usage``: prompt/completion tokens and the reported details."""
-    return Usage(
-        input_tokens=token_count(raw.get("prompt_tokens")) or 0,
-        output_tokens=token_count(raw.get("completion_tokens")) or 0,
-        reasoning_tokens=_details(raw, "completion_tokens_details", "reasoning_tokens"),
-        cached_input_tokens=_details(raw, "prompt_tokens_details", "cached_tokens"),
-    )
-
-
-def openai_responses_usage(raw: Mapping[str, Any]) -> Usage:
-    """Responses API ``response.usage``: input/output tokens and the reported details."""
-    return Usage(
-        input_tokens=token_count(raw.get("input_tokens")) or 0,
-        output_tokens=token_count(raw.get("output_tokens")) or 0,
-        reasoning_tokens=_details(raw, "output_tokens_details", "reasoning_tokens"),
-        cached_input_tokens=_details(raw, "input_tokens_details", "cached_tokens"),
-    )
-
-
-def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
-    """
-    Anthropic Messages ``usage``. Anthropic's ``input_tokens`` leaves out cache reads and
-    writes; ``input_tokens`` here is the whole prompt (as OpenAI's ``prompt_tokens`` is), and
-    ``cached_input_tokens`` the cache reads, when reported.
-    """
-    cacheRead = token_count(raw.get("cache_read_input_tokens"))
-    cacheWrite = token_count(raw.get("cache_creation_input_tokens"))
-    prompt = (token_count(raw.get("input_tokens")) or 0) + (cacheRead or 0) + (cacheWrite or 0)
-    return Usage(
-        input_tokens=prompt,
-        output_tokens=token_count(raw.get("output_tokens")) or 0,
-        cached_input_tokens=cacheRead,
-    )
 
 
 class UsageObserver:

@@ -1,7 +1,8 @@
 """
 The shared execution vocabulary of Node adapters and the Edge: what a run is asked to do
 (:class:`ExecutionSpec`), what it reports (:class:`RuntimeEvent`, :class:`Usage`), what an adapter
-can do (:class:`Capabilities`), and the interfaces adapters provide.
+can do (:class:`Capabilities`), how an adapter instance is configured (:class:`AdapterSpec`,
+:class:`RuntimeProfile`), and the interfaces adapters provide.
 """
 
 from iop.runtime.events import TERMINAL_TYPES, EventType, RuntimeEvent, Usage
@@ -13,11 +14,14 @@ from iop.runtime.interfaces import (
     IProvider,
     ISessionTerminator,
     ITunnelProvider,
+    TreqClient,
 )
+from iop.runtime.spec import AdapterSpec, RuntimeProfile
 
 __all__ = [
     "TERMINAL_TYPES",
     "AdapterContext",
+    "AdapterSpec",
     "Capabilities",
     "EventType",
     "ExecutionSpec",
@@ -26,5 +30,7 @@ __all__ = [
     "ISessionTerminator",
     "ITunnelProvider",
     "RuntimeEvent",
+    "RuntimeProfile",
+    "TreqClient",
     "Usage",
 ]

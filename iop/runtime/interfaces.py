@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
 from zope.interface import Attribute, Interface
 
 from iop.runtime.events import RuntimeEvent
+from iop.runtime.spec import AdapterSpec
 
 Emit = Callable[[RuntimeEvent], None]
 
@@ -61,13 +63,44 @@ class Capabilities:
         }
 
 
+class TreqClient(Protocol):
+    """
+    The HTTP client adapters and the provider tunnel use: what they call of treq (the ``treq``
+    module, a pooled ``treq.client.HTTPClient``, or ``treq.testing.StubTreq`` in tests, which
+    type-checks only through a ``cast``). The Deferred fires with an
+    :class:`~twisted.web.iweb.IResponse` (typed ``Any``: ``Deferred`` is invariant, and treq's
+    is a ``Deferred[_Response]``). ``reactor`` is the adapter's clock, for treq's own timers.
+    """
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Any = None,
+        data: bytes | None = None,
+        unbuffered: bool = False,
+        allow_redirects: bool = True,
+        reactor: Any = None,
+    ) -> Deferred[Any]: ...
+
+
 @dataclass(frozen=True)
 class AdapterContext:
-    """What an adapter factory is given besides its config: the reactor and an HTTP client."""
+    """
+    What an adapter factory is given besides its spec: the reactor (timers; an adapter that
+    runs processes adapts it to ``IReactorProcess``) and the HTTP client (None on a context for
+    adapters that make no HTTP requests: an HTTP adapter refuses to build without one).
+    """
 
-    reactor: Any
-    # A treq-compatible client (``treq`` module, ``HTTPClient`` or ``StubTreq``).
-    http: Any
+    reactor: IReactorTime
+    http: TreqClient | None = None
+
+    def require_http(self, adapter: str) -> TreqClient:
+        """The HTTP client, or ValueError naming ``adapter`` when there is none."""
+        if self.http is None:
+            raise ValueError(f"the {adapter} adapter needs an HTTP client")
+        return self.http
 
 
 class IProvider(Interface):
@@ -105,12 +138,12 @@ class ITunnelProvider(Interface):
 
     base_url = Attribute("The provider's base URL without a trailing slash (str).")
     profile = Attribute(
-        "The resolved protocol profile delivered with the adapter config "
-        "(``iop.wire.runtime_pb2.RuntimeProfile``), or None when none was delivered."
+        "The resolved protocol profile delivered with the adapter's spec "
+        "(:class:`iop.runtime.spec.RuntimeProfile`), or None when none was delivered."
     )
     idle_timeout = Attribute("Seconds to wait for the next upstream byte (float, > 0).")
-    http = Attribute("The treq-compatible HTTP client (``treq``, ``HTTPClient`` or ``StubTreq``).")
-    clock = Attribute("The reactor: timers, and the ``reactor=`` given to treq.")
+    http = Attribute("The HTTP client (:class:`TreqClient`).")
+    clock = Attribute("The reactor (``IReactorTime``): timers, and the ``reactor=`` given to treq.")
 
     def configured_headers() -> Mapping[str, str]:
         """The configured upstream headers (credentials included): send, never log or echo."""
@@ -119,7 +152,9 @@ class ITunnelProvider(Interface):
         """``text`` without any configured header value (an upstream may echo credentials)."""
 
 
-AdapterFactory = Callable[[Any, AdapterContext], IProvider]
+# ``iop.node.adapters.<type>.build``: an adapter instance from its spec; raises ValueError (or
+# any exception) when the spec cannot be served.
+AdapterFactory = Callable[[AdapterSpec, AdapterContext], IProvider]
 
 
 class IOllamaAPI(Interface):

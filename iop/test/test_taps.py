@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 import yaml
+from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.resource import Resource
 
 from iop.edge import tap as edge_tap
 from iop.edge.transport import NodeConnectionFactory
 from iop.node import tap as node_tap
+from iop.runtime import AdapterContext, TreqClient
 from iop.testing.pki import create_dev_pki
 
 TOKEN = "tap-test-token"
@@ -108,6 +111,32 @@ class TapTests(SynchronousTestCase):
         reactor.advance(0)
         self.assertEqual([(h, p) for h, p, *_ in reactor.tcpClients], [("127.0.0.1", 17443)])
         self.successResultOf(service.stopService())
+
+    def test_node_service_takes_its_http_client(self) -> None:
+        """The HTTP client is a collaborator: given, adapters get it and no pool is made."""
+        options = node_tap.Options()
+        options.parseOptions(["--config", self.node_yaml()])
+        reactor = MemoryReactorClock()
+        http = StubTreq(Resource())
+        service: Any = node_tap.makeService(options, reactor, http=cast(TreqClient, http))
+        service.startService()
+        reactor.advance(0)
+        # Down the endpoint's and TLS's wrappers to the (proxied) EdgeConnectionFactory.
+        factory: Any = reactor.tcpClients[0][2]
+        while not hasattr(factory, "sessions"):
+            factory = getattr(factory, "_wrappedFactory", None) or factory.wrappedFactory
+        context: AdapterContext = factory.sessions.adapter_context
+        self.assertIs(context.http, http)
+        self.assertIs(context.reactor, reactor)
+        self.assertIsNone(service.getServiceNamed("node")._httpPool)
+        self.successResultOf(service.stopService())
+
+    def test_node_service_default_http_client_is_pooled(self) -> None:
+        options = node_tap.Options()
+        options.parseOptions(["--config", self.node_yaml()])
+        service: Any = node_tap.makeService(options, MemoryReactorClock())
+        pool = service.getServiceNamed("node")._httpPool
+        self.assertEqual(pool.maxPersistentPerHost, node_tap.UPSTREAM_KEEPALIVE_PER_HOST)
 
     def test_node_options_reject_adapters(self) -> None:
         options = node_tap.Options()

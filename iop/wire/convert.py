@@ -1,15 +1,25 @@
 # -*- test-case-name: iop.test.wire.test_convert -*-
 """
 The runtime vocabulary (:mod:`iop.runtime`) in its protobuf form and back: ``Usage`` and
-``RunEvent``. The one place that knows both, so adapters and the runtime never see protobuf.
+``RunEvent`` both ways, and a config payload's adapters as :class:`AdapterSpec`. The one place
+that knows both, so adapters and the runtime never see protobuf.
 """
 
 from __future__ import annotations
 
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.runtime.spec import AdapterSpec, RuntimeProfile
 from iop.wire import runtime_pb2 as pb
 
-__all__ = ["event_from_proto", "event_to_proto", "usage_from_proto", "usage_to_proto"]
+__all__ = [
+    "adapter_spec",
+    "adapter_specs",
+    "event_from_proto",
+    "event_to_proto",
+    "runtime_profile",
+    "usage_from_proto",
+    "usage_to_proto",
+]
 
 
 def usage_to_proto(usage: Usage) -> pb.Usage:
@@ -68,3 +78,48 @@ def event_from_proto(message: pb.RunEvent) -> RuntimeEvent:
         metadata=dict(message.metadata),
         session_id=message.session_id,
     )
+
+
+def runtime_profile(message: pb.RuntimeProfile) -> RuntimeProfile:
+    return RuntimeProfile(
+        name=message.name,
+        driver=message.driver,
+        operations=dict(message.operations),
+        capabilities=tuple(message.capabilities),
+        extensions=dict(message.extensions),
+        auth_header=message.auth_header,
+    )
+
+
+def adapter_spec(message: pb.AdapterConfig) -> AdapterSpec:
+    """
+    One ``AdapterConfig`` as an :class:`AdapterSpec` (an unnamed one is named after its type;
+    ``max_concurrency`` 0, unset on the wire, becomes 1). Nothing is checked here: the Node's
+    adapter registry refuses duplicate names and unknown types, each adapter its own fields.
+    """
+    return AdapterSpec(
+        name=message.name or message.type,
+        type=message.type,
+        enabled=message.enabled,
+        base_url=message.base_url,
+        headers=dict(message.headers),
+        request_timeout_ms=message.request_timeout_ms,
+        idle_timeout_ms=message.idle_timeout_ms,
+        max_concurrency=message.max_concurrency or 1,
+        command=message.command,
+        args=tuple(message.args),
+        env=dict(message.env),
+        workspace=message.workspace,
+        mode=message.mode,
+        resume_args=tuple(message.resume_args),
+        output_format=message.output_format,
+        prompt_placement=message.prompt_placement,
+        context_size=message.context_size,
+        profile=runtime_profile(message.profile) if message.HasField("profile") else None,
+        settings=dict(message.settings),
+    )
+
+
+def adapter_specs(payload: pb.NodeConfigPayload) -> list[AdapterSpec]:
+    """The adapters of a config payload, in payload order."""
+    return [adapter_spec(message) for message in payload.adapters]

@@ -11,7 +11,7 @@ The Anthropic-compatible client surface.
   provider's status, content type and bytes come back untouched.
 - **bridge** on a tunnel provider (an ``openai_chat`` profile, or none):
   :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions`` → the SSE
-  parsed with :class:`~iop.node.adapters.sse.SSEParser` and converted by
+  parsed with :class:`~iop.formats.sse.SSEParser` and converted by
   :class:`~iop.edge.ingress.bridge.ChatStreamToMessages` (or one ``chat.completion`` by
   :func:`~iop.edge.ingress.bridge.chat_completion_to_message`). An upstream error status comes
   back with that status in the Anthropic error shape.
@@ -96,7 +96,7 @@ from iop.edge.ingress.relay import (
 )
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.tunnel import TunnelOutcome
-from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
+from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import RuntimeEvent
 
 __all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicSurface"]

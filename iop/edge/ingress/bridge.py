@@ -94,6 +94,9 @@ from iop.edge.ingress.tools import (
     parse_text_tool_calls,
     tool_call_marker_state,
 )
+from iop.formats.errors import error_message
+from iop.formats.sse import format_event
+from iop.formats.usage import openai_chat_usage, token_count
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
 __all__ = [
@@ -149,8 +152,7 @@ def anthropic_error(message: str, error_type: str = "api_error") -> dict[str, An
 
 def format_sse(event_name: str, data: Mapping[str, Any]) -> bytes:
     """One server-sent event: ``event: <name>``, ``data: <compact JSON>``, a blank line."""
-    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event_name}\ndata: {payload}\n\n".encode()
+    return format_event(data, event_name)
 
 
 def new_message_id() -> str:
@@ -520,14 +522,6 @@ def messages_to_chat(
 # -- answers: shared pieces --------------------------------------------------------------------
 
 
-def _count(value: Any) -> int | None:
-    if _is_int(value) and value >= 0:
-        return int(value)
-    if isinstance(value, float) and value >= 0 and value.is_integer():
-        return int(value)
-    return None
-
-
 @dataclass(frozen=True)
 class _Usage:
     """Reported usage: ``prompt`` includes ``cached`` (OpenAI's way of counting)."""
@@ -540,9 +534,15 @@ class _Usage:
     def from_openai(cls, raw: Any) -> _Usage:
         if not isinstance(raw, dict):
             return cls()
-        details = raw.get("prompt_tokens_details")
-        cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
-        return cls(_count(raw.get("prompt_tokens")), _count(raw.get("completion_tokens")), cached)
+        usage = openai_chat_usage(raw)
+        # Usage says 0 for a count that was not reported; here a missing prompt count matters
+        # (the estimate stands in for it).
+        reported = token_count(raw.get("prompt_tokens")) is not None
+        return cls(
+            usage.input_tokens if reported else None,
+            usage.output_tokens,
+            usage.cached_input_tokens,
+        )
 
     @classmethod
     def from_runtime(cls, usage: Usage | None) -> _Usage:
@@ -921,8 +921,7 @@ class ChatStreamToMessages:
         choices = chunk.get("choices")
         error = chunk.get("error")
         if error is not None and not choices:
-            message = error.get("message") if isinstance(error, dict) else error
-            text = message if isinstance(message, str) and message else "the provider failed"
+            text = error_message(chunk) or "the provider failed"
             self._stream.fail(text, "api_error", out)
             return out
         self._stream.start(out)

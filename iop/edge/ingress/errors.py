@@ -17,13 +17,13 @@ output; upstream HTTP errors keep their status (:func:`upstream_error`). Renderi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute
 from iop.edge.pool import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
 from iop.edge.tunnel import TunnelFailed
+from iop.formats.errors import error_message
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import EventType, RuntimeEvent
 
@@ -157,20 +157,8 @@ def run_error(event: RuntimeEvent) -> ApiError:
 
 def upstream_error(status: int, body: bytes) -> ApiError:
     """An upstream HTTP error (non-2xx answer) with its status, its message if it gave one."""
-    message = ""
-    try:
-        decoded = json.loads(body)
-    except ValueError:
-        decoded = None
-    if isinstance(decoded, dict):
-        error = decoded.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            message = error["message"]
-        elif isinstance(error, str):
-            message = error
-        elif isinstance(decoded.get("message"), str):
-            message = decoded["message"]
-    if not message:
+    message = error_message(body)
+    if message is None:
         text = body.decode("utf-8", errors="replace").strip()
         message = text[:500] if text else f"the provider answered HTTP {status}"
     return ApiError(status, message, code="upstream_error")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -34,7 +34,8 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
-from iop.node.adapters.ndjson import NDJSONDecoder
+from iop.formats.ndjson import NDJSONDecoder
+from iop.formats.usage import token_count
 from iop.runtime import (
     AdapterContext,
     Capabilities,
@@ -45,8 +46,8 @@ from iop.runtime import (
     Usage,
 )
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
-from iop.runtime.interfaces import Emit
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.interfaces import Emit, TreqClient
+from iop.runtime.spec import AdapterSpec
 
 T = TypeVar("T")
 
@@ -64,9 +65,9 @@ THINK_OFF = frozenset({"false", "0", "no", "off"})
 THINK_LEVELS = frozenset({"low", "medium", "high"})
 
 
-def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The adapter factory: one :class:`OllamaProvider` per configured instance."""
-    return OllamaProvider(config, ctx)
+    return OllamaProvider(spec, ctx)
 
 
 class OllamaAPIError(Exception):
@@ -246,10 +247,6 @@ def openai_tool_calls(calls: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
 def _error_text(value: Any) -> str:
     if isinstance(value, str):
         return value
@@ -302,8 +299,8 @@ class _ChatStream:
             if calls:
                 metadata["openai_tool_calls"] = json.dumps(calls, ensure_ascii=False)
             usage = Usage(
-                input_tokens=_count(value.get("prompt_eval_count")),
-                output_tokens=_count(value.get("eval_count")),
+                input_tokens=token_count(value.get("prompt_eval_count")) or 0,
+                output_tokens=token_count(value.get("eval_count")) or 0,
             )
             self._emit(RuntimeEvent.complete(usage=usage, metadata=metadata))
 
@@ -372,7 +369,7 @@ class _Call:
     the step failed with.
     """
 
-    def __init__(self, clock: Any, idle: float | None, overall: float | None) -> None:
+    def __init__(self, clock: IReactorTime, idle: float | None, overall: float | None) -> None:
         self._idleSeconds = idle
         self._current: Deferred[Any] | None = None
         self.expired: str | None = None
@@ -461,22 +458,22 @@ class OllamaProvider:
     log = Logger()
     type = "ollama"
 
-    def __init__(self, config: pb.AdapterConfig, ctx: AdapterContext) -> None:
-        self.name = config.name or config.type or "ollama"
-        base = (config.base_url or DEFAULT_BASE_URL).rstrip("/")
+    def __init__(self, spec: AdapterSpec, ctx: AdapterContext) -> None:
+        self.name = spec.name or "ollama"
+        base = (spec.base_url or DEFAULT_BASE_URL).rstrip("/")
         # An OpenAI-style base URL points at Ollama's compatibility layer; the native API is at
         # the root.
         if base.endswith("/v1"):
             base = base[: -len("/v1")]
         self._base_url = base
-        self._headers: dict[str, str] = dict(config.headers)
-        self._reactor = ctx.reactor
-        self._http = ctx.http
+        self._headers: dict[str, str] = dict(spec.headers)
+        self._reactor: IReactorTime = ctx.reactor
+        self._http: TreqClient = ctx.require_http(self.type)
         self._idle_timeout = (
-            config.idle_timeout_ms / 1000.0 if config.idle_timeout_ms else DEFAULT_IDLE_TIMEOUT
+            spec.idle_timeout_ms / 1000.0 if spec.idle_timeout_ms else DEFAULT_IDLE_TIMEOUT
         )
-        self._request_timeout = config.request_timeout_ms / 1000.0
-        self._max_concurrency = config.max_concurrency or 1
+        self._request_timeout = spec.request_timeout_ms / 1000.0
+        self._max_concurrency = spec.max_concurrency or 1
 
     def __repr__(self) -> str:
         return f"<OllamaProvider name={self.name!r}>"

@@ -33,16 +33,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
+from iop.formats.errors import error_message
+from iop.formats.sse import SSEError, SSEEvent, SSEParser
+from iop.formats.usage import openai_chat_usage
+
 # The cancellable body reader, shared with the provider tunnel.
 from iop.node.adapters.http_stream import ended_cleanly, read_body, read_limited
-from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.runtime.interfaces import (
@@ -52,8 +55,9 @@ from iop.runtime.interfaces import (
     ExecutionSpec,
     IProvider,
     ITunnelProvider,
+    TreqClient,
 )
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.spec import AdapterSpec, RuntimeProfile
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 # How much of an error body is read, and how much of its text an error event quotes.
@@ -67,9 +71,9 @@ TOOL_REJECTION_STATUSES = frozenset({400, 422})
 TEXT_TOOL_REPLY_SHAPE = '{"tool_calls":[{"name":"<tool name>","arguments":{<arguments>}}]}'
 
 
-def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The ``openai_compat`` adapter factory."""
-    return OpenAICompatProvider(config, ctx)
+    return OpenAICompatProvider(spec, ctx)
 
 
 class UpstreamFailure(Exception):
@@ -83,42 +87,13 @@ def truncate(text: str, limit: int = ERROR_TEXT_LIMIT) -> str:
 
 def upstream_error_message(raw: bytes) -> str:
     """
-    The message of an upstream error body: ``error.message`` (OpenAI), a top-level ``message``
-    (older vLLM ``ErrorResponse``), a string ``error`` or ``detail``; else the body's start.
+    What an error event quotes of an upstream error body: its message
+    (:func:`iop.formats.errors.error_message`), else the start of the body.
     """
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        candidates = [
-            error.get("message") if isinstance(error, dict) else error,
-            data.get("message"),
-            data.get("detail"),
-        ]
-        for candidate in candidates:
-            if isinstance(candidate, str) and candidate.strip():
-                return truncate(candidate)
-    text = truncate(raw.decode("utf-8", errors="replace"))
-    return text or "(empty body)"
-
-
-def token_count(value: Any) -> int | None:
-    """A reported token count, or None when absent or not a non-negative integer."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and value >= 0 and value.is_integer():
-        return int(value)
-    return None
-
-
-def detail(raw: Mapping[str, Any], section: str, name: str) -> int | None:
-    """``raw[section][name]`` as a token count (``prompt_tokens_details.cached_tokens``…)."""
-    details = raw.get(section)
-    return token_count(details.get(name)) if isinstance(details, dict) else None
+    message = error_message(raw)
+    if message is not None:
+        return truncate(message)
+    return truncate(raw.decode("utf-8", errors="replace")) or "(empty body)"
 
 
 def describe_failure(error: BaseException) -> str:
@@ -376,7 +351,8 @@ class _Run:
         self, body: dict[str, Any], chat: ChatInput, retried: bool, fallback: bool
     ) -> None:
         provider = self._provider
-        response: IResponse = await provider.http.post(
+        response: IResponse = await provider.http.request(
+            "POST",
             provider.url,
             data=json.dumps(body).encode("utf-8"),
             headers=provider.request_headers(),
@@ -530,20 +506,17 @@ class OpenAICompatProvider:
     type = "openai_compat"
     log = Logger()
 
-    def __init__(self, config: pb.AdapterConfig, ctx: AdapterContext) -> None:
-        self.name: str = config.name or config.type or self.type
-        self.base_url: str = config.base_url.rstrip("/")
+    def __init__(self, spec: AdapterSpec, ctx: AdapterContext) -> None:
+        self.name: str = spec.name or self.type
+        self.base_url: str = spec.base_url.rstrip("/")
         self.url = self.base_url + "/chat/completions"
-        self.profile: pb.RuntimeProfile | None = None
-        if config.HasField("profile"):
-            self.profile = pb.RuntimeProfile()
-            self.profile.CopyFrom(config.profile)
-        self._headers = dict(config.headers)
-        self.idle_timeout = (config.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
-        self.request_timeout = config.request_timeout_ms / 1000.0
-        self.max_concurrency = config.max_concurrency or 1
-        self.clock: Any = ctx.reactor
-        self.http: Any = ctx.http
+        self.profile: RuntimeProfile | None = spec.profile
+        self._headers = dict(spec.headers)
+        self.idle_timeout = (spec.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
+        self.request_timeout = spec.request_timeout_ms / 1000.0
+        self.max_concurrency = spec.max_concurrency or 1
+        self.clock: IReactorTime = ctx.reactor
+        self.http: TreqClient = ctx.require_http(self.type)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
@@ -603,9 +576,4 @@ class OpenAICompatProvider:
         Usage as reported: ``prompt_tokens``/``completion_tokens``, and reasoning and cached
         tokens only where the upstream reported them (OpenAI's ``*_tokens_details``).
         """
-        return Usage(
-            input_tokens=token_count(raw.get("prompt_tokens")) or 0,
-            output_tokens=token_count(raw.get("completion_tokens")) or 0,
-            reasoning_tokens=detail(raw, "completion_tokens_details", "reasoning_tokens"),
-            cached_input_tokens=detail(raw, "prompt_tokens_details", "cached_tokens"),
-        )
+        return openai_chat_usage(raw)

@@ -1,15 +1,17 @@
 # -*- test-case-name: iop.test.node.test_registry -*-
 """
-The Node's runtime adapter registry, built from ``NodeConfigPayload.adapters``.
+The Node's runtime adapter registry, built from the :class:`~iop.runtime.spec.AdapterSpec` of a
+config payload's adapters (:func:`iop.wire.convert.adapter_specs` converts them once, where the
+payload is applied).
 
-Each ``AdapterConfig`` becomes a named :class:`AdapterInstance` (an empty ``name`` means the legacy
-single instance of its ``type``, so it is named after the type). Disabled instances are kept, marked
-disabled and without a provider, so a run naming one gets a clear answer rather than "unknown
-adapter". A payload with a duplicate instance name, an unknown type, or an adapter whose factory
-cannot build it does not apply: :class:`AdapterApplyError`, naming the adapter.
+Each spec becomes a named :class:`AdapterInstance` (a spec without a ``name`` is the legacy
+single instance of its ``type``, so it is named after the type). Disabled instances are kept,
+marked disabled and without a provider, so a run naming one gets a clear answer rather than
+"unknown adapter". A payload with a duplicate instance name, an unknown type, or an adapter
+whose factory cannot build it does not apply: :class:`AdapterApplyError`, naming the adapter.
 
 An enabled instance holds its :class:`~iop.runtime.IProvider`, built by the factory of its type:
-``iop.node.adapters.<type>.build(config, ctx)``, imported only when a payload needs it. Its
+``iop.node.adapters.<type>.build(spec, ctx)``, imported only when a payload needs it. Its
 :class:`CapacityGate` is sized by the provider's ``capabilities().max_concurrency`` and is the one
 gate that normalized runs and provider tunnels of that instance share.
 """
@@ -23,12 +25,12 @@ from dataclasses import dataclass, field
 from iop.config.model import ADAPTER_TYPES
 from iop.node.adapters.capacity import CapacityGate
 from iop.runtime.interfaces import AdapterContext, AdapterFactory, IProvider
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.spec import AdapterSpec
 
 # One source of truth with the config loaders: openai_compat, vllm, ollama, cli.
 KNOWN_ADAPTER_TYPES = ADAPTER_TYPES
 
-# The package whose modules named after each adapter type expose ``build(config, ctx)``.
+# The package whose modules named after each adapter type expose ``build(spec, ctx)``.
 ADAPTER_PACKAGE = "iop.node.adapters"
 
 
@@ -47,16 +49,16 @@ class UnknownAdapter(KeyError):
         return f"unknown adapter {self.name!r}"
 
 
-def _moduleFactory(type_: str) -> AdapterFactory:
+def _module_factory(type_: str) -> AdapterFactory:
     """
     The factory of ``type_``: ``iop.node.adapters.<type_>.build``, imported on first use (so a
     node only imports the adapters its payload names, and a missing module fails that payload).
     """
 
-    def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+    def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
         module = importlib.import_module(f"{ADAPTER_PACKAGE}.{type_}")
         factory: AdapterFactory = module.build
-        return factory(config, ctx)
+        return factory(spec, ctx)
 
     build.__name__ = f"build_{type_}"
     return build
@@ -64,38 +66,32 @@ def _moduleFactory(type_: str) -> AdapterFactory:
 
 # The production factory table: one lazily imported module per known type.
 DEFAULT_FACTORIES: Mapping[str, AdapterFactory] = {
-    type_: _moduleFactory(type_) for type_ in sorted(KNOWN_ADAPTER_TYPES)
+    type_: _module_factory(type_) for type_ in sorted(KNOWN_ADAPTER_TYPES)
 }
 
 
-def _instanceName(config: pb.AdapterConfig) -> str:
-    return config.name or config.type
-
-
-def _buildProvider(
-    name: str,
-    config: pb.AdapterConfig,
-    ctx: AdapterContext,
-    factories: Mapping[str, AdapterFactory],
+def _build_provider(
+    spec: AdapterSpec, ctx: AdapterContext, factories: Mapping[str, AdapterFactory]
 ) -> IProvider:
-    factory = factories.get(config.type)
+    name = spec.name
+    factory = factories.get(spec.type)
     if factory is None:
-        raise AdapterApplyError(f"adapter {name!r}: no factory for type {config.type!r}")
+        raise AdapterApplyError(f"adapter {name!r}: no factory for type {spec.type!r}")
     try:
-        provider = factory(config, ctx)
+        provider = factory(spec, ctx)
     except AdapterApplyError:
         raise
     except ImportError as e:
         raise AdapterApplyError(
-            f"adapter {name!r}: type {config.type!r} is not available on this node ({e})"
+            f"adapter {name!r}: type {spec.type!r} is not available on this node ({e})"
         ) from e
     except Exception as e:
         raise AdapterApplyError(
-            f"adapter {name!r}: cannot build {config.type!r} adapter: {e or type(e).__name__}"
+            f"adapter {name!r}: cannot build {spec.type!r} adapter: {e or type(e).__name__}"
         ) from e
     if not IProvider.providedBy(provider):
         raise AdapterApplyError(
-            f"adapter {name!r}: the {config.type!r} factory did not return an IProvider"
+            f"adapter {name!r}: the {spec.type!r} factory did not return an IProvider"
         )
     return provider
 
@@ -106,39 +102,37 @@ class AdapterInstance:
     One configured adapter instance, its provider and its capacity gate.
 
     ``provider`` is ``None`` exactly when the instance is disabled: nothing runs on it.
-    ``config`` is a private copy of the wire message; it can hold headers and environment values,
-    so it stays out of ``repr`` (as does the provider).
+    ``spec`` can hold headers and environment values, so it stays out of ``repr`` (as does the
+    provider).
     """
 
     name: str
     type: str
     enabled: bool
     max_concurrency: int
-    config: pb.AdapterConfig = field(repr=False, compare=False)
+    spec: AdapterSpec = field(repr=False, compare=False)
     gate: CapacityGate = field(repr=False, compare=False)
     provider: IProvider | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def from_config(
+    def from_spec(
         cls,
-        config: pb.AdapterConfig,
+        spec: AdapterSpec,
         ctx: AdapterContext,
         factories: Mapping[str, AdapterFactory] = DEFAULT_FACTORIES,
     ) -> AdapterInstance:
         """
         Build one instance; raises :class:`AdapterApplyError` for an unknown type or a factory
         that fails. An enabled instance's gate is sized by its provider's ``max_concurrency``; a
-        disabled one (no provider) by the config, where 0 (unset on the wire) means 1.
+        disabled one (no provider) by the spec, where 0 means 1.
         """
-        name = _instanceName(config)
-        if config.type not in KNOWN_ADAPTER_TYPES:
-            raise AdapterApplyError(f"adapter {name!r}: unknown type {config.type!r}")
-        copy = pb.AdapterConfig()
-        copy.CopyFrom(config)
-        limit = config.max_concurrency or 1
+        name = spec.name
+        if spec.type not in KNOWN_ADAPTER_TYPES:
+            raise AdapterApplyError(f"adapter {name!r}: unknown type {spec.type!r}")
+        limit = spec.max_concurrency or 1
         provider: IProvider | None = None
-        if config.enabled:
-            provider = _buildProvider(name, copy, ctx, factories)
+        if spec.enabled:
+            provider = _build_provider(spec, ctx, factories)
             try:
                 reported = int(provider.capabilities().max_concurrency)
             except Exception as e:
@@ -149,10 +143,10 @@ class AdapterInstance:
                 limit = reported
         return cls(
             name=name,
-            type=config.type,
-            enabled=config.enabled,
+            type=spec.type,
+            enabled=spec.enabled,
             max_concurrency=limit,
-            config=copy,
+            spec=spec,
             gate=CapacityGate(limit),
             provider=provider,
         )
@@ -172,36 +166,36 @@ class AdapterRegistry:
     """The adapter instances of one applied config payload, by instance name."""
 
     def __init__(self, instances: Iterable[AdapterInstance] = ()) -> None:
-        byName: dict[str, AdapterInstance] = {}
+        by_name: dict[str, AdapterInstance] = {}
         for instance in instances:
-            if instance.name in byName:
+            if instance.name in by_name:
                 raise AdapterApplyError(f"adapter {instance.name!r}: duplicate instance name")
-            byName[instance.name] = instance
-        self._byName = byName
+            by_name[instance.name] = instance
+        self._byName = by_name
 
     @classmethod
-    def from_payload(
+    def from_specs(
         cls,
-        payload: pb.NodeConfigPayload,
+        specs: Iterable[AdapterSpec],
         ctx: AdapterContext,
         factories: Mapping[str, AdapterFactory] | None = None,
     ) -> AdapterRegistry:
         """
-        Apply ``payload.adapters``, building each enabled instance's provider with ``factories``
+        Apply a payload's adapters, building each enabled instance's provider with ``factories``
         (by type; default :data:`DEFAULT_FACTORIES`). Raises :class:`AdapterApplyError` if they
         do not apply. Names and types are checked for the whole payload before any provider is
         built.
         """
         table = DEFAULT_FACTORIES if factories is None else factories
+        specs = list(specs)
         seen: set[str] = set()
-        for config in payload.adapters:
-            name = _instanceName(config)
-            if name in seen:
-                raise AdapterApplyError(f"adapter {name!r}: duplicate instance name")
-            seen.add(name)
-            if config.type not in KNOWN_ADAPTER_TYPES:
-                raise AdapterApplyError(f"adapter {name!r}: unknown type {config.type!r}")
-        return cls(AdapterInstance.from_config(config, ctx, table) for config in payload.adapters)
+        for spec in specs:
+            if spec.name in seen:
+                raise AdapterApplyError(f"adapter {spec.name!r}: duplicate instance name")
+            seen.add(spec.name)
+            if spec.type not in KNOWN_ADAPTER_TYPES:
+                raise AdapterApplyError(f"adapter {spec.name!r}: unknown type {spec.type!r}")
+        return cls(AdapterInstance.from_spec(spec, ctx, table) for spec in specs)
 
     def get(self, name: str) -> AdapterInstance:
         """The instance with exactly this name (enabled or not), or :class:`UnknownAdapter`."""

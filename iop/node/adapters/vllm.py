@@ -26,15 +26,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from iop.node.adapters.openai_compat import OpenAICompatProvider, token_count
+from iop.formats.usage import token_count
+from iop.node.adapters.openai_compat import OpenAICompatProvider
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import AdapterContext, IProvider
-from iop.wire import runtime_pb2 as pb
+from iop.runtime.spec import AdapterSpec
 
 
-def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The ``vllm`` adapter factory."""
-    return VLLMProvider(config, ctx)
+    return VLLMProvider(spec, ctx)
 
 
 class VLLMProvider(OpenAICompatProvider):

@@ -1,9 +1,13 @@
-"""The adapter registry built from NodeConfigPayload, and the per-instance capacity gate."""
+"""
+The adapter registry built from a NodeConfigPayload's adapter specs, and the per-instance
+capacity gate.
+"""
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Mapping
 from typing import Any
 
 from twisted.internet.task import Clock
@@ -17,10 +21,12 @@ from iop.node.adapters import (
     UnknownAdapter,
 )
 from iop.node.adapters import registry as registryModule
-from iop.runtime import AdapterContext, IProvider
+from iop.runtime import AdapterContext, AdapterSpec, IProvider
+from iop.runtime.interfaces import AdapterFactory
 from iop.test.node.fakes import adapter, payload
 from iop.test.node.test_runs import ScriptedProvider
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import adapter_specs
 
 CTX = AdapterContext(reactor=Clock(), http=None)
 
@@ -33,11 +39,11 @@ class Builds:
         self.built: list[tuple[str, AdapterContext]] = []
         self.providers: dict[str, ScriptedProvider] = {}
 
-    def build(self, config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
-        name = config.name or config.type
+    def build(self, spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
+        name = spec.name
         self.built.append((name, ctx))
-        limit = self.reported if self.reported is not None else (config.max_concurrency or 1)
-        provider = ScriptedProvider(name, config.type, max_concurrency=limit)
+        limit = self.reported if self.reported is not None else (spec.max_concurrency or 1)
+        provider = ScriptedProvider(name, spec.type, max_concurrency=limit)
         self.providers[name] = provider
         return provider
 
@@ -45,8 +51,17 @@ class Builds:
         return {t: self.build for t in KNOWN_ADAPTER_TYPES}
 
 
+def apply(
+    config: pb.NodeConfigPayload,
+    ctx: AdapterContext,
+    factories: Mapping[str, AdapterFactory] | None = None,
+) -> AdapterRegistry:
+    """What the node does with a payload: its adapters as specs, then the registry."""
+    return AdapterRegistry.from_specs(adapter_specs(config), ctx, factories)
+
+
 def fromPayload(config: pb.NodeConfigPayload, builds: Builds | None = None) -> AdapterRegistry:
-    return AdapterRegistry.from_payload(config, CTX, (builds or Builds()).table())
+    return apply(config, CTX, (builds or Builds()).table())
 
 
 class CapacityGateTests(SynchronousTestCase):
@@ -161,11 +176,21 @@ class AdapterRegistryTests(SynchronousTestCase):
         oneEnabled = fromPayload(payload(adapter("a", "vllm", enabled=False), adapter("b", "vllm")))
         self.assertEqual(oneEnabled.resolve("vllm").name, "b")
 
-    def test_configIsACopy(self) -> None:
+    def test_specIsACopy(self) -> None:
         source = payload(adapter("a", "vllm"))
         registry = fromPayload(source)
         source.adapters[0].base_url = "http://elsewhere"
-        self.assertEqual(registry.get("a").config.base_url, "http://10.0.0.5:8000/v1")
+        source.adapters[0].headers["Authorization"] = "changed"
+        spec = registry.get("a").spec
+        self.assertEqual(spec.base_url, "http://10.0.0.5:8000/v1")
+        self.assertEqual(dict(spec.headers), {"Authorization": "Bearer upstream-secret"})
+
+    def test_specsWithoutAPayload(self) -> None:
+        """from_specs takes specs however they were made (an unnamed one is its type)."""
+        registry = AdapterRegistry.from_specs(
+            [AdapterSpec(name="", type="vllm", max_concurrency=4)], CTX, Builds().table()
+        )
+        self.assertEqual((registry.get("vllm").type, registry.get("vllm").gate.limit), ("vllm", 4))
 
     def test_describeShowsNoSecrets(self) -> None:
         registry = fromPayload(payload(adapter("a", "vllm", max_concurrency=3)))
@@ -219,12 +244,12 @@ class ProviderTests(SynchronousTestCase):
         self.assertEqual(builds.built, [])
 
     def test_factoryFails(self) -> None:
-        def broken(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
+        def broken(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
             raise ValueError("base_url is required")
 
         error = self.assertRaises(
             AdapterApplyError,
-            AdapterRegistry.from_payload,
+            apply,
             payload(adapter("gpu", "vllm")),
             CTX,
             {"vllm": broken},
@@ -236,10 +261,10 @@ class ProviderTests(SynchronousTestCase):
     def test_factoryReturnsNoProvider(self) -> None:
         error = self.assertRaises(
             AdapterApplyError,
-            AdapterRegistry.from_payload,
+            apply,
             payload(adapter("gpu", "vllm")),
             CTX,
-            {"vllm": lambda config, ctx: object()},
+            {"vllm": lambda spec, ctx: object()},
         )
         self.assertEqual(
             str(error), "adapter 'gpu': the 'vllm' factory did not return an IProvider"
@@ -248,7 +273,7 @@ class ProviderTests(SynchronousTestCase):
     def test_noFactoryForType(self) -> None:
         error = self.assertRaises(
             AdapterApplyError,
-            AdapterRegistry.from_payload,
+            apply,
             payload(adapter("gpu", "vllm")),
             CTX,
             {},
@@ -265,14 +290,12 @@ class ProviderTests(SynchronousTestCase):
             sys.modules[fake.__name__] = fake
             self.addCleanup(sys.modules.pop, fake.__name__, None)
         self.patch(registryModule, "ADAPTER_PACKAGE", "iop_fake_adapters")
-        registry = AdapterRegistry.from_payload(payload(adapter("gpu", "vllm")), CTX)
+        registry = apply(payload(adapter("gpu", "vllm")), CTX)
         self.assertIs(registry.get("gpu").provider, builds.providers["gpu"])
 
     def test_missingModuleIsACleanApplyError(self) -> None:
         self.patch(registryModule, "ADAPTER_PACKAGE", "iop_no_such_adapters")
-        error = self.assertRaises(
-            AdapterApplyError, AdapterRegistry.from_payload, payload(adapter("gpu", "vllm")), CTX
-        )
+        error = self.assertRaises(AdapterApplyError, apply, payload(adapter("gpu", "vllm")), CTX)
         self.assertTrue(
             str(error).startswith("adapter 'gpu': type 'vllm' is not available on this node"),
             str(error),

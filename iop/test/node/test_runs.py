@@ -28,6 +28,7 @@ from iop.node.tap import makeSessionSetup
 from iop.node.transport import EdgeConnectionFactory
 from iop.runtime import (
     AdapterContext,
+    AdapterSpec,
     Capabilities,
     ExecutionSpec,
     IOllamaAPI,
@@ -39,6 +40,7 @@ from iop.runtime import (
 from iop.runtime.codes import ErrorCode, error_code
 from iop.test.node.fakes import TOKEN, accepted, drain, frame, readyResponse
 from iop.wire import runtime_pb2 as pb
+from iop.wire.convert import adapter_specs
 
 # -- fake providers ---------------------------------------------------------------------------
 
@@ -173,8 +175,8 @@ def factoriesFor(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
     """Factories (for every known type) that return the given providers by instance name."""
     byName = {p.name: p for p in providers}
 
-    def build(config: pb.AdapterConfig, ctx: AdapterContext) -> IProvider:
-        return byName[config.name or config.type]
+    def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
+        return byName[spec.name]
 
     return {t: build for t in ("openai_compat", "vllm", "ollama", "cli")}
 
@@ -185,8 +187,8 @@ def registryOf(*providers: ScriptedProvider, disabled: Iterable[str] = ()) -> Ad
         node_id="node-1",
         adapters=[adapterConfig(p, enabled=p.name not in off) for p in providers],
     )
-    return AdapterRegistry.from_payload(
-        config, AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
+    return AdapterRegistry.from_specs(
+        adapter_specs(config), AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
@@ -31,13 +31,13 @@ from iop.node.tunnel import (
     filter_response_headers,
     upstream_request_headers,
 )
-from iop.runtime import AdapterContext, ITunnelProvider, Usage
+from iop.runtime import AdapterContext, ITunnelProvider, TreqClient, Usage
 from iop.runtime.codes import ErrorCode, error_code
 from iop.test.node.fakes import captureEvents
 from iop.test.node.test_runs import openStore
 from iop.testing.fake_openai import FAIL_500_MODEL, FAIL_MIDSTREAM_MODEL, FakeOpenAI, fake_text
 from iop.wire import runtime_pb2 as pb
-from iop.wire.convert import usage_from_proto
+from iop.wire.convert import adapter_spec, usage_from_proto
 
 SECRET = "Bearer sk-tunnel-secret-0123456789"
 KIND = {
@@ -165,9 +165,9 @@ class TunnelCase(SynchronousTestCase):
             "max_concurrency": 1,
         }
         fields.update(configFields)
-        config = pb.AdapterConfig(**fields)
-        ctx = AdapterContext(self.clock, http if http is not None else self.http)
-        self.instance = AdapterInstance.from_config(config, ctx)
+        self.config = pb.AdapterConfig(**fields)
+        ctx = AdapterContext(self.clock, cast(TreqClient, http if http is not None else self.http))
+        self.instance = AdapterInstance.from_spec(adapter_spec(self.config), ctx)
         self.registry = AdapterRegistry([self.instance])
         self.tunnels = TunnelManager(self.registry, self.sent.append, self.clock)
 
@@ -941,7 +941,7 @@ class SessionTests(TunnelCase):
     def setUp(self) -> None:
         super().setUp()
         self.fake = self.useFake(tokens=6, delay_ms=1000, configFields={"max_concurrency": 2})
-        config = pb.NodeConfigPayload(node_id="node-1", adapters=[self.instance.config])
+        config = pb.NodeConfigPayload(node_id="node-1", adapters=[self.config])
         self.session = NodeSession("node-1", config, self.registry, self.sent.append, self.clock)
         makeSessionSetup(openStore(self, self.clock), self.clock)(self.session)
 

@@ -26,7 +26,7 @@ from iop.node.adapters.capacity import CapacityGate
 from iop.node.adapters.openai_compat import OpenAICompatProvider
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.tunnel import TunnelManager
-from iop.runtime import AdapterContext
+from iop.runtime import AdapterContext, AdapterSpec
 from iop.wire import runtime_pb2 as pb
 
 IDLE = 30.0
@@ -123,7 +123,7 @@ class FrameSequenceProperties(SynchronousTestCase):
     def test_framesAreAlwaysValid(self, scenario: dict[str, Any]) -> None:
         clock = Clock()
         upstream = Upstream()
-        config = pb.AdapterConfig(
+        config = AdapterSpec(
             name="up",
             type="openai_compat",
             enabled=True,
@@ -138,7 +138,7 @@ class FrameSequenceProperties(SynchronousTestCase):
             type="openai_compat",
             enabled=True,
             max_concurrency=1,
-            config=config,
+            spec=config,
             gate=gate,
             provider=OpenAICompatProvider(config, AdapterContext(clock, upstream)),
         )

@@ -10,7 +10,7 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.adapters.sse import SSEParser
+from iop.formats.sse import SSEParser
 from iop.testing.fake_openai import (
     TOOLS_REJECTED,
     FakeOpenAI,

@@ -18,7 +18,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.ingress.tokens import count_tokens
-from iop.node.adapters.sse import SSEParser
+from iop.formats.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.ingress.harness import (
     END,

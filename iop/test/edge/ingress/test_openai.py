@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.ingress.openai import RunEventsToChunks, check_chat, check_responses
 from iop.edge.ingress.profiles import Unsupported
-from iop.node.adapters.sse import SSEParser
+from iop.formats.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.ingress.harness import (
     AT_CAPACITY,

@@ -15,9 +15,11 @@ from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ProcessDone, ProcessTerminated
+from twisted.internet.interfaces import IReactorProcess
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from iop.node.adapters import cli
 from iop.node.adapters.cli import (
@@ -33,8 +35,7 @@ from iop.node.adapters.cli import (
     expand_args,
     usage_since,
 )
-from iop.runtime import AdapterContext, EventType, ExecutionSpec, RuntimeEvent, Usage
-from iop.wire import runtime_pb2 as pb
+from iop.runtime import AdapterContext, AdapterSpec, EventType, ExecutionSpec, RuntimeEvent, Usage
 
 # -- fixtures -----------------------------------------------------------------------------------
 
@@ -207,6 +208,7 @@ class FakeProcessTransport:
         self.lostConnection = True
 
 
+@implementer(IReactorProcess)
 class ProcessClock(Clock):
     """A Clock that also records ``spawnProcess`` calls and connects a fake transport."""
 
@@ -215,17 +217,21 @@ class ProcessClock(Clock):
         self.spawned: list[dict[str, Any]] = []
         self.nextPid = 4000
 
-    def spawnProcess(self, protocol: Any, executable: str, args: list[str], **kw: Any) -> Any:
+    def spawnProcess(  # type: ignore[override]  # a recording fake, loosely typed
+        self, processProtocol: Any, executable: Any, args: Any, **kw: Any
+    ) -> Any:
         self.nextPid += 1
         transport = FakeProcessTransport(self.nextPid)
         self.spawned.append(
-            dict(kw, protocol=protocol, executable=executable, args=args, transport=transport)
+            dict(
+                kw, protocol=processProtocol, executable=executable, args=args, transport=transport
+            )
         )
-        protocol.makeConnection(transport)
+        processProtocol.makeConnection(transport)
         return transport
 
 
-def config(**fields: Any) -> pb.AdapterConfig:
+def config(**fields: Any) -> AdapterSpec:
     values: dict[str, Any] = {
         "name": "claude",
         "type": "cli",
@@ -235,7 +241,7 @@ def config(**fields: Any) -> pb.AdapterConfig:
         "output_format": "stream-json",
     }
     values.update(fields)
-    return pb.AdapterConfig(**values)
+    return AdapterSpec(**values)
 
 
 def fake_which(command: str, path: str | None) -> str | None:
@@ -783,7 +789,7 @@ class LaunchTests(SynchronousTestCase):
 
     def plan(self, prompt: str = "fix the bug", session_id: str = "", **fields: Any) -> LaunchPlan:
         fields.setdefault("workspace", self.workspace)
-        settings = CLISettings.from_config(config(**fields))
+        settings = CLISettings.from_spec(config(**fields))
         spec = ExecutionSpec(run_id="r", target="claude-x", input=prompt, session_id=session_id)
         return settings.plan(spec, fake_which, ENVIRON)
 
@@ -878,7 +884,7 @@ class LaunchTests(SynchronousTestCase):
     def test_workspaceFromSpecWins(self) -> None:
         other = os.path.abspath(self.mktemp())
         os.makedirs(other)
-        settings = CLISettings.from_config(config(workspace=self.workspace, args=["{workspace}"]))
+        settings = CLISettings.from_spec(config(workspace=self.workspace, args=["{workspace}"]))
         spec = ExecutionSpec(run_id="r", target="t", input="hi", workspace=other)
         plan = settings.plan(spec, fake_which, ENVIRON)
         self.assertEqual((plan.cwd, plan.argv[1]), (other, other))
@@ -895,18 +901,18 @@ class LaunchTests(SynchronousTestCase):
             ({"session_id": "-rf"}, "invalid session id"),
             ({"session_id": "a b"}, "invalid session id"),
         ]
-        settings = CLISettings.from_config(config(workspace=self.workspace))
+        settings = CLISettings.from_spec(config(workspace=self.workspace))
         for fields, message in cases:
             values: dict[str, Any] = {"run_id": "r", "target": "t", "input": "hi", **fields}
             spec = ExecutionSpec(**values)
             with self.assertRaises(LaunchError) as caught:
                 settings.plan(spec, fake_which, ENVIRON)
             self.assertEqual(str(caught.exception), message)
-        missing = CLISettings.from_config(config(command="missing", workspace=self.workspace))
+        missing = CLISettings.from_spec(config(command="missing", workspace=self.workspace))
         with self.assertRaises(LaunchError) as caught:
             missing.plan(ExecutionSpec(run_id="r", target="t", input="hi"), fake_which, ENVIRON)
         self.assertEqual(str(caught.exception), "command 'missing' not found")
-        noResume = CLISettings.from_config(config(resume_args=[], workspace=self.workspace))
+        noResume = CLISettings.from_spec(config(resume_args=[], workspace=self.workspace))
         with self.assertRaises(LaunchError) as caught:
             noResume.plan(
                 ExecutionSpec(run_id="r", target="t", input="hi", session_id="s1"),
@@ -952,12 +958,12 @@ class LaunchTests(SynchronousTestCase):
         ]
         for fields, message in bad:
             with self.assertRaises(ValueError) as caught:
-                CLISettings.from_config(config(**fields))
+                CLISettings.from_spec(config(**fields))
             self.assertIn(message, str(caught.exception))
             self.assertIn("'claude'", str(caught.exception))
 
     def test_defaults(self) -> None:
-        settings = CLISettings.from_config(pb.AdapterConfig(type="cli", command="agent"))
+        settings = CLISettings.from_spec(AdapterSpec(name="", type="cli", command="agent"))
         self.assertEqual(
             (
                 settings.output_format,
@@ -1167,6 +1173,10 @@ class SessionTests(SynchronousTestCase):
 
     def tearDown(self) -> None:
         self.assertEqual(self.h.clock.getDelayedCalls(), [])
+
+    def test_reactorMustSpawnProcesses(self) -> None:
+        error = self.assertRaises(ValueError, cli.build, config(), AdapterContext(Clock()))
+        self.assertIn("cannot spawn processes", str(error))
 
     def test_capabilities(self) -> None:
         caps = self.h.provider.capabilities()

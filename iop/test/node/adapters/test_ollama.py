@@ -8,7 +8,7 @@ reaches the upstream, the Ollama API queries; and a scripted upstream for malfor
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 from treq.testing import StubTreq
 from twisted.internet.defer import CancelledError, Deferred
@@ -29,18 +29,19 @@ from iop.node.adapters.ollama import (
 )
 from iop.runtime import (
     AdapterContext,
+    AdapterSpec,
     Capabilities,
     EventType,
     ExecutionSpec,
     IOllamaAPI,
     IProvider,
     RuntimeEvent,
+    TreqClient,
     Usage,
 )
 from iop.runtime.chat_input import InputError, parse_chat_input
 from iop.test.node.fakes import captureEvents
 from iop.testing.fake_ollama import CONTENT_WORDS, THINKING_WORDS, FakeOllama, prompt_tokens
-from iop.wire import runtime_pb2 as pb
 
 BASE_URL = "http://ollama.test:11434"
 SECRET = "Bearer s3cr3t-ollama-key"
@@ -58,7 +59,7 @@ WEATHER = {
 }
 
 
-def config(**fields: Any) -> pb.AdapterConfig:
+def config(**fields: Any) -> AdapterSpec:
     values: dict[str, Any] = {
         "name": "local-ollama",
         "type": "ollama",
@@ -67,7 +68,7 @@ def config(**fields: Any) -> pb.AdapterConfig:
         "headers": {"Authorization": SECRET},
     }
     values.update(fields)
-    return pb.AdapterConfig(**values)
+    return AdapterSpec(**values)
 
 
 def spec(
@@ -102,7 +103,9 @@ class AdapterTestCase(SynchronousTestCase):
         self.addCleanup(self.assertClean)
 
     def build(self, **fields: Any) -> OllamaProvider:
-        provider = build(config(**fields), AdapterContext(reactor=self.clock, http=self.http))
+        provider = build(
+            config(**fields), AdapterContext(reactor=self.clock, http=cast(TreqClient, self.http))
+        )
         assert isinstance(provider, OllamaProvider)
         return provider
 
@@ -398,7 +401,7 @@ class ScriptedTests(AdapterTestCase):
     def scripted(self, **fields: Any) -> tuple[Scripted, StubTreq, OllamaProvider]:
         resource = Scripted(**fields)
         http = StubTreq(resource)
-        provider = build(config(), AdapterContext(reactor=self.clock, http=http))
+        provider = build(config(), AdapterContext(reactor=self.clock, http=cast(TreqClient, http)))
         assert isinstance(provider, OllamaProvider)
         return resource, http, provider
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from treq.testing import StubTreq
 from twisted.internet.defer import CancelledError, Deferred, fail
@@ -27,14 +27,16 @@ from iop.node.adapters.openai_compat import (
 )
 from iop.runtime import (
     AdapterContext,
+    AdapterSpec,
     EventType,
     ExecutionSpec,
     IProvider,
     RuntimeEvent,
+    RuntimeProfile,
+    TreqClient,
     Usage,
 )
 from iop.testing.fake_openai import TOOLS_REJECTED, FakeOpenAI, fake_reasoning, fake_text
-from iop.wire import runtime_pb2 as pb
 
 SECRET = "Bearer sk-test-secret-0123456789"
 WEATHER = {
@@ -47,7 +49,7 @@ WEATHER = {
 }
 
 
-def config(**fields: Any) -> pb.AdapterConfig:
+def config(**fields: Any) -> AdapterSpec:
     values: dict[str, Any] = {
         "name": "upstream",
         "type": "openai_compat",
@@ -56,7 +58,14 @@ def config(**fields: Any) -> pb.AdapterConfig:
         "headers": {"Authorization": SECRET},
     }
     values.update(fields)
-    return pb.AdapterConfig(**values)
+    return AdapterSpec(**values)
+
+
+class Refusing:
+    """An HTTP client whose every request is refused."""
+
+    def request(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
+        return fail(ConnectionRefusedError("connection refused"))
 
 
 def chat_input(messages: list[dict[str, Any]] | None = None, **fields: Any) -> str:
@@ -163,9 +172,7 @@ class Trickle(Resource):
 
 
 class AdapterCase(SynchronousTestCase):
-    build: Callable[[pb.AdapterConfig, AdapterContext], IProvider] = staticmethod(
-        openai_compat.build
-    )
+    build: Callable[[AdapterSpec, AdapterContext], IProvider] = staticmethod(openai_compat.build)
     adapter_type = "openai_compat"
 
     def setUp(self) -> None:
@@ -184,7 +191,9 @@ class AdapterCase(SynchronousTestCase):
     def useResource(self, resource: IResource, **configFields: Any) -> None:
         self.http = StubTreq(resource)
         configFields.setdefault("type", self.adapter_type)
-        self.provider = self.build(config(**configFields), AdapterContext(self.clock, self.http))
+        self.provider = self.build(
+            config(**configFields), AdapterContext(self.clock, cast(TreqClient, self.http))
+        )
 
     def execute(
         self, input: str = "hello world", target: str = "demo-model", **specFields: Any
@@ -629,10 +638,6 @@ class ErrorTests(AdapterCase):
         self.assertFailed(self.execute(), "upstream stream error", "engine overloaded")
 
     def test_connectionRefused(self) -> None:
-        class Refusing:
-            def post(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
-                return fail(ConnectionRefusedError("connection refused"))
-
         self.http = StubTreq(Resource())
         self.provider = self.build(config(), AdapterContext(self.clock, Refusing()))
         d = self.execute()
@@ -747,6 +752,18 @@ class HelperTests(SynchronousTestCase):
         self.assertIn("must call the tool get_weather", text_tool_instruction([WEATHER], choice))
 
     def test_providerClass(self) -> None:
-        provider = openai_compat.build(config(), AdapterContext(Clock(), None))
+        provider = openai_compat.build(config(), AdapterContext(Clock(), Refusing()))
         assert isinstance(provider, OpenAICompatProvider)
         self.assertEqual(provider.url, "http://upstream.test/v1/chat/completions")
+
+    def test_needsAnHTTPClient(self) -> None:
+        error = self.assertRaises(
+            ValueError, openai_compat.build, config(), AdapterContext(Clock())
+        )
+        self.assertIn("needs an HTTP client", str(error))
+
+    def test_profileIsTheSpecs(self) -> None:
+        profile = RuntimeProfile(name="p", operations={"chat_completions": "/v2/chat"})
+        provider = openai_compat.build(config(profile=profile), AdapterContext(Clock(), Refusing()))
+        assert isinstance(provider, OpenAICompatProvider)
+        self.assertIs(provider.profile, profile)

@@ -6,16 +6,18 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.node.adapters import vllm
 from iop.node.adapters.openai_compat import OpenAICompatProvider
 from iop.node.adapters.vllm import VLLMProvider
-from iop.runtime import AdapterContext, EventType, IProvider, Usage
+from iop.runtime import AdapterContext, AdapterSpec, EventType, IProvider, Usage
 from iop.test.node.adapters.test_openai_compat import (
     DONE,
     WEATHER,
     AdapterCase,
+    Refusing,
     Reply,
     Scripted,
     chat_input,
@@ -23,11 +25,10 @@ from iop.test.node.adapters.test_openai_compat import (
     config,
     usage_chunk,
 )
-from iop.wire import runtime_pb2 as pb
 
 
 class VLLMCase(AdapterCase):
-    build: Callable[[pb.AdapterConfig, AdapterContext], IProvider] = staticmethod(vllm.build)
+    build: Callable[[AdapterSpec, AdapterContext], IProvider] = staticmethod(vllm.build)
     adapter_type = "vllm"
 
     def usageFor(self, usage: dict[str, Any], reasoning: bool = False) -> Usage | None:
@@ -45,7 +46,7 @@ class VLLMCase(AdapterCase):
 
 class VLLMBuildTests(VLLMCase):
     def test_subclassOfOpenAICompat(self) -> None:
-        provider = vllm.build(config(type="vllm", name="gpu"), AdapterContext(None, None))
+        provider = vllm.build(config(type="vllm", name="gpu"), AdapterContext(Clock(), Refusing()))
         self.assertIsInstance(provider, VLLMProvider)
         self.assertIsInstance(provider, OpenAICompatProvider)
         self.assertEqual((provider.type, provider.name), ("vllm", "gpu"))
@@ -136,7 +137,7 @@ class VLLMUsageTests(VLLMCase):
     def test_openaiCompatIgnoresTheVLLMOnlyLocation(self) -> None:
         # The hook is the vLLM subclass's own: the base adapter reads only OpenAI's places.
         raw = {"prompt_tokens": 4, "completion_tokens": 9, "reasoning_tokens": 6}
-        base = OpenAICompatProvider(config(), AdapterContext(None, None))
+        base = OpenAICompatProvider(config(), AdapterContext(Clock(), Refusing()))
         self.assertEqual(base.usage_from(raw, True), Usage(4, 9))
 
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.node.adapters.test_sse -*-
+# -*- test-case-name: iop.test.formats.test_sse -*-
 """
 An incremental Server-Sent Events parser: bytes in, events out.
 
@@ -12,16 +12,30 @@ inside a UTF-8 sequence: only complete lines are decoded.
 of stream and returns a final event whose lines were complete but whose blank line never came
 (a server that closes right after ``data: [DONE]\\n``). An unterminated last line is dropped, as
 the standard says.
+
+The other direction: :func:`format_event` writes one event whose data is a JSON value.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 DONE = "[DONE]"
 
 # A line (or an event's accumulated data) larger than this is a broken or hostile upstream.
 DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+
+
+def format_event(data: Any, event: str = "") -> bytes:
+    """
+    One event as bytes: ``event: <event>`` (when named), ``data: <compact JSON>`` (non-ASCII
+    kept as UTF-8; JSON never spans lines) and the blank line that dispatches it.
+    """
+    payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {payload}\n\n".encode()
 
 
 class SSEError(ValueError):

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.adapters.ndjson import LineTooLong, NDJSONDecoder, NDJSONError
+from iop.formats.ndjson import LineFramer, LineTooLong, NDJSONDecoder, NDJSONError
 
 LINES = (
     b'{"message":{"content":"caf\xc3\xa9 \xe2\x98\x95"},"done":false}\n'
@@ -126,3 +126,33 @@ class ErrorTests(SynchronousTestCase):
 
     def test_limitMustBePositive(self) -> None:
         self.assertRaises(ValueError, NDJSONDecoder, 0)
+
+
+class LineFramerTests(SynchronousTestCase):
+    """The framer under both readers: lines whatever the split, the overflow after good lines."""
+
+    def test_anySplit(self) -> None:
+        data = b'{"a":1}\r\nlog line\n\n{"b":2}'
+        for cut in range(len(data) + 1):
+            framer = LineFramer(64)
+            lines = framer.feed(data[:cut]) + framer.feed(data[cut:])
+            self.assertEqual(
+                [*lines, framer.finish()], [b'{"a":1}\r', b"log line", b"", b'{"b":2}']
+            )
+
+    def test_linesBeforeTheOverflowAreKept(self) -> None:
+        framer = LineFramer(8)
+        self.assertEqual(framer.feed(b"ok\n0123456789\nlater\n"), [b"ok"])
+        self.assertIsInstance(framer.overflow, LineTooLong)
+        self.assertIn("line 2 exceeds 8 bytes", str(framer.overflow))
+        self.assertEqual((framer.buffered, framer.feed(b"more\n"), framer.finish()), (0, [], b""))
+
+    def test_unterminatedOverflow(self) -> None:
+        framer = LineFramer(4)
+        self.assertEqual(framer.feed(b"abcd"), [])
+        self.assertIsNone(framer.overflow)
+        self.assertEqual(framer.feed(b"e"), [])
+        self.assertIn("line 1 exceeds 4 bytes", str(framer.overflow))
+
+    def test_limitMustBePositive(self) -> None:
+        self.assertRaises(ValueError, LineFramer, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.adapters.sse import SSEError, SSEEvent, SSEParser
+from iop.formats.sse import SSEError, SSEEvent, SSEParser, format_event
 
 STREAM = (
     b": keep-alive\r\n"
@@ -108,3 +108,14 @@ class SSEParserTests(SynchronousTestCase):
         parser = SSEParser(max_event_bytes=16)
         parser.feed(b"data: 012345\n")
         self.assertRaises(SSEError, parser.feed, b"data: 6789abcdef\n")
+
+
+class FormatTests(SynchronousTestCase):
+    def test_namedEventRoundTrip(self) -> None:
+        encoded = format_event({"text": "a\nb ü"}, "delta")
+        self.assertEqual(encoded, 'event: delta\ndata: {"text":"a\\nb ü"}\n\n'.encode())
+        (event,) = SSEParser().feed(encoded)
+        self.assertEqual((event.event, event.data), ("delta", '{"text":"a\\nb ü"}'))
+
+    def test_unnamedEvent(self) -> None:
+        self.assertEqual(format_event([1, 2]), b"data: [1,2]\n\n")

@@ -1,0 +1,199 @@
+# -*- test-case-name: iop.test.node.adapters.test_cli_parsing -*-
+"""
+The ``cli`` adapter's provider (:class:`CLIProvider`) and factory (:func:`build`): one
+:class:`~iop.node.adapters.cli.process.CLIRun` per run, and the logical sessions it remembers
+per target (for resume baselines, ``list_sessions`` and ``terminate_session``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from twisted.internet.defer import CancelledError, Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IReactorProcess, IReactorTime
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from iop.node.adapters.cli.plan import CLISettings, LaunchError, Which, which
+from iop.node.adapters.cli.process import CLIRun, exit_description
+from iop.runtime.events import RuntimeEvent, Usage
+from iop.runtime.interfaces import (
+    AdapterContext,
+    Capabilities,
+    Emit,
+    ExecutionSpec,
+    IProvider,
+    ISessionTerminator,
+)
+from iop.runtime.spec import AdapterSpec
+
+# Inactive sessions remembered per adapter instance (oldest forgotten first).
+MAX_SESSIONS = 1024
+
+SignalGroup = Callable[[int, int], None]
+
+
+@dataclass
+class _Session:
+    target: str
+    session_id: str
+    last_used: float
+    runs: set[CLIRun] = field(default_factory=set)
+    cumulative_usage: Usage | None = None
+
+
+def signal_process_group(pgid: int, signum: int) -> None:
+    """``os.killpg``; raises ProcessLookupError when no such group exists (yet)."""
+    os.killpg(pgid, signum)
+
+
+@implementer(IProvider, ISessionTerminator)
+class CLIProvider:
+    """A CLI coding agent as a provider: one process per run, sessions remembered per target."""
+
+    log = Logger()
+    type = "cli"
+
+    def __init__(
+        self,
+        spec: AdapterSpec,
+        reactor: IReactorTime,
+        signal_group: SignalGroup = signal_process_group,
+        which: Which = which,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        """
+        ``reactor`` runs the timers and, adapted to ``IReactorProcess``, spawns the agents;
+        ValueError when it cannot spawn processes or ``spec`` is not a usable configuration.
+        """
+        self.name = spec.name or "cli"
+        self.settings = CLISettings.from_spec(spec)
+        self.max_concurrency = spec.max_concurrency or 1
+        processes = IReactorProcess(reactor, None)
+        if processes is None:
+            raise ValueError(f"cli adapter {self.name!r}: the reactor cannot spawn processes")
+        self.reactor = reactor
+        self.processes: IReactorProcess = processes
+        self.signal_group = signal_group
+        self._which = which
+        self._environ = environ
+        self._sessions: dict[tuple[str, str], _Session] = {}
+        self._runs: set[CLIRun] = set()
+
+    def __repr__(self) -> str:
+        return f"<CLIProvider {self.name!r}>"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            max_concurrency=self.max_concurrency, streaming=True, tools=False, sessions=True
+        )
+
+    def execute(self, spec: ExecutionSpec, emit: Emit) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._execute(spec, emit))
+
+    async def _execute(self, spec: ExecutionSpec, emit: Emit) -> None:
+        try:
+            plan = self.settings.plan(spec, self._which, self._environ)
+        except LaunchError as e:
+            emit(RuntimeEvent.failed(str(e)))
+            return
+        baseline = None
+        if spec.session_id:
+            known = self._sessions.get((spec.target, spec.session_id))
+            baseline = known.cumulative_usage if known is not None else None
+        run = CLIRun(self, spec, emit, plan, baseline)
+        try:
+            run.spawn()
+        except OSError as e:
+            emit(RuntimeEvent.failed(f"cannot start {self.settings.command!r}: {e.strerror or e}"))
+            return
+        if not run.finished:  # (Twisted may report an instant exit from within spawnProcess)
+            self._runs.add(run)
+            self.log.info(
+                "cli run {run_id} started: adapter {adapter}, pid {pid}",
+                run_id=spec.run_id,
+                adapter=self.name,
+                pid=run.pid,
+            )
+            if spec.session_id:
+                self._note_session(run, spec.session_id)
+            run.begin()
+        try:
+            await run.when_ended()
+        except CancelledError:
+            run.cancel()
+            while not run.finished:
+                try:
+                    await run.when_ended()
+                except CancelledError:
+                    continue
+            raise
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _note_session(self, run: CLIRun, session_id: str) -> None:
+        key = (run.spec.target, session_id)
+        record = self._sessions.get(key)
+        if record is None:
+            record = self._sessions[key] = _Session(run.spec.target, session_id, 0.0)
+            self._forget_old_sessions()
+        record.runs.add(run)
+        record.last_used = self.reactor.seconds()
+
+    def _run_ended(self, run: CLIRun) -> None:
+        self._runs.discard(run)
+        now = self.reactor.seconds()
+        for record in self._sessions.values():
+            if run in record.runs:
+                record.runs.discard(run)
+                record.last_used = now
+        if run.interpreter.cumulative_usage is not None and run.session_id:
+            latest = self._sessions.get((run.spec.target, run.session_id))
+            if latest is not None:
+                latest.cumulative_usage = run.interpreter.cumulative_usage
+        _, description = exit_description(run._exit_reason)
+        self.log.info(
+            "cli run {run_id} ended: {status}", run_id=run.spec.run_id, status=description
+        )
+
+    def _forget_old_sessions(self) -> None:
+        if len(self._sessions) <= MAX_SESSIONS:
+            return
+        idle = sorted((r for r in self._sessions.values() if not r.runs), key=lambda r: r.last_used)
+        for record in idle[: len(self._sessions) - MAX_SESSIONS]:
+            del self._sessions[(record.target, record.session_id)]
+
+    def list_sessions(self) -> list[dict[str, object]]:
+        return [
+            {
+                "session_id": record.session_id,
+                "target": record.target,
+                "active": bool(record.runs),
+                "last_used": record.last_used,
+            }
+            for record in sorted(self._sessions.values(), key=lambda r: -r.last_used)
+        ]
+
+    def terminate_session(self, target: str, session_id: str) -> Deferred[bool]:
+        record = self._sessions.pop((target, session_id), None)
+        if record is None:
+            return succeed(False)
+        runs = list(record.runs)
+        for run in runs:
+            self.log.info(
+                "cli run {run_id}: terminating session {session_id}",
+                run_id=run.spec.run_id,
+                session_id=session_id,
+            )
+            run.terminate_session()
+        if not runs:
+            return succeed(True)
+        done = DeferredList([run.when_ended() for run in runs], consumeErrors=True)
+        return done.addCallback(lambda _: True)
+
+
+def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
+    """The ``cli`` adapter factory; raises ValueError for an unusable configuration."""
+    return CLIProvider(spec, ctx.reactor)

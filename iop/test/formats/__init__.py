@@ -1,0 +1,1 @@
+"""Tests for the side-neutral formats (iop.formats)."""
