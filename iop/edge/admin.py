@@ -40,8 +40,8 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
-from iop.edge.commands import CommandFailed, NodeCommander
-from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute, RunDispatcher, RunHandle
+from iop.edge.commands import NodeCommander
+from iop.edge.errors import CommandFailed, DispatchError, NodeUnavailable, NoRoute
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import ApiError
 from iop.edge.ingress.relay import (
@@ -53,6 +53,7 @@ from iop.edge.ingress.relay import (
     relay,
     with_placement,
 )
+from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
 from iop.wire import runtime_pb2 as pb
@@ -344,7 +345,7 @@ class AdminApp:
         headers += [(str(k), str(v)) for k, v in body.get("headers", {}).items()]
         exchange = Exchange(request)
         try:
-            node = self._runs.choose_node(body.get("node"))
+            node = self._runs.routes.choose_node(body.get("node"))
             tunnel = self._tunnels.open(
                 node,
                 adapter=body["adapter"],

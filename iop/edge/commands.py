@@ -20,8 +20,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.edge.errors import CommandFailed as CommandFailed  # transitional re-export
-from iop.edge.errors import NodeUnavailable, NoRoute
+from iop.edge.errors import CommandFailed, NodeUnavailable, NoRoute
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import Send, send_envelope

@@ -27,8 +27,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
-from iop.edge.errors import NoRoute as NoRoute  # transitional re-export
-from iop.edge.pool import Lease, ProviderPool, UnknownModel
+from iop.edge.errors import UnknownModel
+from iop.edge.pool import Lease, ProviderPool
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent, Usage
@@ -181,7 +181,7 @@ class EdgeGateway:
             self._finished(placement, terminal.usage, terminal.type.value)
             return terminal
 
-        handle.whenDone().addCallback(finished)
+        handle.when_done().addCallback(finished)
         return handle
 
     def tunnel(
@@ -217,7 +217,7 @@ class EdgeGateway:
             self._finished(placement, None, "error")
             return failure
 
-        tunnel.whenDone().addCallbacks(finished, failed)
+        tunnel.when_done().addCallbacks(finished, failed)
         return tunnel
 
     def _finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
@@ -232,4 +232,4 @@ class EdgeGateway:
             self._on_finished(placement, usage, outcome)
 
 
-__all__ = ["TUNNEL_TYPES", "EdgeGateway", "NoRoute", "Placement"]
+__all__ = ["TUNNEL_TYPES", "EdgeGateway", "Placement"]

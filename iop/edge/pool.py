@@ -53,8 +53,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.config.model import EdgeConfig, ModelProviderRef, ProviderConfig
-from iop.edge.errors import Overloaded, QueueTimeout, Unavailable, UnknownModel
-from iop.edge.errors import PoolError as PoolError  # transitional re-export
+from iop.edge.errors import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
 from iop.edge.interfaces import INodeLifecycleObserver
 from iop.edge.queue import Waiter, WaitQueue, queue_limit, queue_timeout
 
@@ -484,14 +483,8 @@ class ProviderPool:
         return QueueTimeout(waiter.model_id, waiter.timeout)
 
 
-# The error names here are transitional re-exports: import them from iop.edge.errors.
 __all__ = [
     "Lease",
-    "Overloaded",
-    "PoolError",
     "ProviderPool",
-    "QueueTimeout",
-    "Unavailable",
-    "UnknownModel",
     "is_long",
 ]

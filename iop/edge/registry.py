@@ -32,8 +32,7 @@ from twisted.logger import Logger
 
 from iop.config.model import EdgeConfig, NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
-from iop.edge.interfaces import INodeConnection
-from iop.edge.interfaces import INodeLifecycleObserver as INodeLifecycleObserver  # transitional
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.wire.runtime_pb2 import NodeConfigPayload, RegisterRejectCode
 
 

@@ -26,10 +26,8 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.config.model import EdgeConfig, ModelRoute
-from iop.edge.errors import DispatchError as DispatchError  # transitional re-export
+from iop.config.model import EdgeConfig
 from iop.edge.errors import NodeUnavailable
-from iop.edge.errors import NoRoute as NoRoute  # transitional re-export
 from iop.edge.inflight import InFlight, InFlightTable
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.registry import NodeRegistry
@@ -81,7 +79,6 @@ class RunHandle:
         self._done.append(d)
         return d
 
-    whenDone = when_done  # transitional alias: admin and ingress still call it
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """Ask the node to cancel; idempotent; the run ends ``cancelled`` either way."""
@@ -127,12 +124,6 @@ class RunDispatcher:
         registry.add_observer(self)
 
     # -- routing -----------------------------------------------------------------------------
-
-    def resolve_model(self, model: str) -> ModelRoute:
-        return self.routes.resolve_model(model)
-
-    def choose_node(self, node_id: str | None) -> str:
-        return self.routes.choose_node(node_id)
 
     # -- submit ------------------------------------------------------------------------------
 
@@ -249,7 +240,6 @@ class RunDispatcher:
         else:
             active.item._deliver(event)
 
-    runEvent = run_event  # transitional alias: other helpers' tests still call it
 
     def node_ready(self, node_id: str, generation: int) -> None:
         pass
@@ -281,9 +271,6 @@ class RunDispatcher:
 
 __all__ = [
     "CANCEL_GRACE_SEC",
-    "DispatchError",
-    "NoRoute",
-    "NodeUnavailable",
     "RunDispatcher",
     "RunHandle",
     "send_envelope",

@@ -109,7 +109,6 @@ class EdgeService(MultiService):
             )
         )
 
-    requestFinished = request_finished  # transitional alias: an ingress test still calls it
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)

@@ -36,8 +36,7 @@ from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from iop.edge.errors import NodeUnavailable
-from iop.edge.errors import TunnelFailed as TunnelFailed  # transitional re-export
+from iop.edge.errors import NodeUnavailable, TunnelFailed
 from iop.edge.inflight import InFlight, InFlightTable
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.registry import NodeRegistry
@@ -52,7 +51,6 @@ __all__ = [
     "CLIENT_TOO_SLOW",
     "MAX_BUFFERED_BYTES",
     "TunnelDispatcher",
-    "TunnelFailed",
     "TunnelOutcome",
     "TunnelStream",
 ]
@@ -184,11 +182,6 @@ class TunnelStream:
         if self.outcome is not None and self._drained():
             return succeed(self.outcome)
         return _waiter(self._doneWaiters)
-
-    # Transitional aliases: admin and ingress still call the camelCase names.
-    whenStarted = when_started
-    deliverBody = deliver_body
-    whenDone = when_done
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """

@@ -20,9 +20,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from iop.edge.dispatch import DispatchError, NodeUnavailable, NoRoute
-from iop.edge.pool import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
-from iop.edge.tunnel import TunnelFailed
+from iop.edge.errors import (
+    DispatchError,
+    NodeUnavailable,
+    NoRoute,
+    Overloaded,
+    PoolError,
+    QueueTimeout,
+    TunnelFailed,
+    Unavailable,
+    UnknownModel,
+)
 from iop.formats.errors import error_message
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import EventType, RuntimeEvent

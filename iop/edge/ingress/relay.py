@@ -41,12 +41,12 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
-from iop.edge.dispatch import DispatchError, RunHandle
+from iop.edge.errors import DispatchError, PoolError, TunnelFailed
 from iop.edge.gateway import Placement
 from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error
 from iop.edge.ingress.http import json_bytes
-from iop.edge.pool import PoolError
-from iop.edge.tunnel import TunnelFailed, TunnelOutcome, TunnelStream
+from iop.edge.runs import RunHandle
+from iop.edge.tunnel import TunnelOutcome, TunnelStream
 from iop.runtime.events import EventType, RuntimeEvent
 
 __all__ = [
@@ -274,15 +274,15 @@ class TunnelSource:
     async def started(self) -> tuple[int, HeaderList]:
         """The response's start; an :class:`ApiError` when the tunnel failed before it."""
         try:
-            return await self.tunnel.whenStarted()
+            return await self.tunnel.when_started()
         except TunnelFailed as e:
             raise _mapped(e) from None
 
     def deliver(self, consumer: Callable[[bytes], None]) -> None:
-        self.tunnel.deliverBody(consumer)
+        self.tunnel.deliver_body(consumer)
 
     def done(self) -> Deferred[TunnelOutcome]:
-        return self.tunnel.whenDone()
+        return self.tunnel.when_done()
 
     def cancel(self, reason: str) -> None:
         self.tunnel.cancel(reason)
@@ -337,7 +337,7 @@ class RunSource:
             consumer(event)
 
     def done(self) -> Deferred[RuntimeEvent]:
-        return self.handle.whenDone()
+        return self.handle.when_done()
 
     def cancel(self, reason: str) -> None:
         self.handle.cancel(reason)

@@ -12,10 +12,10 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import ModelRoute
 from iop.edge.admin import AdminApp
-from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
@@ -59,7 +59,7 @@ class AdminRunTests(SynchronousTestCase):
             ],
             start=1,
         ):
-            self.runs.runEvent(self.conn, event_to_proto(event, run_id, seq))
+            self.runs.run_event(self.conn, event_to_proto(event, run_id, seq))
         self.treq.flush()
         response = self.successResultOf(d)
         self.assertEqual(response.code, 200)

@@ -8,13 +8,14 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import AdapterConfig, ModelRoute
-from iop.edge.dispatch import NodeUnavailable, RunDispatcher
+from iop.edge.errors import NodeUnavailable, UnknownModel
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import client_error
 from iop.edge.payload import build_node_payload
-from iop.edge.pool import ProviderPool, UnknownModel
+from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
@@ -98,7 +99,7 @@ class GatewayTests(SynchronousTestCase):
     def test_run_end_reports_usage_and_leaves_the_lease(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
         handle = self.gateway.run(placement, input="hi")
-        self.runs.runEvent(
+        self.runs.run_event(
             self.conn, event_to_proto(RuntimeEvent.complete(Usage(3, 4)), handle.run_id, 1)
         )
         self.assertEqual(self.finished, [("pool", Usage(3, 4), "complete")])
@@ -110,7 +111,7 @@ class GatewayTests(SynchronousTestCase):
         placement = self.successResultOf(self.gateway.place("pool"))
         handle = self.gateway.run(placement, input="hi")
         self.registry.disconnected(self.conn)
-        self.assertEqual(self.successResultOf(handle.whenDone()).type.value, "error")
+        self.assertEqual(self.successResultOf(handle.when_done()).type.value, "error")
         self.assertEqual([o for _, _, o in self.finished], ["error"])
         assert placement.lease is not None
         self.assertFalse(placement.lease.released)
@@ -135,5 +136,5 @@ class GatewayTests(SynchronousTestCase):
                 self.conn,
                 pb.ProviderTunnelFrame(run_id=run_id, kind=kind, sequence=seq, status_code=200),
             )
-        self.assertTrue(self.successResultOf(tunnel.whenDone()).ok)
+        self.assertTrue(self.successResultOf(tunnel.when_done()).ok)
         self.assertEqual([o for _, _, o in self.finished], ["complete"])

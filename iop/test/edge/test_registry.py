@@ -10,12 +10,7 @@ from iop.config.model import NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.payload import build_node_payload
-from iop.edge.registry import (
-    NodeRegistry,
-    ReadyOutcome,
-    RegisterAccepted,
-    RegisterRejected,
-)
+from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted, RegisterRejected
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2 import RegisterRejectCode

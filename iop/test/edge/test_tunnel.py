@@ -23,12 +23,7 @@ from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunDispatcher
-from iop.edge.tunnel import (
-    CLIENT_TOO_SLOW,
-    TunnelDispatcher,
-    TunnelOutcome,
-    TunnelStream,
-)
+from iop.edge.tunnel import CLIENT_TOO_SLOW, TunnelDispatcher, TunnelOutcome, TunnelStream
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config

@@ -35,13 +35,13 @@ from iop.config.model import (
     ProfileConfig,
     ProviderConfig,
 )
-from iop.edge.dispatch import RunDispatcher
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
+from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import RuntimeEvent, Usage
@@ -271,7 +271,7 @@ class Ingress:
 
     def events(self, run_id: str, *events: RuntimeEvent) -> None:
         for event in events:
-            self.runs.runEvent(self.conn, event_to_proto(event, run_id, self._next(run_id)))
+            self.runs.run_event(self.conn, event_to_proto(event, run_id, self._next(run_id)))
         self.flush()
 
     def frames(self, run_id: str, *frames: dict[str, Any]) -> None:

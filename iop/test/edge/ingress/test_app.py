@@ -68,7 +68,7 @@ class UsageEventTests(SynchronousTestCase):
             provider_id="p-chat",
             usage_attribution="team-p-chat",
         )
-        edge.requestFinished(dispatch, Usage(3, 4), "complete")
+        edge.request_finished(dispatch, Usage(3, 4), "complete")
         reactor.advance(0)
         [event] = seen
         self.assertIsInstance(event, UsageEvent)

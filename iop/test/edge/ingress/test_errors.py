@@ -7,9 +7,8 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge.errors import Overloaded, QueueTimeout, TunnelFailed, Unavailable, UnknownModel
 from iop.edge.ingress.errors import ApiError, client_error, upstream_error
-from iop.edge.pool import Overloaded, QueueTimeout, Unavailable, UnknownModel
-from iop.edge.tunnel import TunnelFailed
 from iop.runtime.codes import ErrorCode
 from iop.test.edge.ingress.harness import (
     BODY_LIMIT,
