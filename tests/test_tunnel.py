@@ -100,8 +100,8 @@ def test_stream_passthrough_is_byte_exact(cluster: Cluster) -> None:
     tunneled = response.read()
     connection.close()
 
-    status, contentType, expected = direct(port, {**body, "model": "demo-model", "stream": True})
-    assert (status, contentType) == (200, "text/event-stream")
+    status, content_type, expected = direct(port, {**body, "model": "demo-model", "stream": True})
+    assert (status, content_type) == (200, "text/event-stream")
     assert tunneled.endswith(b"data: [DONE]\n\n")
     assert normalized(tunneled) == normalized(expected)
 

@@ -20,10 +20,10 @@ from iop.config.errors import (
     MISSING,
     Issues,
     Section,
-    asList,
-    asSection,
-    readYamlFile,
-    typeName,
+    as_list,
+    as_section,
+    read_yaml_file,
+    type_name,
 )
 from iop.config.model import (
     ADAPTER_TYPES,
@@ -48,7 +48,7 @@ from iop.config.model import (
     ProviderConfig,
     ServerTLS,
 )
-from iop.config.secrets import absolutePath, edgeNodeToken, resolveReferences
+from iop.config.secrets import absolute_path, edge_node_token, resolve_references
 
 DEFAULT_EDGE_ID = "edge"
 DEFAULT_ADMIN_LISTEN = "tcp:8081:interface=127.0.0.1"
@@ -76,7 +76,7 @@ def load_edge_config(path: str, environ: Mapping[str, str] = os.environ) -> Edge
     @raise ConfigError: listing every problem found.
     """
     source = os.path.abspath(path)
-    data = readYamlFile(path)
+    data = read_yaml_file(path)
     return parse_edge_config(
         data, base_dir=os.path.dirname(source), environ=environ, source_path=source
     )
@@ -93,7 +93,7 @@ def parse_edge_config(
     """
     issues = Issues()
     config = _EdgeParser(issues, base_dir, environ).parse(data, source_path)
-    issues.raiseIfAny(source_path)
+    issues.raise_if_any(source_path)
     assert config is not None
     return config
 
@@ -102,7 +102,7 @@ def parse_edge_config(
 # Shared helpers (also used by iop.config.node)
 
 
-def isLoopbackHost(host: str) -> bool:
+def is_loopback_host(host: str) -> bool:
     """``localhost``, ``::1`` or any 127.0.0.0/8 address."""
     candidate = host.strip().lower()
     if candidate.startswith("[") and candidate.endswith("]"):
@@ -115,7 +115,7 @@ def isLoopbackHost(host: str) -> bool:
         return False
 
 
-def splitEndpoint(description: str) -> tuple[list[str], dict[str, str]]:
+def split_endpoint(description: str) -> tuple[list[str], dict[str, str]]:
     """
     Split a Twisted endpoint string into positional and keyword arguments, with Twisted's
     rules: ``:`` separates arguments, the first ``=`` in one makes it a keyword, and a
@@ -132,7 +132,7 @@ def splitEndpoint(description: str) -> tuple[list[str], dict[str, str]]:
             parts.append(current)
             current = ""
             if ch == ":":
-                _addEndpointPart(parts, args, kwargs)
+                _add_endpoint_part(parts, args, kwargs)
                 parts = []
                 ops = ":="
             else:
@@ -142,18 +142,18 @@ def splitEndpoint(description: str) -> tuple[list[str], dict[str, str]]:
         else:
             current += ch
     parts.append(current)
-    _addEndpointPart(parts, args, kwargs)
+    _add_endpoint_part(parts, args, kwargs)
     return args, kwargs
 
 
-def _addEndpointPart(parts: list[str], args: list[str], kwargs: dict[str, str]) -> None:
+def _add_endpoint_part(parts: list[str], args: list[str], kwargs: dict[str, str]) -> None:
     if len(parts) == 1:
         args.append(parts[0])
     else:
         kwargs[parts[0]] = parts[1]
 
 
-def checkTcpEndpoint(issues: Issues, path: str, description: str) -> str | None:
+def check_tcp_endpoint(issues: Issues, path: str, description: str) -> str | None:
     """
     Validate a ``tcp:PORT[:interface=ADDR][:backlog=N]`` server endpoint string; return its
     interface (``""`` for all interfaces) or ``None`` if it is invalid.
@@ -161,7 +161,7 @@ def checkTcpEndpoint(issues: Issues, path: str, description: str) -> str | None:
     if re.search(r"(?<!\\)::", description):
         issues.add(path, "escape the ':' of an IPv6 address with '\\', e.g. interface=\\:\\:1")
         return None
-    args, kwargs = splitEndpoint(description)
+    args, kwargs = split_endpoint(description)
     if args[0] != "tcp":
         issues.add(path, "must be a Twisted server endpoint string starting with 'tcp:'")
         return None
@@ -194,9 +194,9 @@ def checkTcpEndpoint(issues: Issues, path: str, description: str) -> str | None:
     return values.get("interface", "") if ok else None
 
 
-def existingFile(issues: Issues, path: str, value: str, baseDir: str) -> str:
-    """``value`` resolved against ``baseDir``; an issue unless it is a readable file."""
-    resolved = absolutePath(baseDir, value)
+def existing_file(issues: Issues, path: str, value: str, base_dir: str) -> str:
+    """``value`` resolved against ``base_dir``; an issue unless it is a readable file."""
+    resolved = absolute_path(base_dir, value)
     if not os.path.exists(resolved):
         issues.add(path, f"file {resolved} does not exist")
     elif not os.path.isfile(resolved):
@@ -206,21 +206,21 @@ def existingFile(issues: Issues, path: str, value: str, baseDir: str) -> str:
     return resolved
 
 
-def requiredFile(section: Section, key: str, baseDir: str) -> str:
+def required_file(section: Section, key: str, base_dir: str) -> str:
     value = section.string(key, required=True)
     if not value.strip():
         return ""
-    return existingFile(section.issues, section.pathOf(key), value, baseDir)
+    return existing_file(section.issues, section.path_of(key), value, base_dir)
 
 
-def optionalFile(section: Section, key: str, baseDir: str) -> str | None:
+def optional_file(section: Section, key: str, base_dir: str) -> str | None:
     if not section.has(key):
         section.raw(key)
         return None
-    return requiredFile(section, key, baseDir) or None
+    return required_file(section, key, base_dir) or None
 
 
-def checkId(issues: Issues, path: str, value: str) -> None:
+def check_id(issues: Issues, path: str, value: str) -> None:
     if value and not ID_PATTERN.match(value):
         issues.add(path, "must contain only letters, digits, '.', '_' and '-'")
 
@@ -246,17 +246,17 @@ class _ProviderInfo:
 @dataclass
 class _EdgeParser:
     issues: Issues
-    baseDir: str
+    base_dir: str
     environ: Mapping[str, str]
-    profileNames: set[str] = field(default_factory=set)
+    profile_names: set[str] = field(default_factory=set)
     providers: dict[str, _ProviderInfo] = field(default_factory=dict)
     # False when an entry could not be read far enough to learn its name/id: references that
     # do not resolve may then point at it, so they are not reported (no cascades).
-    profilesComplete: bool = True
-    providersComplete: bool = True
+    profiles_complete: bool = True
+    providers_complete: bool = True
 
-    def parse(self, data: object, sourcePath: str) -> EdgeConfig | None:
-        top = asSection(self.issues, "", data)
+    def parse(self, data: object, source_path: str) -> EdgeConfig | None:
+        top = as_section(self.issues, "", data)
         if top is None:
             return None
 
@@ -264,7 +264,7 @@ class _EdgeParser:
         edgeId = DEFAULT_EDGE_ID
         if identity is not None:
             edgeId = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
-            checkId(self.issues, identity.pathOf("id"), edgeId)
+            check_id(self.issues, identity.path_of("id"), edgeId)
             identity.finish()
 
         listen = top.section("listen", required=True)
@@ -274,19 +274,19 @@ class _EdgeParser:
         if listen is not None:
             nodeListen = listen.string("nodes", required=True)
             if nodeListen.strip():
-                interface = checkTcpEndpoint(self.issues, listen.pathOf("nodes"), nodeListen)
+                interface = check_tcp_endpoint(self.issues, listen.path_of("nodes"), nodeListen)
             adminListen = listen.string("admin", DEFAULT_ADMIN_LISTEN, nonempty=True)
             if adminListen.startswith("tcp:"):
-                checkTcpEndpoint(self.issues, listen.pathOf("admin"), adminListen)
+                check_tcp_endpoint(self.issues, listen.path_of("admin"), adminListen)
             listen.finish()
 
         transport = top.section("node_transport") or Section(self.issues, "node_transport", {})
-        plaintext, tls = self._transportSecurity(transport, interface)
+        plaintext, tls = self._transport_security(transport, interface)
         heartbeat = self._heartbeat(transport)
         maxFrame = transport.integer(
             "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
         )
-        registerTimeout = transport.number(
+        register_timeout = transport.number(
             "register_timeout_sec", DEFAULT_REGISTER_TIMEOUT_SEC, positive=True
         )
         transport.finish()
@@ -294,7 +294,7 @@ class _EdgeParser:
         profiles = self._profiles(top)
         nodes = self._nodes(top)
         models = self._models(top)
-        routes, clientApi = self._clientApi(top, nodes, models)
+        routes, clientApi = self._client_api(top, nodes, models)
         top.finish()
 
         if self.issues:
@@ -307,18 +307,18 @@ class _EdgeParser:
             plaintext_nodes=plaintext,
             heartbeat=heartbeat,
             max_frame_bytes=maxFrame,
-            register_timeout_sec=registerTimeout,
+            register_timeout_sec=register_timeout,
             nodes=nodes,
             models=models,
             protocol_profiles=profiles,
             model_routes=routes,
             client_api=clientApi,
-            source_path=sourcePath,
+            source_path=source_path,
         )
 
     # -- node_transport ----------------------------------------------------------------------
 
-    def _transportSecurity(
+    def _transport_security(
         self, transport: Section, interface: str | None
     ) -> tuple[bool, ServerTLS | None]:
         plaintext = transport.boolean("plaintext", False)
@@ -326,26 +326,26 @@ class _EdgeParser:
         tlsSection = transport.section("tls")
         if plaintext:
             if tlsPresent:
-                self.issues.add(transport.pathOf("tls"), "must not be set when plaintext is true")
+                self.issues.add(transport.path_of("tls"), "must not be set when plaintext is true")
             # interface None: listen.nodes is missing or invalid, already reported.
-            if interface is not None and not isLoopbackHost(interface):
+            if interface is not None and not is_loopback_host(interface):
                 binds = f"it binds {interface!r}" if interface else "it binds all interfaces"
                 self.issues.add(
-                    transport.pathOf("plaintext"),
+                    transport.path_of("plaintext"),
                     "plaintext is only allowed when listen.nodes binds a loopback interface "
                     f"(interface=127.0.0.1, ::1 or localhost); {binds}",
                 )
             return True, None
         if not tlsPresent:
             self.issues.add(
-                transport.pathOf("tls"), "is required unless node_transport.plaintext is true"
+                transport.path_of("tls"), "is required unless node_transport.plaintext is true"
             )
             return False, None
         if tlsSection is None:
             return False, None
-        cert = requiredFile(tlsSection, "cert_file", self.baseDir)
-        key = requiredFile(tlsSection, "key_file", self.baseDir)
-        clientCa = optionalFile(tlsSection, "client_ca_file", self.baseDir)
+        cert = required_file(tlsSection, "cert_file", self.base_dir)
+        key = required_file(tlsSection, "key_file", self.base_dir)
+        clientCa = optional_file(tlsSection, "client_ca_file", self.base_dir)
         tlsSection.finish()
         return False, ServerTLS(cert_file=cert, key_file=key, client_ca_file=clientCa)
 
@@ -357,7 +357,7 @@ class _EdgeParser:
         timeout = section.number("timeout_sec", DEFAULT_HEARTBEAT_TIMEOUT_SEC, positive=True)
         if timeout <= interval:
             self.issues.add(
-                section.pathOf("timeout_sec"),
+                section.path_of("timeout_sec"),
                 f"must be greater than interval_sec ({interval:g})",
             )
         section.finish()
@@ -368,38 +368,38 @@ class _EdgeParser:
     def _profiles(self, top: Section) -> tuple[ProfileConfig, ...]:
         items = top.items("protocol_profiles")
         if items is None and top.has("protocol_profiles"):
-            self.profilesComplete = False
+            self.profiles_complete = False
         result: list[ProfileConfig] = []
         seen: dict[str, str] = {}
         for path, item in items or ():
-            section = asSection(self.issues, path, item)
+            section = as_section(self.issues, path, item)
             if section is None:
-                self.profilesComplete = False
+                self.profiles_complete = False
                 continue
             name = section.string("name", required=True)
             if not name:
-                self.profilesComplete = False
+                self.profiles_complete = False
             if name:
                 if name in seen:
                     self.issues.add(
-                        section.pathOf("name"),
+                        section.path_of("name"),
                         f"duplicate profile name {name!r} (also {seen[name]})",
                     )
                 else:
                     seen[name] = path
-                self.profileNames.add(name)
+                self.profile_names.add(name)
             driver = section.choice("driver", PROFILE_DRIVERS, required=True)
             operations: list[tuple[str, str]] = []
-            for opPath, opName, opValue in section.stringMap("operations"):
+            for opPath, opName, opValue in section.string_map("operations"):
                 if not opValue.startswith("/"):
                     self.issues.add(opPath, "must be a request path starting with '/'")
                 operations.append((opName, opValue))
-            capabilities = section.stringList("capabilities", unique=True)
+            capabilities = section.string_list("capabilities", unique=True)
             for i, capability in enumerate(capabilities):
                 if capability not in PROFILE_CAPABILITIES:
                     shown = ", ".join(sorted(PROFILE_CAPABILITIES))
                     self.issues.add(
-                        f"{section.pathOf('capabilities')}[{i}]",
+                        f"{section.path_of('capabilities')}[{i}]",
                         f"unknown capability {capability!r} (one of: {shown})",
                     )
             extensions: list[tuple[str, bool]] = []
@@ -408,9 +408,9 @@ class _EdgeParser:
                 for extName in PROFILE_EXTENSIONS:
                     extensions.append((extName, ext.boolean(extName, False)))
                 ext.finish()
-            authHeader = section.string("auth_header")
-            if authHeader and not _HEADER_NAME.match(authHeader):
-                self.issues.add(section.pathOf("auth_header"), "must be an HTTP header name")
+            auth_header = section.string("auth_header")
+            if auth_header and not _HEADER_NAME.match(auth_header):
+                self.issues.add(section.path_of("auth_header"), "must be an HTTP header name")
             section.finish()
             result.append(
                 ProfileConfig(
@@ -419,7 +419,7 @@ class _EdgeParser:
                     operations=tuple(operations),
                     capabilities=capabilities,
                     extensions=tuple(extensions),
-                    auth_header=authHeader,
+                    auth_header=auth_header,
                 )
             )
         return tuple(result)
@@ -429,29 +429,29 @@ class _EdgeParser:
     def _nodes(self, top: Section) -> tuple[NodeConfig, ...]:
         items = top.items("nodes", required=True)
         if not items:
-            self.providersComplete = False
+            self.providers_complete = False
         if items is not None and not items:
-            self.issues.add(top.pathOf("nodes"), "must list at least one node")
+            self.issues.add(top.path_of("nodes"), "must list at least one node")
         result: list[NodeConfig] = []
         ids: dict[str, str] = {}
         tokens: dict[bytes, str] = {}
         for path, item in items or ():
-            section = asSection(self.issues, path, item)
+            section = as_section(self.issues, path, item)
             if section is None:
-                self.providersComplete = False
+                self.providers_complete = False
                 continue
-            nodeId = section.string("id", required=True)
-            checkId(self.issues, section.pathOf("id"), nodeId)
-            if nodeId in ids:
+            node_id = section.string("id", required=True)
+            check_id(self.issues, section.path_of("id"), node_id)
+            if node_id in ids:
                 self.issues.add(
-                    section.pathOf("id"), f"duplicate node id {nodeId!r} (also {ids[nodeId]})"
+                    section.path_of("id"), f"duplicate node id {node_id!r} (also {ids[node_id]})"
                 )
-            elif nodeId:
-                ids[nodeId] = path
+            elif node_id:
+                ids[node_id] = path
             alias = section.string("alias")
             agentKind = section.string("agent_kind")
             concurrency = section.integer("concurrency", 0, minimum=0)
-            token = edgeNodeToken(section, baseDir=self.baseDir, environ=self.environ)
+            token = edge_node_token(section, base_dir=self.base_dir, environ=self.environ)
             if token is not None:
                 if token.sha256 in tokens:
                     self.issues.add(
@@ -461,12 +461,12 @@ class _EdgeParser:
                     )
                 else:
                     tokens[token.sha256] = path
-            adapters = self._adapters(section, nodeId)
-            providers = self._providers(section, nodeId, adapters)
+            adapters = self._adapters(section, node_id)
+            providers = self._providers(section, node_id, adapters)
             section.finish()
             result.append(
                 NodeConfig(
-                    id=nodeId,
+                    id=node_id,
                     token=token if token is not None else NodeToken(b""),
                     alias=alias,
                     agent_kind=agentKind,
@@ -479,9 +479,9 @@ class _EdgeParser:
 
     # -- adapters ----------------------------------------------------------------------------
 
-    def _adapters(self, node: Section, nodeId: str) -> list[_Adapter]:
+    def _adapters(self, node: Section, node_id: str) -> list[_Adapter]:
         raw = node.raw("adapters")
-        path = node.pathOf("adapters")
+        path = node.path_of("adapters")
         if raw is MISSING:
             return []
         result: list[_Adapter] = []
@@ -490,11 +490,11 @@ class _EdgeParser:
         if isinstance(raw, Mapping):
             # Legacy single-instance form: {type: settings}; each becomes an instance named
             # after its type.
-            legacy = asSection(self.issues, path, raw)
+            legacy = as_section(self.issues, path, raw)
             if legacy is None:
                 return [unreadable]
             for adapterType, value in legacy.data.items():
-                entryPath = legacy.pathOf(adapterType)
+                entryPath = legacy.path_of(adapterType)
                 if adapterType not in ADAPTER_TYPES:
                     shown = ", ".join(sorted(ADAPTER_TYPES))
                     self.issues.add(
@@ -504,24 +504,24 @@ class _EdgeParser:
                     continue
                 entry = Section(self.issues, entryPath, {})
                 if value is not None:
-                    checked = asSection(self.issues, entryPath, value)
+                    checked = as_section(self.issues, entryPath, value)
                     if checked is None:
                         result.append(unreadable)
                         continue
                     entry = checked
                 before = len(self.issues)
-                config = self._adapterFields(
+                config = self._adapter_fields(
                     entry, adapterType, adapterType, rejected=_LEGACY_REJECTED
                 )
                 result.append(_Adapter(config, ok=len(self.issues) == before))
             return result
 
-        items = asList(self.issues, path, raw)
+        items = as_list(self.issues, path, raw)
         if items is None:
             return [unreadable]
         names: dict[str, str] = {}
         for itemPath, item in items:
-            entry_ = asSection(self.issues, itemPath, item)
+            entry_ = as_section(self.issues, itemPath, item)
             if entry_ is None:
                 result.append(unreadable)
                 continue
@@ -530,17 +530,17 @@ class _EdgeParser:
             name = entry_.string("name", type_, nonempty=True)
             if name in names:
                 self.issues.add(
-                    entry_.pathOf("name") if entry_.has("name") else itemPath,
-                    f"duplicate adapter instance name {name!r} on node {nodeId!r} "
+                    entry_.path_of("name") if entry_.has("name") else itemPath,
+                    f"duplicate adapter instance name {name!r} on node {node_id!r} "
                     f"(also {names[name]}); give each instance a unique name",
                 )
             elif name:
                 names[name] = itemPath
-            config = self._adapterFields(entry_, name, type_)
+            config = self._adapter_fields(entry_, name, type_)
             result.append(_Adapter(config, ok=len(self.issues) == before))
         return result
 
-    def _adapterFields(
+    def _adapter_fields(
         self,
         section: Section,
         name: str,
@@ -558,23 +558,23 @@ class _EdgeParser:
                     else ""
                 )
                 self.issues.add(
-                    section.pathOf("base_url"), f"must be an http:// or https:// URL{hint}"
+                    section.path_of("base_url"), f"must be an http:// or https:// URL{hint}"
                 )
         headers: list[tuple[str, str]] = []
-        for path, key, value in section.stringMap("headers"):
+        for path, key, value in section.string_map("headers"):
             if not _HEADER_NAME.match(key):
                 self.issues.add(path, "is not a valid HTTP header name")
-            resolved = resolveReferences(self.issues, path, value, self.environ)
+            resolved = resolve_references(self.issues, path, value, self.environ)
             if any(ch in resolved for ch in "\r\n\0"):
                 self.issues.add(
                     path, "must not contain a line break or NUL (after ${...} resolution)"
                 )
             headers.append((key, resolved))
         env: list[tuple[str, str]] = []
-        for path, key, value in section.stringMap("env"):
+        for path, key, value in section.string_map("env"):
             if "=" in key or "\0" in key:
                 self.issues.add(path, "is not a valid environment variable name")
-            env.append((key, resolveReferences(self.issues, path, value, self.environ)))
+            env.append((key, resolve_references(self.issues, path, value, self.environ)))
         config = AdapterConfig(
             name=name,
             type=type_,
@@ -585,15 +585,15 @@ class _EdgeParser:
             idle_timeout_ms=section.integer("idle_timeout_ms", 0, minimum=0),
             max_concurrency=section.integer("max_concurrency", 1, minimum=1),
             command=section.string("command"),
-            args=section.stringList("args", scalars=True),
+            args=section.string_list("args", scalars=True),
             env=tuple(env),
             workspace=section.string("workspace"),
             mode=section.string("mode"),
-            resume_args=section.stringList("resume_args", scalars=True),
+            resume_args=section.string_list("resume_args", scalars=True),
             output_format=section.choice("output_format", ADAPTER_OUTPUT_FORMATS),
             prompt_placement=section.string("prompt_placement"),
             context_size=section.integer("context_size", 0, minimum=0),
-            settings=tuple((key, value) for _, key, value in section.stringMap("settings")),
+            settings=tuple((key, value) for _, key, value in section.string_map("settings")),
         )
         section.finish(rejected)
         return config
@@ -601,48 +601,48 @@ class _EdgeParser:
     # -- providers ---------------------------------------------------------------------------
 
     def _providers(
-        self, node: Section, nodeId: str, adapters: list[_Adapter]
+        self, node: Section, node_id: str, adapters: list[_Adapter]
     ) -> tuple[ProviderConfig, ...]:
         result: list[ProviderConfig] = []
         items = node.items("providers")
         if items is None and node.has("providers"):
-            self.providersComplete = False
+            self.providers_complete = False
         for path, item in items or ():
-            section = asSection(self.issues, path, item)
+            section = as_section(self.issues, path, item)
             if section is None:
-                self.providersComplete = False
+                self.providers_complete = False
                 continue
-            provider = self._provider(section, nodeId, adapters)
+            provider = self._provider(section, node_id, adapters)
             if provider is not None:
                 result.append(provider)
         return tuple(result)
 
     def _provider(
-        self, section: Section, nodeId: str, adapters: list[_Adapter]
+        self, section: Section, node_id: str, adapters: list[_Adapter]
     ) -> ProviderConfig | None:
-        providerId = section.string("id", required=True)
-        if not providerId.strip():
-            self.providersComplete = False
-        if providerId in self.providers:
+        provider_id = section.string("id", required=True)
+        if not provider_id.strip():
+            self.providers_complete = False
+        if provider_id in self.providers:
             self.issues.add(
-                section.pathOf("id"),
-                f"duplicate provider id {providerId!r} (also "
-                f"{self.providers[providerId].path}); provider ids are unique across the "
+                section.path_of("id"),
+                f"duplicate provider id {provider_id!r} (also "
+                f"{self.providers[provider_id].path}); provider ids are unique across the "
                 "whole config",
             )
         adapterRef = section.string("adapter", required=True)
         category = section.choice("category", PROVIDER_CATEGORIES, required=True)
         explicitType = section.choice("type", ADAPTER_TYPES)
         modelsBefore = len(self.issues)
-        models = section.stringList("models", unique=True)
+        models = section.string_list("models", unique=True)
         if section.has("models"):
             if not models and len(self.issues) == modelsBefore:
-                self.issues.add(section.pathOf("models"), "must list at least one model")
+                self.issues.add(section.path_of("models"), "must list at least one model")
         else:
             section.require("models")
         for i, model in enumerate(models):
             if not model.strip():
-                self.issues.add(f"{section.pathOf('models')}[{i}]", "must not be empty")
+                self.issues.add(f"{section.path_of('models')}[{i}]", "must not be empty")
         modelsOk = len(self.issues) == modelsBefore
         enabled = section.boolean("enabled", True)
         priority = section.integer("priority", 0, minimum=0)
@@ -650,52 +650,52 @@ class _EdgeParser:
         longThreshold = section.integer("long_context_threshold", 0, minimum=0)
         longCapacity = section.integer("long_capacity", 0, minimum=0)
         if longCapacity > capacity:
-            self.issues.add(section.pathOf("long_capacity"), f"must be <= capacity ({capacity})")
+            self.issues.add(section.path_of("long_capacity"), f"must be <= capacity ({capacity})")
         maxQueue = section.integer("max_queue", 0, minimum=0)
         queueTimeout = section.number("queue_timeout_sec", 0.0, minimum=0)
         profile = section.string("profile")
-        if profile and profile not in self.profileNames and self.profilesComplete:
-            defined = ", ".join(sorted(self.profileNames)) or "none"
+        if profile and profile not in self.profile_names and self.profiles_complete:
+            defined = ", ".join(sorted(self.profile_names)) or "none"
             self.issues.add(
-                section.pathOf("profile"),
+                section.path_of("profile"),
                 f"unknown protocol profile {profile!r} (protocol_profiles defines: {defined})",
             )
         usageAttribution = section.string("usage_attribution")
         section.finish()
 
-        if providerId and providerId not in self.providers:
-            self.providers[providerId] = _ProviderInfo(section.path, models if modelsOk else None)
+        if provider_id and provider_id not in self.providers:
+            self.providers[provider_id] = _ProviderInfo(section.path, models if modelsOk else None)
 
         instance = ""
         type_ = explicitType
         if adapterRef and enabled:
-            resolved = self._resolveAdapter(section, nodeId, adapterRef, adapters)
+            resolved = self._resolve_adapter(section, node_id, adapterRef, adapters)
             if resolved is not None:
                 instance = resolved.name
                 if explicitType in ADAPTER_TYPES and explicitType != resolved.type:
                     self.issues.add(
-                        section.pathOf("type"),
+                        section.path_of("type"),
                         f"is {explicitType!r} but adapter {resolved.name!r} is of type "
                         f"{resolved.type!r}",
                     )
                 type_ = resolved.type
                 if category == "cli" and resolved.type != "cli":
                     self.issues.add(
-                        section.pathOf("category"),
+                        section.path_of("category"),
                         f"category cli needs an enabled cli adapter, but {resolved.name!r} "
                         f"is of type {resolved.type!r}",
                     )
         elif adapterRef and not explicitType:
             # Disabled: the reference is not checked, but a type is inferred when possible.
-            type_ = _inferType(adapterRef, adapters)
+            type_ = _infer_type(adapterRef, adapters)
         if not enabled and category == "cli" and explicitType and explicitType != "cli":
             self.issues.add(
-                section.pathOf("category"),
+                section.path_of("category"),
                 f"category cli needs a cli adapter, but type is {explicitType!r}",
             )
 
         return ProviderConfig(
-            id=providerId,
+            id=provider_id,
             adapter=adapterRef,
             category=category,
             adapter_instance=instance,
@@ -712,15 +712,15 @@ class _EdgeParser:
             usage_attribution=usageAttribution,
         )
 
-    def _resolveAdapter(
-        self, section: Section, nodeId: str, ref: str, adapters: list[_Adapter]
+    def _resolve_adapter(
+        self, section: Section, node_id: str, ref: str, adapters: list[_Adapter]
     ) -> AdapterConfig | None:
         """
         The adapter instance ``ref`` names: an exact instance name first, else a legacy type
         name with exactly one enabled instance of that type. ``None`` after an issue, or if
         the named instance had issues of its own.
         """
-        path = section.pathOf("adapter")
+        path = section.path_of("adapter")
         exact = [a for a in adapters if a.config.name == ref]
         if exact:
             adapter = exact[0]
@@ -729,7 +729,7 @@ class _EdgeParser:
             if not adapter.config.enabled:
                 self.issues.add(
                     path,
-                    f"no enabled adapter instance {ref!r} on node {nodeId!r}: it is disabled",
+                    f"no enabled adapter instance {ref!r} on node {node_id!r}: it is disabled",
                 )
                 return None
             return adapter.config
@@ -747,12 +747,14 @@ class _EdgeParser:
             # An entry with issues of its own may be the one meant; don't pile on.
             return None
         if ref in ADAPTER_TYPES:
-            self.issues.add(path, f"no enabled adapter instance of type {ref!r} on node {nodeId!r}")
+            self.issues.add(
+                path, f"no enabled adapter instance of type {ref!r} on node {node_id!r}"
+            )
         else:
             names = ", ".join(a.config.name for a in adapters) or "none"
             self.issues.add(
                 path,
-                f"no enabled adapter instance {ref!r} on node {nodeId!r} "
+                f"no enabled adapter instance {ref!r} on node {node_id!r} "
                 f"(configured instances: {names})",
             )
         return None
@@ -763,36 +765,36 @@ class _EdgeParser:
         result: list[ModelConfig] = []
         ids: dict[str, str] = {}
         for path, item in top.items("models") or ():
-            section = asSection(self.issues, path, item)
+            section = as_section(self.issues, path, item)
             if section is None:
                 continue
-            modelId = section.string("id", required=True)
-            if modelId in ids:
+            model_id = section.string("id", required=True)
+            if model_id in ids:
                 self.issues.add(
-                    section.pathOf("id"), f"duplicate model id {modelId!r} (also {ids[modelId]})"
+                    section.path_of("id"), f"duplicate model id {model_id!r} (also {ids[model_id]})"
                 )
-            elif modelId:
-                ids[modelId] = path
+            elif model_id:
+                ids[model_id] = path
             displayName = section.string("display_name")
-            refs = self._modelProviders(section, modelId)
-            defaultMax = section.optionalInteger("default_max_tokens", minimum=1)
-            minMax = section.optionalInteger("min_max_tokens", minimum=1)
+            refs = self._model_providers(section, model_id)
+            defaultMax = section.optional_integer("default_max_tokens", minimum=1)
+            minMax = section.optional_integer("min_max_tokens", minimum=1)
             if defaultMax is not None and minMax is not None and minMax > defaultMax:
                 self.issues.add(
-                    section.pathOf("min_max_tokens"),
+                    section.path_of("min_max_tokens"),
                     f"must be <= default_max_tokens ({defaultMax})",
                 )
-            thinking = section.optionalInteger("default_thinking_token_budget", minimum=0)
+            thinking = section.optional_integer("default_thinking_token_budget", minimum=0)
             counter = section.string("token_counter")
             if counter and counter not in TOKEN_COUNTERS:
                 self.issues.add(
-                    section.pathOf("token_counter"),
+                    section.path_of("token_counter"),
                     f"unknown token counter {counter!r} (one of: {_names(TOKEN_COUNTERS)})",
                 )
             section.finish()
             result.append(
                 ModelConfig(
-                    id=modelId,
+                    id=model_id,
                     providers=refs,
                     display_name=displayName,
                     default_max_tokens=defaultMax,
@@ -803,7 +805,7 @@ class _EdgeParser:
             )
         return tuple(result)
 
-    def _clientApi(
+    def _client_api(
         self, top: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]
     ) -> tuple[tuple[ModelRoute, ...], ClientAPIConfig]:
         openai = top.section("openai")
@@ -812,11 +814,11 @@ class _EdgeParser:
         listen = openai.string("listen") or None
         interface: str | None = None
         if listen is not None:
-            interface = checkTcpEndpoint(self.issues, openai.pathOf("listen"), listen)
+            interface = check_tcp_endpoint(self.issues, openai.path_of("listen"), listen)
         maxBody = openai.integer(
             "max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES_LIMIT
         )
-        routes = self._modelRoutes(openai, nodes, models)
+        routes = self._model_routes(openai, nodes, models)
         known = {m.id for m in models} | {r.model for r in routes}
         auth = True
         keys: list[ClientKey] = []
@@ -825,28 +827,28 @@ class _EdgeParser:
             auth = authSection.boolean("enabled", True)
             names: set[str] = set()
             for path, item in authSection.items("keys") or ():
-                keySection = asSection(self.issues, path, item)
+                keySection = as_section(self.issues, path, item)
                 if keySection is None:
                     continue
                 name = keySection.string("name", required=True, nonempty=True)
                 if name in names:
-                    self.issues.add(keySection.pathOf("name"), f"duplicate key name {name!r}")
+                    self.issues.add(keySection.path_of("name"), f"duplicate key name {name!r}")
                 names.add(name)
-                digest = edgeNodeToken(
-                    keySection, baseDir=self.baseDir, environ=self.environ, name="key"
+                digest = edge_node_token(
+                    keySection, base_dir=self.base_dir, environ=self.environ, name="key"
                 )
-                allowed = tuple(keySection.stringList("models"))
+                allowed = tuple(keySection.string_list("models"))
                 for i, model in enumerate(allowed):
                     if model not in known:
                         self.issues.add(
-                            f"{keySection.pathOf('models')}[{i}]", f"unknown model {model!r}"
+                            f"{keySection.path_of('models')}[{i}]", f"unknown model {model!r}"
                         )
                 keySection.finish()
                 if digest is not None:
                     keys.append(ClientKey(name=name, digest=digest, models=allowed))
             authSection.finish()
         if listen is not None:
-            if not auth and not (interface is not None and isLoopbackHost(interface)):
+            if not auth and not (interface is not None and is_loopback_host(interface)):
                 self.issues.add(
                     "openai.auth.enabled",
                     "auth may only be turned off when openai.listen binds a loopback interface",
@@ -858,7 +860,7 @@ class _EdgeParser:
             listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=maxBody
         )
 
-    def _modelRoutes(
+    def _model_routes(
         self, openai: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]
     ) -> tuple[ModelRoute, ...]:
         routes: list[ModelRoute] = []
@@ -866,60 +868,60 @@ class _EdgeParser:
         modelIds = {m.id for m in models}
         byId = {n.id: n for n in nodes}
         for path, item in openai.items("model_routes") or ():
-            section = asSection(self.issues, path, item)
+            section = as_section(self.issues, path, item)
             if section is None:
                 continue
             model = section.string("model", required=True, nonempty=True)
             adapter = section.string("adapter", required=True, nonempty=True)
             target = section.string("target", required=True, nonempty=True)
-            nodeId = section.string("node") or None
+            node_id = section.string("node") or None
             section.finish()
             if model in seen:
                 self.issues.add(
-                    section.pathOf("model"), f"duplicate route for {model!r} (also {seen[model]})"
+                    section.path_of("model"), f"duplicate route for {model!r} (also {seen[model]})"
                 )
             elif model:
                 seen[model] = path
             if model and model in modelIds:
                 self.issues.add(
-                    section.pathOf("model"),
+                    section.path_of("model"),
                     f"{model!r} is also a models[] id; a model id routes one way only",
                 )
-            candidates = [byId[nodeId]] if nodeId in byId else []
-            if nodeId is not None and nodeId not in byId:
-                self.issues.add(section.pathOf("node"), f"unknown node {nodeId!r}")
-            elif nodeId is None:
+            candidates = [byId[node_id]] if node_id in byId else []
+            if node_id is not None and node_id not in byId:
+                self.issues.add(section.path_of("node"), f"unknown node {node_id!r}")
+            elif node_id is None:
                 candidates = list(nodes)
             if (
                 adapter
                 and candidates
-                and not any(_routeAdapterExists(n, adapter) for n in candidates)
+                and not any(_route_adapter_exists(n, adapter) for n in candidates)
             ):
-                where = f"node {nodeId!r}" if nodeId else "any node"
+                where = f"node {node_id!r}" if node_id else "any node"
                 self.issues.add(
-                    section.pathOf("adapter"), f"no enabled adapter {adapter!r} on {where}"
+                    section.path_of("adapter"), f"no enabled adapter {adapter!r} on {where}"
                 )
-            routes.append(ModelRoute(model=model, adapter=adapter, target=target, node_id=nodeId))
+            routes.append(ModelRoute(model=model, adapter=adapter, target=target, node_id=node_id))
         return tuple(routes)
 
-    def _modelProviders(self, model: Section, modelId: str) -> tuple[ModelProviderRef, ...]:
+    def _model_providers(self, model: Section, model_id: str) -> tuple[ModelProviderRef, ...]:
         items = model.items("providers", required=True)
         if items is not None and not items:
-            self.issues.add(model.pathOf("providers"), "must list at least one provider")
+            self.issues.add(model.path_of("providers"), "must list at least one provider")
         refs: list[ModelProviderRef] = []
         seen: set[str] = set()
         for path, item in items or ():
-            providerId = ""
+            provider_id = ""
             explicitTarget: str | None = None
             idPath = path
             if isinstance(item, str):
-                providerId = item
+                provider_id = item
             elif isinstance(item, Mapping):
-                entry = asSection(self.issues, path, item)
+                entry = as_section(self.issues, path, item)
                 if entry is None:
                     continue
-                providerId = entry.string("id", required=True)
-                idPath = entry.pathOf("id")
+                provider_id = entry.string("id", required=True)
+                idPath = entry.path_of("id")
                 if entry.has("target"):
                     explicitTarget = entry.string("target", required=True)
                 else:
@@ -929,63 +931,63 @@ class _EdgeParser:
                 self.issues.add(
                     path,
                     "must be a provider id or a mapping {id: ..., target: ...}, "
-                    f"got {typeName(item)}",
+                    f"got {type_name(item)}",
                 )
                 continue
-            if not providerId:
+            if not provider_id:
                 if isinstance(item, str):
                     self.issues.add(path, "must not be empty")
                 continue
-            if providerId in seen:
-                self.issues.add(idPath, f"duplicate provider {providerId!r} in this model")
+            if provider_id in seen:
+                self.issues.add(idPath, f"duplicate provider {provider_id!r} in this model")
                 continue
-            seen.add(providerId)
-            info = self.providers.get(providerId)
+            seen.add(provider_id)
+            info = self.providers.get(provider_id)
             if info is None:
-                if not self.providersComplete:
+                if not self.providers_complete:
                     continue
                 self.issues.add(
-                    idPath, f"unknown provider {providerId!r} (not in any nodes[].providers)"
+                    idPath, f"unknown provider {provider_id!r} (not in any nodes[].providers)"
                 )
                 continue
-            target = self._servedTarget(
+            target = self._served_target(
                 path if explicitTarget is None else f"{path}.target",
-                modelId,
-                providerId,
+                model_id,
+                provider_id,
                 explicitTarget,
                 info,
             )
             if target is not None:
-                refs.append(ModelProviderRef(provider_id=providerId, target=target))
+                refs.append(ModelProviderRef(provider_id=provider_id, target=target))
         return tuple(refs)
 
-    def _servedTarget(
+    def _served_target(
         self,
         path: str,
-        modelId: str,
-        providerId: str,
+        model_id: str,
+        provider_id: str,
         explicit: str | None,
         info: _ProviderInfo,
     ) -> str | None:
-        if info.models is None or (explicit is None and not modelId):
+        if info.models is None or (explicit is None and not model_id):
             return None
         served = ", ".join(info.models)
         if explicit is not None:
             if explicit and explicit not in info.models:
                 self.issues.add(
                     path,
-                    f"{explicit!r} is not one of provider {providerId!r} models ({served})",
+                    f"{explicit!r} is not one of provider {provider_id!r} models ({served})",
                 )
                 return None
             return explicit or None
-        if modelId in info.models:
-            return modelId
+        if model_id in info.models:
+            return model_id
         if len(info.models) == 1:
             return info.models[0]
         self.issues.add(
             path,
-            f"provider {providerId!r} serves several models ({served}) and none is "
-            f"{modelId!r}; give an explicit target: {{id: {providerId}, target: ...}}",
+            f"provider {provider_id!r} serves several models ({served}) and none is "
+            f"{model_id!r}; give an explicit target: {{id: {provider_id}, target: ...}}",
         )
         return None
 
@@ -994,7 +996,7 @@ def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
 
 
-def _routeAdapterExists(node: NodeConfig, ref: str) -> bool:
+def _route_adapter_exists(node: NodeConfig, ref: str) -> bool:
     """A route's adapter: an enabled instance name, or a type with one enabled instance."""
     enabled = [a for a in node.adapters if a.enabled]
     if any(a.name == ref for a in enabled):
@@ -1002,7 +1004,7 @@ def _routeAdapterExists(node: NodeConfig, ref: str) -> bool:
     return len([a for a in enabled if a.type == ref]) == 1
 
 
-def _inferType(ref: str, adapters: list[_Adapter]) -> str:
+def _infer_type(ref: str, adapters: list[_Adapter]) -> str:
     """Best-effort type of a disabled provider's adapter reference; ``""`` if unknown."""
     for adapter in adapters:
         if adapter.config.name == ref:

@@ -72,7 +72,7 @@ class Issues:
     def __iter__(self) -> Iterator[ConfigIssue]:
         return iter(self._issues)
 
-    def raiseIfAny(self, source: str = "") -> None:
+    def raise_if_any(self, source: str = "") -> None:
         if self._issues:
             raise ConfigError(self._issues, source)
 
@@ -81,7 +81,7 @@ class Issues:
 # Paths
 
 
-def keyPath(path: str, key: str) -> str:
+def key_path(path: str, key: str) -> str:
     """``path`` extended by a mapping key: ``a.b``, or ``a["odd key"]`` for unusual keys."""
     if _PLAIN_KEY.match(key):
         return f"{path}.{key}" if path and path != ROOT else key
@@ -89,12 +89,12 @@ def keyPath(path: str, key: str) -> str:
     return f"{path}[{quoted}]" if path and path != ROOT else f"[{quoted}]"
 
 
-def indexPath(path: str, index: int) -> str:
+def index_path(path: str, index: int) -> str:
     """``path`` extended by a list index: ``a[3]``."""
     return f"{path}[{index}]"
 
 
-def typeName(value: object) -> str:
+def type_name(value: object) -> str:
     """A YAML-flavoured name for the type of ``value``, for messages."""
     if value is None:
         return "null"
@@ -113,7 +113,7 @@ def typeName(value: object) -> str:
     return type(value).__name__
 
 
-def scalarText(value: object) -> str | None:
+def scalar_text(value: object) -> str | None:
     """
     The text of a YAML scalar for free-form string maps and argument lists (``8192`` →
     ``"8192"``, ``true`` → ``"true"``); ``None`` for non-scalars.
@@ -141,29 +141,29 @@ class _Missing:
 MISSING: Final = _Missing()
 
 
-def asSection(issues: Issues, path: str, value: object) -> Section | None:
+def as_section(issues: Issues, path: str, value: object) -> Section | None:
     """
     Wrap ``value`` as a :class:`Section` if it is a mapping with string keys; otherwise record
     an issue and return ``None``.
     """
     if not isinstance(value, Mapping):
-        issues.add(path, f"must be a mapping, got {typeName(value)}")
+        issues.add(path, f"must be a mapping, got {type_name(value)}")
         return None
     clean: dict[str, object] = {}
     for key, item in value.items():
         if not isinstance(key, str):
-            issues.add(path, f"keys must be strings, got {typeName(key)} key {key!r}")
+            issues.add(path, f"keys must be strings, got {type_name(key)} key {key!r}")
             continue
         clean[key] = item
     return Section(issues, path, clean)
 
 
-def asList(issues: Issues, path: str, value: object) -> list[tuple[str, object]] | None:
+def as_list(issues: Issues, path: str, value: object) -> list[tuple[str, object]] | None:
     """``[(item path, item)]`` if ``value`` is a list; otherwise record an issue."""
     if not isinstance(value, list | tuple):
-        issues.add(path, f"must be a list, got {typeName(value)}")
+        issues.add(path, f"must be a list, got {type_name(value)}")
         return None
-    return [(indexPath(path, i), item) for i, item in enumerate(value)]
+    return [(index_path(path, i), item) for i, item in enumerate(value)]
 
 
 class Section:
@@ -184,8 +184,8 @@ class Section:
 
     # -- raw access --------------------------------------------------------------------------
 
-    def pathOf(self, key: str) -> str:
-        return keyPath(self.path, key)
+    def path_of(self, key: str) -> str:
+        return key_path(self.path, key)
 
     def has(self, key: str) -> bool:
         """Whether ``key`` is present with a non-null value (does not mark it known)."""
@@ -200,7 +200,7 @@ class Section:
     def require(self, key: str) -> object:
         value = self.raw(key)
         if value is MISSING:
-            self.issues.add(self.pathOf(key), "is required")
+            self.issues.add(self.path_of(key), "is required")
         return value
 
     def finish(self, rejected: Mapping[str, str] | None = None) -> None:
@@ -213,13 +213,13 @@ class Section:
             if key in self._known:
                 continue
             if key in rejected:
-                self.issues.add(self.pathOf(key), rejected[key])
+                self.issues.add(self.path_of(key), rejected[key])
                 continue
             message = "unknown key"
             close = difflib.get_close_matches(key, sorted(self._known), n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean {close[0]!r}?"
-            self.issues.add(self.pathOf(key), message)
+            self.issues.add(self.path_of(key), message)
 
     # -- typed accessors ---------------------------------------------------------------------
 
@@ -234,10 +234,10 @@ class Section:
         if value is MISSING:
             return default
         if not isinstance(value, str):
-            self.issues.add(self.pathOf(key), f"must be a string, got {typeName(value)}")
+            self.issues.add(self.path_of(key), f"must be a string, got {type_name(value)}")
             return default
         if (required or nonempty) and not value.strip():
-            self.issues.add(self.pathOf(key), "must not be empty")
+            self.issues.add(self.path_of(key), "must not be empty")
         return value
 
     def choice(
@@ -249,7 +249,7 @@ class Section:
         given = self.data.get(key)
         if isinstance(given, str) and value not in allowed and (value or not required):
             shown = ", ".join(repr(c) for c in allowed)
-            self.issues.add(self.pathOf(key), f"must be one of {shown}, got {value!r}")
+            self.issues.add(self.path_of(key), f"must be one of {shown}, got {value!r}")
         return value
 
     def boolean(self, key: str, default: bool) -> bool:
@@ -258,7 +258,7 @@ class Section:
             return default
         if not isinstance(value, bool):
             self.issues.add(
-                self.pathOf(key), f"must be a boolean (true/false), got {typeName(value)}"
+                self.path_of(key), f"must be a boolean (true/false), got {type_name(value)}"
             )
             return default
         return value
@@ -275,14 +275,14 @@ class Section:
         value = self.require(key) if required else self.raw(key)
         if value is MISSING:
             return default
-        result = checkInteger(self.issues, self.pathOf(key), value, minimum, maximum)
+        result = check_integer(self.issues, self.path_of(key), value, minimum, maximum)
         return default if result is None else result
 
-    def optionalInteger(self, key: str, *, minimum: int | None = None) -> int | None:
+    def optional_integer(self, key: str, *, minimum: int | None = None) -> int | None:
         value = self.raw(key)
         if value is MISSING:
             return None
-        return checkInteger(self.issues, self.pathOf(key), value, minimum, None)
+        return check_integer(self.issues, self.path_of(key), value, minimum, None)
 
     def number(
         self,
@@ -296,9 +296,9 @@ class Section:
         value = self.raw(key)
         if value is MISSING:
             return default
-        path = self.pathOf(key)
+        path = self.path_of(key)
         if isinstance(value, bool) or not isinstance(value, int | float):
-            self.issues.add(path, f"must be a number, got {typeName(value)}")
+            self.issues.add(path, f"must be a number, got {type_name(value)}")
             return default
         number = float(value)
         if not math.isfinite(number):
@@ -316,16 +316,16 @@ class Section:
         value = self.require(key) if required else self.raw(key)
         if value is MISSING:
             return None
-        return asSection(self.issues, self.pathOf(key), value)
+        return as_section(self.issues, self.path_of(key), value)
 
     def items(self, key: str, *, required: bool = False) -> list[tuple[str, object]] | None:
         """The elements of a list at ``key`` with their paths; ``None`` when absent or bad."""
         value = self.require(key) if required else self.raw(key)
         if value is MISSING:
             return None
-        return asList(self.issues, self.pathOf(key), value)
+        return as_list(self.issues, self.path_of(key), value)
 
-    def stringList(
+    def string_list(
         self, key: str, *, scalars: bool = False, unique: bool = False
     ) -> tuple[str, ...]:
         """
@@ -337,9 +337,9 @@ class Section:
             return ()
         result: list[str] = []
         for path, item in items:
-            text = scalarText(item) if scalars else (item if isinstance(item, str) else None)
+            text = scalar_text(item) if scalars else (item if isinstance(item, str) else None)
             if text is None:
-                self.issues.add(path, f"must be a string, got {typeName(item)}")
+                self.issues.add(path, f"must be a string, got {type_name(item)}")
                 continue
             if unique and text in result:
                 self.issues.add(path, f"duplicate entry {text!r}")
@@ -347,7 +347,7 @@ class Section:
             result.append(text)
         return tuple(result)
 
-    def stringMap(self, key: str) -> list[tuple[str, str, str]]:
+    def string_map(self, key: str) -> list[tuple[str, str, str]]:
         """
         A mapping of non-empty string keys to scalar values (kept as text), as
         ``[(entry path, key, text)]`` in document order.
@@ -357,25 +357,25 @@ class Section:
             return []
         result: list[tuple[str, str, str]] = []
         for name, item in section.data.items():
-            path = section.pathOf(name)
+            path = section.path_of(name)
             if not name.strip():
                 self.issues.add(path, "keys must not be empty")
                 continue
-            text = scalarText(item)
+            text = scalar_text(item)
             if text is None:
                 # Never echo the value: it may be a secret.
-                self.issues.add(path, f"must be a string, got {typeName(item)}")
+                self.issues.add(path, f"must be a string, got {type_name(item)}")
                 continue
             result.append((path, name, text))
         return result
 
 
-def checkInteger(
+def check_integer(
     issues: Issues, path: str, value: object, minimum: int | None, maximum: int | None
 ) -> int | None:
     """``value`` as an int within bounds, or ``None`` after recording an issue."""
     if isinstance(value, bool) or not isinstance(value, int):
-        issues.add(path, f"must be an integer, got {typeName(value)}")
+        issues.add(path, f"must be an integer, got {type_name(value)}")
         return None
     if minimum is not None and value < minimum:
         issues.add(path, f"must be >= {minimum}")
@@ -414,7 +414,7 @@ def _at(mark: yaml.Mark | None) -> str:
     return "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
 
 
-def readYamlFile(path: str) -> object:
+def read_yaml_file(path: str) -> object:
     """
     The YAML document in ``path``, loaded safely. Raises :class:`ConfigError` (with ``path``
     as the issue path) if the file cannot be read or is not valid YAML. Messages give the

@@ -67,7 +67,7 @@ class NodeToken:
     sha256: bytes = field(repr=False)
 
     @classmethod
-    def fromPlaintext(cls, token: str) -> NodeToken:
+    def from_plaintext(cls, token: str) -> NodeToken:
         return cls(hashlib.sha256(token.encode()).digest())
 
     def matches(self, token: str) -> bool:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from iop.config.edge import MAX_FRAME_BYTES_LIMIT, isLoopbackHost, optionalFile, requiredFile
-from iop.config.errors import ConfigError, Issues, Section, asSection, readYamlFile
+from iop.config.edge import MAX_FRAME_BYTES_LIMIT, is_loopback_host, optional_file, required_file
+from iop.config.errors import ConfigError, Issues, Section, as_section, read_yaml_file
 from iop.config.model import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_RECONNECT_INTERVAL_SEC,
@@ -23,7 +23,7 @@ from iop.config.model import (
     ReconnectPolicy,
     Secret,
 )
-from iop.config.secrets import nodeDaemonToken
+from iop.config.secrets import node_daemon_token
 
 DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
 
@@ -47,7 +47,7 @@ def load_node_config(path: str, environ: Mapping[str, str] = os.environ) -> Node
     @raise ConfigError: listing every problem found.
     """
     source = os.path.abspath(path)
-    data = readYamlFile(path)
+    data = read_yaml_file(path)
     return parse_node_config(
         data, base_dir=os.path.dirname(source), environ=environ, source_path=source
     )
@@ -63,12 +63,12 @@ def parse_node_config(
     @raise ConfigError: listing every problem found.
     """
     issues = Issues()
-    top = asSection(issues, "", data)
+    top = as_section(issues, "", data)
     if top is None:
         raise ConfigError(issues, source_path)
 
     host, port, plaintext, tls = _edge(top, base_dir)
-    token = nodeDaemonToken(top, baseDir=base_dir, environ=environ)
+    token = node_daemon_token(top, base_dir=base_dir, environ=environ)
     reconnect = _reconnect(top)
     store = top.section("store")
     storePath = DEFAULT_STORE_PATH
@@ -83,7 +83,7 @@ def parse_node_config(
     )
     top.finish(_EDGE_ONLY_KEYS)
 
-    issues.raiseIfAny(source_path)
+    issues.raise_if_any(source_path)
     return NodeDaemonConfig(
         edge_host=host,
         edge_port=port,
@@ -98,7 +98,7 @@ def parse_node_config(
     )
 
 
-def _edge(top: Section, baseDir: str) -> tuple[str, int, bool, ClientTLS | None]:
+def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None]:
     edge = top.section("edge", required=True)
     if edge is None:
         return "", 0, False, None
@@ -106,7 +106,7 @@ def _edge(top: Section, baseDir: str) -> tuple[str, int, bool, ClientTLS | None]
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]  # an IPv6 literal written URL-style
     if "/" in host or any(ch.isspace() for ch in host):
-        edge.issues.add(edge.pathOf("host"), "must be a host name or IP address, not a URL")
+        edge.issues.add(edge.path_of("host"), "must be a host name or IP address, not a URL")
     port = edge.integer("port", 0, minimum=1, maximum=65535, required=True)
     serverName = edge.string("server_name", host, nonempty=True)
     plaintext = edge.boolean("plaintext", False)
@@ -115,25 +115,25 @@ def _edge(top: Section, baseDir: str) -> tuple[str, int, bool, ClientTLS | None]
     if plaintext:
         for key in tlsKeys:
             edge.raw(key)
-            edge.issues.add(edge.pathOf(key), "must not be set when plaintext is true")
-        if host and not isLoopbackHost(host):
+            edge.issues.add(edge.path_of(key), "must not be set when plaintext is true")
+        if host and not is_loopback_host(host):
             edge.issues.add(
-                edge.pathOf("plaintext"),
+                edge.path_of("plaintext"),
                 "plaintext is only allowed when edge.host is a loopback address "
                 "(127.x.x.x, ::1 or localhost)",
             )
     else:
         if not edge.has("ca_file"):
             edge.raw("ca_file")
-            edge.issues.add(edge.pathOf("ca_file"), "is required unless plaintext is true")
+            edge.issues.add(edge.path_of("ca_file"), "is required unless plaintext is true")
             caFile = ""
         else:
-            caFile = requiredFile(edge, "ca_file", baseDir)
-        certFile = optionalFile(edge, "cert_file", baseDir)
-        keyFile = optionalFile(edge, "key_file", baseDir)
+            caFile = required_file(edge, "ca_file", base_dir)
+        certFile = optional_file(edge, "cert_file", base_dir)
+        keyFile = optional_file(edge, "key_file", base_dir)
         if (certFile is None) != (keyFile is None):
             missing = "key_file" if keyFile is None else "cert_file"
-            edge.issues.add(edge.pathOf(missing), "cert_file and key_file must be given together")
+            edge.issues.add(edge.path_of(missing), "cert_file and key_file must be given together")
         tls = ClientTLS(
             ca_file=caFile, server_name=serverName.strip(), cert_file=certFile, key_file=keyFile
         )

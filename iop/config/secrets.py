@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from iop.config.errors import MISSING, Issues, Section, typeName
+from iop.config.errors import MISSING, Issues, Section, type_name
 from iop.config.model import NodeToken, Secret
 
 # Token files hold one short line; anything bigger is a mistake (a key, a log file...).
@@ -27,12 +27,12 @@ _TOKEN = re.compile(r"\$(?:(?P<dollar>\$)|\{(?P<name>[^{}]*)\}|(?P<open>\{))")
 _HEX64 = re.compile(r"[0-9A-Fa-f]{64}\Z")
 
 
-def absolutePath(baseDir: str, path: str) -> str:
-    """``path`` resolved against ``baseDir`` (a config file's directory), normalized."""
-    return os.path.normpath(os.path.join(os.path.abspath(baseDir), path))
+def absolute_path(base_dir: str, path: str) -> str:
+    """``path`` resolved against ``base_dir`` (a config file's directory), normalized."""
+    return os.path.normpath(os.path.join(os.path.abspath(base_dir), path))
 
 
-def resolveReferences(issues: Issues, path: str, text: str, environ: Mapping[str, str]) -> str:
+def resolve_references(issues: Issues, path: str, text: str, environ: Mapping[str, str]) -> str:
     """
     Replace every ``${NAME}`` in ``text`` with ``environ[NAME]`` (``$$`` is a literal ``$``).
     A missing variable or a malformed reference is an issue at ``path``.
@@ -67,7 +67,7 @@ def resolveReferences(issues: Issues, path: str, text: str, environ: Mapping[str
     return result
 
 
-def readTokenFile(issues: Issues, path: str, filename: str) -> str | None:
+def read_token_file(issues: Issues, path: str, filename: str) -> str | None:
     """
     The stripped contents of the token file ``filename``; ``None`` after recording an issue
     at ``path`` if it is missing, unreadable, not text, too large or empty.
@@ -95,10 +95,10 @@ def readTokenFile(issues: Issues, path: str, filename: str) -> str | None:
     return token
 
 
-def parseSha256Hex(issues: Issues, path: str, value: object) -> bytes | None:
+def parse_sha256_hex(issues: Issues, path: str, value: object) -> bytes | None:
     """A sha256 digest given as 64 hex characters (either case)."""
     if not isinstance(value, str):
-        issues.add(path, f"must be a string of 64 hex characters, got {typeName(value)}")
+        issues.add(path, f"must be a string of 64 hex characters, got {type_name(value)}")
         return None
     text = value.strip()
     if not _HEX64.match(text):
@@ -108,7 +108,7 @@ def parseSha256Hex(issues: Issues, path: str, value: object) -> bytes | None:
     return bytes.fromhex(text)
 
 
-def resolveTokenReference(
+def resolve_token_reference(
     issues: Issues, path: str, value: object, environ: Mapping[str, str], hint: str
 ) -> str | None:
     """
@@ -116,7 +116,7 @@ def resolveTokenReference(
     value. A literal token is rejected (``hint`` says what to use instead).
     """
     if not isinstance(value, str):
-        issues.add(path, f"must be a ${{ENV_VAR}} reference string, got {typeName(value)}")
+        issues.add(path, f"must be a ${{ENV_VAR}} reference string, got {type_name(value)}")
         return None
     match = _PURE_REFERENCE.match(value.strip())
     if match is None:
@@ -138,7 +138,7 @@ _EDGE_HINT = "use token: ${ENV_VAR}, token_file or token_sha256"
 _NODE_HINT = "use token: ${ENV_VAR} or token_file"
 
 
-def _oneOf(section: Section, keys: tuple[str, ...]) -> str | None:
+def _one_of(section: Section, keys: tuple[str, ...]) -> str | None:
     """The single token key present in ``section``, or ``None`` after recording an issue."""
     present = [key for key in keys if section.raw(key) is not MISSING]
     if len(present) == 1:
@@ -151,50 +151,52 @@ def _oneOf(section: Section, keys: tuple[str, ...]) -> str | None:
     return None
 
 
-def edgeNodeToken(
-    section: Section, *, baseDir: str, environ: Mapping[str, str], name: str = "token"
+def edge_node_token(
+    section: Section, *, base_dir: str, environ: Mapping[str, str], name: str = "token"
 ) -> NodeToken | None:
     """
     ``nodes[].token`` / ``token_file`` / ``token_sha256`` (exactly one) as the digest-only
     :class:`NodeToken` the Edge keeps. ``name`` renames the family (``key`` / ``key_file`` /
     ``key_sha256`` for client API keys).
     """
-    key = _oneOf(section, (name, f"{name}_file", f"{name}_sha256"))
+    key = _one_of(section, (name, f"{name}_file", f"{name}_sha256"))
     if key is None:
         return None
-    path = section.pathOf(key)
+    path = section.path_of(key)
     value = section.raw(key)
     if key == f"{name}_sha256":
-        digest = parseSha256Hex(section.issues, path, value)
+        digest = parse_sha256_hex(section.issues, path, value)
         return None if digest is None else NodeToken(digest)
     hint = _EDGE_HINT.replace("token", name)
-    token = _plaintextToken(section, key, value, baseDir, environ, hint, name)
-    return None if token is None else NodeToken.fromPlaintext(token)
+    token = _plaintext_token(section, key, value, base_dir, environ, hint, name)
+    return None if token is None else NodeToken.from_plaintext(token)
 
 
-def nodeDaemonToken(section: Section, *, baseDir: str, environ: Mapping[str, str]) -> Secret | None:
+def node_daemon_token(
+    section: Section, *, base_dir: str, environ: Mapping[str, str]
+) -> Secret | None:
     """node.yaml ``token`` / ``token_file`` (exactly one) as a :class:`Secret`."""
-    key = _oneOf(section, ("token", "token_file"))
+    key = _one_of(section, ("token", "token_file"))
     if key is None:
         return None
-    token = _plaintextToken(section, key, section.raw(key), baseDir, environ, _NODE_HINT, "token")
+    token = _plaintext_token(section, key, section.raw(key), base_dir, environ, _NODE_HINT, "token")
     return None if token is None else Secret(token)
 
 
-def _plaintextToken(
+def _plaintext_token(
     section: Section,
     key: str,
     value: object,
-    baseDir: str,
+    base_dir: str,
     environ: Mapping[str, str],
     hint: str,
     name: str,
 ) -> str | None:
-    path = section.pathOf(key)
+    path = section.path_of(key)
     if key == name:
-        return resolveTokenReference(section.issues, path, value, environ, hint)
+        return resolve_token_reference(section.issues, path, value, environ, hint)
     if not isinstance(value, str) or not value.strip():
-        shown = "empty" if isinstance(value, str) else typeName(value)
+        shown = "empty" if isinstance(value, str) else type_name(value)
         section.issues.add(path, f"must be a file path, got {shown}")
         return None
-    return readTokenFile(section.issues, path, absolutePath(baseDir, value))
+    return read_token_file(section.issues, path, absolute_path(base_dir, value))

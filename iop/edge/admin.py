@@ -144,20 +144,20 @@ class AdminApp:
 
     def __init__(
         self,
-        statusSnapshot: Callable[[], dict[str, Any]],
+        status_snapshot: Callable[[], dict[str, Any]],
         runs: RunDispatcher | None = None,
         commands: NodeCommander | None = None,
         tunnels: TunnelDispatcher | None = None,
         gateway: EdgeGateway | None = None,
     ) -> None:
-        self._snapshot = statusSnapshot
+        self._snapshot = status_snapshot
         self._runs = runs
         self._commands = commands
         self._tunnels = tunnels
         self._gateway = gateway
 
     @app.route("/nodes/<string:node_id>/commands", methods=["POST"])
-    def nodeCommand(self, request: IRequest, node_id: str) -> bytes | Deferred[bytes]:
+    def node_command(self, request: IRequest, node_id: str) -> bytes | Deferred[bytes]:
         if self._commands is None:
             return _error(request, 503, "node commands are not available on this edge")
         try:
@@ -192,7 +192,7 @@ class AdminApp:
         return d.addCallbacks(lambda result: _json(request, result), failed)
 
     @app.route("/nodes/<string:node_id>/sessions/<string:session_id>", methods=["DELETE"])
-    def terminateSession(
+    def terminate_session(
         self, request: IRequest, node_id: str, session_id: str
     ) -> bytes | Deferred[bytes]:
         if self._commands is None:
@@ -232,7 +232,7 @@ class AdminApp:
         return _json(request, self._snapshot())
 
     @app.route("/runs", methods=["GET"])
-    def listRuns(self, request: IRequest) -> bytes:
+    def list_runs(self, request: IRequest) -> bytes:
         runs = self._runs.active() if self._runs else []
         return _json(
             request,
@@ -250,13 +250,13 @@ class AdminApp:
         )
 
     @app.route("/runs/<string:run_id>", methods=["DELETE"])
-    def cancelRun(self, request: IRequest, run_id: str) -> bytes:
+    def cancel_run(self, request: IRequest, run_id: str) -> bytes:
         if self._runs is None or not self._runs.cancel_run(run_id, "cancelled by operator"):
             return _error(request, 404, f"no active run {run_id!r}")
         return _json(request, {"run_id": run_id, "cancel_requested": True}, 202)
 
     @app.route("/runs", methods=["POST"])
-    def submitRun(self, request: IRequest) -> bytes | Deferred[bytes]:
+    def submit_run(self, request: IRequest) -> bytes | Deferred[bytes]:
         if self._runs is None:
             return _error(request, 503, "runs are not available on this edge")
         try:
@@ -322,7 +322,7 @@ class AdminApp:
             return _api_error(request, e)
 
     @app.route("/tunnels", methods=["POST"])
-    def openTunnel(self, request: IRequest) -> bytes | Deferred[bytes]:
+    def open_tunnel(self, request: IRequest) -> bytes | Deferred[bytes]:
         if self._tunnels is None or self._runs is None:
             return _error(request, 503, "provider tunnels are not available on this edge")
         try:

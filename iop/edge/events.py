@@ -5,7 +5,7 @@ In-process fanout of node lifecycle events and per-request usage events to obser
 Observers only: nothing that must happen (lease return, fencing, queue settlement) rides this
 bus. Each subscriber gets its own bounded queue drained on a later reactor turn, so a slow or
 failing subscriber never runs inside the transport's call stack and never affects the others;
-when a subscriber falls ``maxPending`` events behind, new events for it are dropped and counted.
+when a subscriber falls ``max_pending`` events behind, new events for it are dropped and counted.
 """
 
 from __future__ import annotations
@@ -76,9 +76,9 @@ class _Subscription:
 class EventBus:
     log = Logger()
 
-    def __init__(self, clock: IReactorTime, maxPending: int = 1000) -> None:
+    def __init__(self, clock: IReactorTime, max_pending: int = 1000) -> None:
         self._clock = clock
-        self._maxPending = maxPending
+        self._max_pending = max_pending
         self._subscriptions: list[_Subscription] = []
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
@@ -98,7 +98,7 @@ class EventBus:
 
     def publish(self, event: BusEvent) -> None:
         for sub in self._subscriptions:
-            if len(sub.pending) >= self._maxPending:
+            if len(sub.pending) >= self._max_pending:
                 sub.dropped += 1
                 continue
             sub.pending.append(event)

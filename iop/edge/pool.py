@@ -90,7 +90,7 @@ class Lease:
     category: str
     usage_attribution: str
     long: bool
-    _onRelease: Callable[[Lease], None] = field(repr=False)
+    _on_release: Callable[[Lease], None] = field(repr=False)
     _state: _LeaseState = field(default_factory=_LeaseState, repr=False)
 
     @property
@@ -107,7 +107,7 @@ class Lease:
         if self._state.released:
             return
         self._state.released = True
-        self._onRelease(self)
+        self._on_release(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ class ProviderPool:
             return
         node.seen = generation
         if node.active is not None:
-            self._fenceNode(node_id, node)
+            self._fence_node(node_id, node)
         node.active = generation
         for res in node.resources:
             res.generation = generation
@@ -328,7 +328,7 @@ class ProviderPool:
                 generation=generation,
             )
             return
-        self._fenceNode(node_id, node)
+        self._fence_node(node_id, node)
         self._pump()
 
     def set_enabled(self, provider_id: str, enabled: bool) -> None:
@@ -437,7 +437,7 @@ class ProviderPool:
             category=res.config.category,
             usage_attribution=res.config.usage_attribution,
             long=res.is_long(prompt_tokens),
-            _onRelease=self._release,
+            _on_release=self._release,
         )
         res.hold(lease)
         self.log.debug(
@@ -460,7 +460,7 @@ class ProviderPool:
         )
         self._pump()
 
-    def _fenceNode(self, node_id: str, node: _NodeState) -> None:
+    def _fence_node(self, node_id: str, node: _NodeState) -> None:
         generation = node.active
         node.active = None
         returned = sum(res.fence() for res in node.resources)

@@ -100,7 +100,7 @@ class WaitQueue(Generic[T]):
         self._expired = expired
         self._discard = discard
         self._waiters: dict[int, Waiter[T]] = {}
-        self._perModel: dict[str, int] = {}
+        self._per_model: dict[str, int] = {}
         self._seq = 0
 
     def __len__(self) -> int:
@@ -112,7 +112,7 @@ class WaitQueue(Generic[T]):
 
     def waiting(self, model_id: str) -> int:
         """How many waiters the model group ``model_id`` has."""
-        return self._perModel.get(model_id, 0)
+        return self._per_model.get(model_id, 0)
 
     def enqueue(self, model_id: str, prompt_tokens: int, timeout: float) -> Deferred[T]:
         """
@@ -130,7 +130,7 @@ class WaitQueue(Generic[T]):
         d: Deferred[T] = Deferred(cancel)
         waiter = Waiter(seq, model_id, prompt_tokens, timeout, self._clock.seconds(), d)
         self._waiters[seq] = waiter
-        self._perModel[model_id] = self._perModel.get(model_id, 0) + 1
+        self._per_model[model_id] = self._per_model.get(model_id, 0) + 1
         waiter.timer = self._clock.callLater(timeout, self._expire, seq)
         return d
 
@@ -153,11 +153,11 @@ class WaitQueue(Generic[T]):
 
     def _remove(self, waiter: Waiter[T]) -> None:
         del self._waiters[waiter.seq]
-        left = self._perModel[waiter.model_id] - 1
+        left = self._per_model[waiter.model_id] - 1
         if left:
-            self._perModel[waiter.model_id] = left
+            self._per_model[waiter.model_id] = left
         else:
-            del self._perModel[waiter.model_id]
+            del self._per_model[waiter.model_id]
         timer, waiter.timer = waiter.timer, None
         if timer is not None and timer.active():
             timer.cancel()

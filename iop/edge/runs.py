@@ -79,7 +79,6 @@ class RunHandle:
         self._done.append(d)
         return d
 
-
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """Ask the node to cancel; idempotent; the run ends ``cancelled`` either way."""
         self._dispatcher.cancel_run(self.run_id, reason)
@@ -104,7 +103,7 @@ class RunDispatcher:
     Sends runs to ready nodes and relays their events.
 
     :param send: ``send(connection, envelope)``; by default the connection's ``send_envelope``.
-    :param cancelGrace: seconds a cancelled run waits for the node's terminal.
+    :param cancel_grace: seconds a cancelled run waits for the node's terminal.
     """
 
     log = Logger()
@@ -115,11 +114,11 @@ class RunDispatcher:
         registry: NodeRegistry,
         clock: IReactorTime,
         send: Send = send_envelope,
-        cancelGrace: float = CANCEL_GRACE_SEC,
+        cancel_grace: float = CANCEL_GRACE_SEC,
     ) -> None:
         self._registry = registry
         self._send = send
-        self._runs: InFlightTable[RunHandle] = InFlightTable(clock, cancelGrace, "run", "event")
+        self._runs: InFlightTable[RunHandle] = InFlightTable(clock, cancel_grace, "run", "event")
         self.routes = RouteResolver(config, registry)
         registry.add_observer(self)
 
@@ -239,7 +238,6 @@ class RunDispatcher:
             self._finish(message.run_id, event)
         else:
             active.item._deliver(event)
-
 
     def node_ready(self, node_id: str, generation: int) -> None:
         pass

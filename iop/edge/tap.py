@@ -45,7 +45,7 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         try:
-            self.edgeConfig: EdgeConfig = load_edge_config(self["config"])
+            self.edge_config: EdgeConfig = load_edge_config(self["config"])
         except ConfigError as e:
             raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
 
@@ -64,20 +64,20 @@ class EdgeService(MultiService):
         self.registry = NodeRegistry(
             config, lambda node: build_node_payload(config, node), self.bus, reactor, [self.pool]
         )
-        self.nodeFactory = NodeConnectionFactory(
+        self.node_factory = NodeConnectionFactory(
             self.registry,
             reactor,
-            heartbeatInterval=config.heartbeat.interval_sec,
-            heartbeatTimeout=config.heartbeat.timeout_sec,
-            registerTimeout=config.register_timeout_sec,
-            maxFrameBytes=config.max_frame_bytes,
+            heartbeat_interval=config.heartbeat.interval_sec,
+            heartbeat_timeout=config.heartbeat.timeout_sec,
+            register_timeout=config.register_timeout_sec,
+            max_frame_bytes=config.max_frame_bytes,
         )
         # The services send on the node connection itself (INodeConnection.send_envelope).
         self.runs = RunDispatcher(config, self.registry, reactor)
         self.commands = NodeCommander(self.registry, reactor)
         # Provider raw tunnels: registered as a lifecycle observer, so a fenced node ends them.
         self.tunnels = TunnelDispatcher(self.registry, reactor)
-        handlers = self.nodeFactory.handlers
+        handlers = self.node_factory.handlers
         handlers["run_event"] = lambda conn, env: self.runs.run_event(conn, env.run_event)
         handlers["node_command_response"] = lambda conn, env: self.commands.command_response(
             conn, env.node_command_response
@@ -109,7 +109,6 @@ class EdgeService(MultiService):
             )
         )
 
-
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)
 
@@ -119,17 +118,17 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         from twisted.internet import reactor as _reactor
 
         reactor = _reactor  # type: ignore[assignment]
-    config = options.edgeConfig
+    config = options.edge_config
     edge = EdgeService(config, reactor)
 
-    nodeFactory: Any = edge.nodeFactory
+    node_factory: Any = edge.node_factory
     if config.tls is not None and not config.plaintext_nodes:
         try:
             contextFactory = server_context_factory(config.tls)
         except TLSConfigError as e:
             raise usage.UsageError(str(e)) from None
-        nodeFactory = TLSMemoryBIOFactory(contextFactory, False, edge.nodeFactory)
-    nodes = StreamServerEndpointService(serverFromString(reactor, config.node_listen), nodeFactory)
+        node_factory = TLSMemoryBIOFactory(contextFactory, False, edge.node_factory)
+    nodes = StreamServerEndpointService(serverFromString(reactor, config.node_listen), node_factory)
     nodes._raiseSynchronously = True
     nodes.setName("nodes")
     nodes.setServiceParent(edge)

@@ -232,27 +232,27 @@ def _make_session_machine() -> Callable[[_Core], _Session]:
         session: _Session, core: _Core, wait: _AwaitingRegister, kind: str, envelope: pb.Envelope
     ) -> None:
         wait.cancel()
-        core.connection.dropConnection("message before ready", message=kind)
+        core.connection.drop_connection("message before ready", message=kind)
 
     @pep614(pending.upon(_Session.message_after_ready).to(closed))
     def early_message(session: _Session, core: _Core, kind: str, envelope: pb.Envelope) -> None:
-        core.connection.dropConnection("message before ready", message=kind)
+        core.connection.drop_connection("message before ready", message=kind)
 
     @pep614(awaiting_register.upon(_Session.forbidden_message).to(closed))
     def forbidden_awaiting(
         session: _Session, core: _Core, wait: _AwaitingRegister, kind: str
     ) -> None:
         wait.cancel()
-        core.connection.dropConnection("message a node may not send", message=kind)
+        core.connection.drop_connection("message a node may not send", message=kind)
 
     @pep614(pending.upon(_Session.forbidden_message).to(closed))
     @pep614(ready.upon(_Session.forbidden_message).to(closed))
     def forbidden(session: _Session, core: _Core, kind: str) -> None:
-        core.connection.dropConnection("message a node may not send", message=kind)
+        core.connection.drop_connection("message a node may not send", message=kind)
 
     @pep614(awaiting_register.upon(_Session.register_expired).to(closed))
     def too_late(session: _Session, core: _Core, wait: _AwaitingRegister) -> None:
-        core.connection.dropConnection("no registration in time", timeout=core.register_timeout)
+        core.connection.drop_connection("no registration in time", timeout=core.register_timeout)
 
     @pep614(awaiting_register.upon(_Session.heartbeat_expired).to(closed))
     def silent_awaiting(session: _Session, core: _Core, wait: _AwaitingRegister) -> None:
@@ -264,7 +264,7 @@ def _make_session_machine() -> Callable[[_Core], _Session]:
     @pep614(closed.upon(_Session.heartbeat_expired).loop())
     def silent(session: _Session, core: _Core) -> None:
         # Also once closing: a peer that never reads our close is aborted all the same.
-        core.connection.dropConnection(
+        core.connection.drop_connection(
             "heartbeat timeout", node_id=core.connection.node_id, timeout=core.heartbeat_timeout
         )
 
@@ -318,13 +318,13 @@ class NodeConnection(EnvelopeProtocol):
     log = Logger()
 
     def __init__(self, factory: NodeConnectionFactory) -> None:
-        super().__init__(factory.maxFrameBytes)
+        super().__init__(factory.max_frame_bytes)
         self.factory = factory
         self.node_id: str | None = None
         heartbeat = Heartbeat(
             factory.clock,
-            factory.heartbeatInterval,
-            factory.heartbeatTimeout,
+            factory.heartbeat_interval,
+            factory.heartbeat_timeout,
             self._send_heartbeat,
             lambda: self._session.heartbeat_expired(),
         )
@@ -335,17 +335,14 @@ class NodeConnection(EnvelopeProtocol):
                 clock=factory.clock,
                 heartbeat=heartbeat,
                 handlers=factory.handlers,
-                heartbeat_interval=factory.heartbeatInterval,
-                heartbeat_timeout=factory.heartbeatTimeout,
-                register_timeout=factory.registerTimeout,
+                heartbeat_interval=factory.heartbeat_interval,
+                heartbeat_timeout=factory.heartbeat_timeout,
+                register_timeout=factory.register_timeout,
             )
         )
         self._heartbeat = heartbeat
 
-    # -- INodeConnection ---------------------------------------------------------------------
-
-    def send_envelope(self, envelope: pb.Envelope) -> None:
-        self.sendEnvelope(envelope)
+    # INodeConnection.send_envelope is EnvelopeProtocol's own.
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -354,16 +351,16 @@ class NodeConnection(EnvelopeProtocol):
 
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         super().connectionLost(reason)
-        self._session.connection_lost(self.closeReason or "connection closed")
+        self._session.connection_lost(self.close_reason or "connection closed")
 
     def close(self, reason: str) -> None:
         """Close after what was sent (a refusal the node should read), noting why."""
-        self.closeReason = reason
+        self.close_reason = reason
         self.transport.loseConnection()  # type: ignore[union-attr]
 
     # -- inbound -----------------------------------------------------------------------------
 
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+    def envelope_received(self, envelope: pb.Envelope) -> None:
         self._heartbeat.received()
         kind = envelope.WhichOneof("message")
         if kind == "heartbeat":
@@ -381,7 +378,7 @@ class NodeConnection(EnvelopeProtocol):
 
     def _send_heartbeat(self, sequence: int) -> None:
         now_ms = int(self.factory.clock.seconds() * 1000)
-        self.sendEnvelope(
+        self.send_envelope(
             pb.Envelope(heartbeat=pb.Heartbeat(sequence=sequence, sent_unix_ms=now_ms))
         )
 
@@ -395,17 +392,17 @@ class NodeConnectionFactory(Factory):
         self,
         registry: NodeRegistry,
         clock: IReactorTime,
-        heartbeatInterval: float = 2.0,
-        heartbeatTimeout: float = 5.0,
-        registerTimeout: float = 10.0,
-        maxFrameBytes: int = 16 * 1024 * 1024,
+        heartbeat_interval: float = 2.0,
+        heartbeat_timeout: float = 5.0,
+        register_timeout: float = 10.0,
+        max_frame_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.registry = registry
         self.clock = clock
-        self.heartbeatInterval = heartbeatInterval
-        self.heartbeatTimeout = heartbeatTimeout
-        self.registerTimeout = registerTimeout
-        self.maxFrameBytes = maxFrameBytes
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.register_timeout = register_timeout
+        self.max_frame_bytes = max_frame_bytes
         # Message kind -> handler(connection, envelope), for messages a ready node sends.
         self.handlers: dict[str, Handler] = {}
 

@@ -15,10 +15,10 @@ It mirrors :class:`~iop.edge.runs.RunDispatcher` and shares its in-flight table
 sent on, in strictly increasing ``sequence`` (anything else is dropped and logged).
 Every tunnel ends exactly once on the Edge side, whatever happens: the node's ``END`` or
 ``ERROR``, a send failure, the node's disconnect (its generation fenced by the registry, in the
-authoritative path), or a cancel the node never answered (ended here after ``cancelGrace``).
+authoritative path), or a cancel the node never answered (ended here after ``cancel_grace``).
 
 Backpressure: a stream is an ``IPushProducer``, so an HTTP response can register it. While the
-consumer is paused, body bytes are buffered up to ``maxBufferedBytes``; past that bound the
+consumer is paused, body bytes are buffered up to ``max_buffered_bytes``; past that bound the
 tunnel is cancelled with the error ``client too slow`` instead of growing without limit.
 ``stopProducing`` (the consumer went away) cancels the tunnel.
 """
@@ -112,7 +112,7 @@ class TunnelStream:
         target: str,
         operation: str,
         dispatcher: TunnelDispatcher,
-        maxBufferedBytes: int = MAX_BUFFERED_BYTES,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
     ) -> None:
         self.run_id = run_id
         self.node_id = node_id
@@ -120,18 +120,18 @@ class TunnelStream:
         self.target = target
         self.operation = operation
         self._dispatcher = dispatcher
-        self._maxBuffered = maxBufferedBytes
+        self._max_buffered = max_buffered_bytes
         self.status_code: int | None = None
         self.headers: HeaderList = []
         self.usage: Usage | None = None
         self.outcome: TunnelOutcome | None = None
         self.body_bytes = 0
         self.cancel_reason: str | None = None
-        self._startWaiters: list[Deferred[tuple[int, HeaderList]]] = []
-        self._doneWaiters: list[Deferred[TunnelOutcome]] = []
+        self._start_waiters: list[Deferred[tuple[int, HeaderList]]] = []
+        self._done_waiters: list[Deferred[TunnelOutcome]] = []
         self._write: BodyWriter | None = None
         self._pending: deque[bytes] = deque()
-        self._pendingBytes = 0
+        self._pending_bytes = 0
         self._paused = False
         self._discarding = False
 
@@ -144,7 +144,7 @@ class TunnelStream:
 
     @property
     def buffered_bytes(self) -> int:
-        return self._pendingBytes
+        return self._pending_bytes
 
     # -- the caller's API --------------------------------------------------------------------
 
@@ -161,7 +161,7 @@ class TunnelStream:
                     self.outcome.error or "tunnel ended without a response", self.outcome.code
                 )
             )
-        return _waiter(self._startWaiters)
+        return _waiter(self._start_waiters)
 
     def deliver_body(self, write: BodyWriter) -> None:
         """
@@ -172,7 +172,7 @@ class TunnelStream:
             raise RuntimeError(f"tunnel {self.run_id} already has a body consumer")
         self._write = write
         self._flush()
-        self._maybeDone()
+        self._maybe_done()
 
     def when_done(self) -> Deferred[TunnelOutcome]:
         """
@@ -181,7 +181,7 @@ class TunnelStream:
         """
         if self.outcome is not None and self._drained():
             return succeed(self.outcome)
-        return _waiter(self._doneWaiters)
+        return _waiter(self._done_waiters)
 
     def cancel(self, reason: str = "cancelled by caller") -> None:
         """
@@ -199,20 +199,20 @@ class TunnelStream:
     def resumeProducing(self) -> None:
         self._paused = False
         self._flush()
-        self._maybeDone()
+        self._maybe_done()
 
     def stopProducing(self) -> None:
         """The consumer is gone: drop what is buffered and cancel the tunnel."""
         self._discard()
         self.cancel(CONSUMER_GONE)
-        self._maybeDone()
+        self._maybe_done()
 
     # -- fed by the dispatcher ---------------------------------------------------------------
 
     def _started(self, status_code: int, headers: HeaderList) -> None:
         self.status_code = status_code
         self.headers = headers
-        waiters, self._startWaiters = self._startWaiters, []
+        waiters, self._start_waiters = self._start_waiters, []
         for d in waiters:
             d.callback((status_code, list(headers)))
 
@@ -224,13 +224,13 @@ class TunnelStream:
             self._deliver(data)
             return
         self._pending.append(data)
-        self._pendingBytes += len(data)
-        if self._pendingBytes > self._maxBuffered:
+        self._pending_bytes += len(data)
+        if self._pending_bytes > self._max_buffered:
             self.log.warn(
                 "tunnel {run_id}: consumer too slow ({buffered} bytes buffered); cancelling",
                 run_id=self.run_id,
                 node_id=self.node_id,
-                buffered=self._pendingBytes,
+                buffered=self._pending_bytes,
             )
             self._discard()
             self.cancel(CLIENT_TOO_SLOW)
@@ -244,10 +244,10 @@ class TunnelStream:
         self.outcome = outcome
         if self.status_code is None:
             error = TunnelFailed(outcome.error or "tunnel ended without a response", outcome.code)
-            waiters, self._startWaiters = self._startWaiters, []
+            waiters, self._start_waiters = self._start_waiters, []
             for d in waiters:
                 d.errback(error)
-        self._maybeDone()
+        self._maybe_done()
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -267,22 +267,22 @@ class TunnelStream:
     def _flush(self) -> None:
         while self._pending and self._write is not None and not self._paused:
             data = self._pending.popleft()
-            self._pendingBytes -= len(data)
+            self._pending_bytes -= len(data)
             self._deliver(data)
 
     def _discard(self) -> None:
         self._discarding = True
         self._pending.clear()
-        self._pendingBytes = 0
+        self._pending_bytes = 0
 
     def _drained(self) -> bool:
         return not self._pending or self._write is None
 
-    def _maybeDone(self) -> None:
+    def _maybe_done(self) -> None:
         if self.outcome is None or not self._drained():
             return
         outcome = self.outcome
-        waiters, self._doneWaiters = self._doneWaiters, []
+        waiters, self._done_waiters = self._done_waiters, []
         for d in waiters:
             d.callback(outcome)
 
@@ -296,8 +296,8 @@ class TunnelDispatcher:
         registers itself as a lifecycle observer so a fenced node ends its tunnels at once.
     :param clock: the cancel grace timer.
     :param send: ``send(connection, envelope)``; by default the connection's ``send_envelope``.
-    :param cancelGrace: seconds a cancelled tunnel waits for the node's end.
-    :param maxBufferedBytes: body bytes buffered for a paused consumer before cancelling.
+    :param cancel_grace: seconds a cancelled tunnel waits for the node's end.
+    :param max_buffered_bytes: body bytes buffered for a paused consumer before cancelling.
     """
 
     log = Logger()
@@ -307,14 +307,14 @@ class TunnelDispatcher:
         registry: NodeRegistry,
         clock: IReactorTime,
         send: Send = send_envelope,
-        cancelGrace: float = CANCEL_GRACE_SEC,
-        maxBufferedBytes: int = MAX_BUFFERED_BYTES,
+        cancel_grace: float = CANCEL_GRACE_SEC,
+        max_buffered_bytes: int = MAX_BUFFERED_BYTES,
     ) -> None:
         self._registry = registry
         self._send = send
-        self._maxBuffered = maxBufferedBytes
+        self._max_buffered = max_buffered_bytes
         self._tunnels: InFlightTable[TunnelStream] = InFlightTable(
-            clock, cancelGrace, "tunnel", "frame"
+            clock, cancel_grace, "tunnel", "frame"
         )
         registry.add_observer(self)
 
@@ -348,7 +348,7 @@ class TunnelDispatcher:
         if connection is None or ownership is None:
             raise NodeUnavailable(f"node {node_id!r} is not connected")
         rid = run_id or f"tun-{uuid.uuid4().hex}"
-        tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._maxBuffered)
+        tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._max_buffered)
         self._tunnels.add(rid, tunnel, node_id, connection, ownership.generation)
         request = pb.ProviderTunnelRequest(
             run_id=rid,

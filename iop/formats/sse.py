@@ -61,11 +61,11 @@ class SSEParser:
     """Feed it bytes as they arrive; it hands back whole events."""
 
     def __init__(self, max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES) -> None:
-        self._maxEventBytes = max_event_bytes
+        self._max_event_bytes = max_event_bytes
         self._buffer = b""
         self._started = False
         self._data: list[str] = []
-        self._dataSize = 0
+        self._data_size = 0
         self._event = ""
         self._id: str | None = None
         self._retry: int | None = None
@@ -101,8 +101,8 @@ class SSEParser:
                 events.append(event)
             start = nextStart
         self._buffer = buffer[start:]
-        if len(self._buffer) > self._maxEventBytes:
-            raise SSEError(f"SSE line longer than {self._maxEventBytes} bytes")
+        if len(self._buffer) > self._max_event_bytes:
+            raise SSEError(f"SSE line longer than {self._max_event_bytes} bytes")
         return events
 
     def finish(self) -> list[SSEEvent]:
@@ -133,9 +133,9 @@ class SSEParser:
             value = value[1:]
         self._pending = True
         if name == "data":
-            self._dataSize += len(value) + 1
-            if self._dataSize > self._maxEventBytes:
-                raise SSEError(f"SSE event larger than {self._maxEventBytes} bytes")
+            self._data_size += len(value) + 1
+            if self._data_size > self._max_event_bytes:
+                raise SSEError(f"SSE event larger than {self._max_event_bytes} bytes")
             self._data.append(value)
         elif name == "event":
             self._event = value
@@ -151,7 +151,7 @@ class SSEParser:
     def _dispatch(self) -> SSEEvent | None:
         self._pending = False
         data, event = self._data, self._event
-        self._data, self._dataSize, self._event = [], 0, ""
+        self._data, self._data_size, self._event = [], 0, ""
         if not data:
             return None
         return SSEEvent(data="\n".join(data), event=event, id=self._id, retry=self._retry)

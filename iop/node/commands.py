@@ -14,7 +14,7 @@ anything on an adapter's capacity gate.
   (``capabilities`` is null for a disabled adapter, which has no provider).
 - ``TRANSPORT_STATUS``: ``{"node_id", "state" ("ready" | "closed"), "connected_since_unix_ms",
   "heartbeat_interval_sec", "heartbeat_timeout_sec", "alias", "config_revision", ...}`` plus
-  whatever the daemon's ``transportInfo`` adds (never a token).
+  whatever the daemon's ``transport_info`` adds (never a token).
 - ``USAGE_STATUS``: ``{"adapters": [{"name", "type", "enabled", "in_use", "limit",
   "active_runs"}], "runs": RunManager.usage(), "active_runs": RunManager.describe()["active"]}``.
 - ``SESSION_LIST``: ``{"sessions": [{"adapter", "session_id", "target", "active", ...}]}`` from
@@ -53,14 +53,14 @@ class CommandError(Exception):
     """A command that cannot be answered; the message becomes ``NodeCommandResponse.error``."""
 
 
-def _commandName(command: int) -> str:
+def _command_name(command: int) -> str:
     try:
         return pb.NodeCommandType.Name(command)
     except ValueError:
         return str(command)
 
 
-def _failureMessage(failure: Failure) -> str:
+def _failure_message(failure: Failure) -> str:
     message = failure.getErrorMessage()
     if not message or message == "None":
         return failure.type.__name__ if failure.type is not None else "unknown failure"
@@ -75,7 +75,8 @@ class NodeCommandHandler:
     :param runs: the session's run manager (usage counters).
     :param send: sends one envelope to the Edge.
     :param clock: bounds adapter queries (``timeout`` seconds).
-    :param transportStatus: the ``TRANSPORT_STATUS`` document (see :func:`sessionTransportStatus`).
+    :param transport_status: the ``TRANSPORT_STATUS`` document
+        (see :func:`session_transport_status`).
     """
 
     log = Logger()
@@ -86,28 +87,28 @@ class NodeCommandHandler:
         runs: RunManager,
         send: Callable[[pb.Envelope], None],
         clock: IReactorTime,
-        transportStatus: TransportInfo,
+        transport_status: TransportInfo,
         timeout: float = DEFAULT_COMMAND_TIMEOUT,
-        nodeId: str = "",
+        node_id: str = "",
     ) -> None:
         self._registry = registry
         self._runs = runs
         self._send = send
         self._clock = clock
-        self._transportStatus = transportStatus
+        self._transport_status = transport_status
         self._timeout = timeout
-        self._nodeId = nodeId
+        self._node_id = node_id
         self._handlers: dict[int, Callable[[pb.NodeCommandRequest], Any]] = {
             pb.NODE_COMMAND_CAPABILITIES: self._capabilities,
             pb.NODE_COMMAND_TRANSPORT_STATUS: self._transport,
             pb.NODE_COMMAND_USAGE_STATUS: self._usage,
             pb.NODE_COMMAND_SESSION_LIST: self._sessions,
-            pb.NODE_COMMAND_OLLAMA_TAGS: self._ollamaTags,
-            pb.NODE_COMMAND_OLLAMA_PS: self._ollamaPs,
-            pb.NODE_COMMAND_OLLAMA_SHOW: self._ollamaShow,
+            pb.NODE_COMMAND_OLLAMA_TAGS: self._ollama_tags,
+            pb.NODE_COMMAND_OLLAMA_PS: self._ollama_ps,
+            pb.NODE_COMMAND_OLLAMA_SHOW: self._ollama_show,
         }
 
-    def commandReceived(self, envelope: pb.Envelope) -> None:
+    def command_received(self, envelope: pb.Envelope) -> None:
         """The ``node_command_request`` handler."""
         self.handle(envelope.node_command_request).addCallback(
             lambda response: self._send(pb.Envelope(node_command_response=response))
@@ -119,7 +120,7 @@ class NodeCommandHandler:
         if handler is None:
             return succeed(
                 self._response(
-                    request, error=f"unknown node command type {_commandName(request.type)}"
+                    request, error=f"unknown node command type {_command_name(request.type)}"
                 )
             )
         d: Deferred[Mapping[str, object]] = maybeDeferred(handler, request)
@@ -137,15 +138,15 @@ class NodeCommandHandler:
             if failure.check(DeferredTimeoutError):
                 message = f"timed out after {self._timeout:g} s"
             else:
-                message = _failureMessage(failure)
+                message = _failure_message(failure)
             if not failure.check(CommandError):
                 self.log.warn(
                     "node command {request_id} ({command}) failed: {error}",
                     request_id=request.request_id,
-                    command=_commandName(request.type),
+                    command=_command_name(request.type),
                     adapter=request.adapter,
                     error=message,
-                    node_id=self._nodeId,
+                    node_id=self._node_id,
                 )
             return self._response(request, error=message)
 
@@ -183,7 +184,7 @@ class NodeCommandHandler:
         return {"adapters": adapters}
 
     def _transport(self, request: pb.NodeCommandRequest) -> Mapping[str, object]:
-        return dict(self._transportStatus())
+        return dict(self._transport_status())
 
     def _usage(self, request: pb.NodeCommandRequest) -> Mapping[str, object]:
         return {
@@ -226,25 +227,25 @@ class NodeCommandHandler:
                 sessions.append(entry)
         return {"sessions": sessions}
 
-    def _ollamaTags(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
+    def _ollama_tags(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
         instance, api = self._ollama(request)
-        return api.tags().addCallback(self._ollamaResult, instance)
+        return api.tags().addCallback(self._ollama_result, instance)
 
-    def _ollamaPs(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
+    def _ollama_ps(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
         instance, api = self._ollama(request)
-        return api.ps().addCallback(self._ollamaResult, instance)
+        return api.ps().addCallback(self._ollama_result, instance)
 
-    def _ollamaShow(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
+    def _ollama_show(self, request: pb.NodeCommandRequest) -> Deferred[Mapping[str, object]]:
         model = request.arguments.get("model") or request.target
         if not model:
             raise CommandError("ollama show needs arguments.model")
         instance, api = self._ollama(request)
-        return api.show(model).addCallback(self._ollamaResult, instance)
+        return api.show(model).addCallback(self._ollama_result, instance)
 
     # -- helpers -----------------------------------------------------------------------------
 
     @staticmethod
-    def _ollamaResult(result: object, instance: AdapterInstance) -> Mapping[str, object]:
+    def _ollama_result(result: object, instance: AdapterInstance) -> Mapping[str, object]:
         return {"adapter": instance.name, "result": result}
 
     def _resolve(self, reference: str) -> AdapterInstance:
@@ -279,7 +280,7 @@ class NodeCommandHandler:
         return candidates[0]
 
 
-def sessionTransportStatus(
+def session_transport_status(
     session: NodeSession, clock: IReactorTime, extra: TransportInfo | None = None
 ) -> TransportInfo:
     """

@@ -111,9 +111,11 @@ class RunRecord:
 
 
 def _record(row: tuple[object, ...]) -> RunRecord:
-    (runId, adapter, target, sessionId, background, status, created, started, finished, error) = row
+    (run_id, adapter, target, sessionId, background, status, created, started, finished, error) = (
+        row
+    )
     return RunRecord(
-        run_id=str(runId),
+        run_id=str(run_id),
         adapter=str(adapter),
         target=str(target),
         session_id=str(sessionId),
@@ -260,7 +262,7 @@ class RunStore:
             self._state = _State.CLOSED
             return fail(Failure())
         now = self._now()
-        d = self._executor.submit(lambda: self._openSync(now))
+        d = self._executor.submit(lambda: self._open_sync(now))
 
         def opened(interrupted: int) -> int:
             self.log.info(
@@ -283,7 +285,7 @@ class RunStore:
             self._state = _State.CLOSED
             return succeed(None)
         self._state = _State.CLOSED
-        d = self._executor.submit(self._closeSync)
+        d = self._executor.submit(self._close_sync)
 
         def closed(result: Failure | None) -> None:
             if isinstance(result, Failure):
@@ -449,7 +451,7 @@ class RunStore:
             raise RuntimeError("the run store's database is not open")
         return self._conn
 
-    def _openSync(self, now: float) -> int:
+    def _open_sync(self, now: float) -> int:
         conn = sqlite3.connect(self.uri, uri=True, check_same_thread=False)
         try:
             conn.execute("PRAGMA busy_timeout = 5000")
@@ -469,7 +471,7 @@ class RunStore:
         self._conn = conn
         return interrupted
 
-    def _closeSync(self) -> None:
+    def _close_sync(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()

@@ -36,7 +36,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
 from iop.config.model import NodeDaemonConfig
-from iop.node.commands import NodeCommandHandler, sessionTransportStatus
+from iop.node.commands import NodeCommandHandler, session_transport_status
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionBuilder, SessionSetup
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
@@ -61,7 +61,7 @@ class Options(usage.Options):
 
     def postOptions(self) -> None:
         try:
-            self.nodeConfig: NodeDaemonConfig = load_node_config(self["config"])
+            self.node_config: NodeDaemonConfig = load_node_config(self["config"])
         except ConfigError as e:
             raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
 
@@ -87,10 +87,10 @@ class _ProcessExit:
         self.code = 0
         atexit.register(self._exit)
         if hasattr(reactor, "addSystemEventTrigger"):
-            reactor.addSystemEventTrigger("after", "shutdown", self._forgetSignal, reactor)
+            reactor.addSystemEventTrigger("after", "shutdown", self._forget_signal, reactor)
 
     @staticmethod
-    def _forgetSignal(reactor: Any) -> None:
+    def _forget_signal(reactor: Any) -> None:
         # twistd reads reactor._exitSignal after the reactor stops and kills itself with it.
         if getattr(reactor, "_exitSignal", None) is not None:
             reactor._exitSignal = None
@@ -102,10 +102,10 @@ class _ProcessExit:
             os._exit(self.code)
 
 
-def makeSessionSetup(
+def make_session_setup(
     store: RunStore,
     clock: IReactorTime,
-    transportInfo: Callable[[], Mapping[str, object]] | None = None,
+    transport_info: Callable[[], Mapping[str, object]] | None = None,
 ) -> SessionSetup:
     """
     The handshake hook that equips each new session: a :class:`RunManager` for runs, a
@@ -120,7 +120,7 @@ def makeSessionSetup(
         runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
         tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
 
-        def cancelReceived(envelope: pb.Envelope) -> None:
+        def cancel_received(envelope: pb.Envelope) -> None:
             request = envelope.cancel_request
             if request.kind == pb.CANCEL_RUN and tunnels.is_active(request.run_id):
                 tunnels.cancel_request_received(envelope)
@@ -132,13 +132,13 @@ def makeSessionSetup(
             runs,
             session.send,
             clock,
-            sessionTransportStatus(session, clock, transportInfo),
-            nodeId=session.node_id,
+            session_transport_status(session, clock, transport_info),
+            node_id=session.node_id,
         )
         session.install("run_request", runs.run_request_received)
-        session.install("cancel_request", cancelReceived)
+        session.install("cancel_request", cancel_received)
         session.install("provider_tunnel_request", tunnels.tunnel_request_received)
-        session.install("node_command_request", commands.commandReceived)
+        session.install("node_command_request", commands.command_received)
         session.when_closed().addCallback(lambda _: runs.connection_lost())
         session.when_closed().addCallback(lambda _: tunnels.connection_lost())
 
@@ -148,62 +148,62 @@ def makeSessionSetup(
 class NodeService(Service):
     """
     Opens the run store, then starts the supervisor; stops the supervisor, then closes the store.
-    ``onFatal(1)`` is called when the store cannot be opened (the supervisor never starts).
+    ``on_fatal(1)`` is called when the store cannot be opened (the supervisor never starts).
     """
 
     def __init__(
         self,
         store: RunStore,
         supervisor: NodeSupervisor,
-        onFatal: Callable[[int], None],
-        httpPool: HTTPConnectionPool | None = None,
+        on_fatal: Callable[[int], None],
+        http_pool: HTTPConnectionPool | None = None,
     ) -> None:
         self.store = store
         self.supervisor = supervisor
-        self._onFatal = onFatal
-        self._httpPool = httpPool
-        self._supervisorStarted = False
+        self._on_fatal = on_fatal
+        self._http_pool = http_pool
+        self._supervisor_started = False
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        self.store.open().addCallbacks(self._storeOpened, self._storeFailed)
+        self.store.open().addCallbacks(self._store_opened, self._store_failed)
 
-    def _storeOpened(self, _: int) -> None:
+    def _store_opened(self, _: int) -> None:
         if not self.running:
             return
-        self._supervisorStarted = True
+        self._supervisor_started = True
         self.supervisor.startService()
 
-    def _storeFailed(self, failure: Failure) -> None:
+    def _store_failed(self, failure: Failure) -> None:
         log.error(
             "cannot open the run store at {uri}: {error}",
             uri=self.store.uri,
             error=failure.getErrorMessage(),
         )
-        self._onFatal(1)
+        self._on_fatal(1)
 
     def stopService(self) -> Deferred[None]:
         super().stopService()  # type: ignore[no-untyped-call]
         stopped: Deferred[None] = (
-            self.supervisor.stopService() if self._supervisorStarted else succeed(None)
+            self.supervisor.stopService() if self._supervisor_started else succeed(None)
         )
 
-        def cleanUp(_: object) -> Deferred[None]:
-            if self._httpPool is not None:
-                self._httpPool.closeCachedConnections()
+        def clean_up(_: object) -> Deferred[None]:
+            if self._http_pool is not None:
+                self._http_pool.closeCachedConnections()
             return self.store.close()
 
-        return stopped.addBoth(cleanUp)
+        return stopped.addBoth(clean_up)
 
 
 def makeService(
     options: Options,
     reactor: Any = None,
-    storeExecutor: StoreExecutor | None = None,
+    store_executor: StoreExecutor | None = None,
     http: TreqClient | None = None,
 ) -> IService:
     """
-    The node's service tree. ``reactor``, ``storeExecutor`` and ``http`` (the adapters' and the
+    The node's service tree. ``reactor``, ``store_executor`` and ``http`` (the adapters' and the
     provider tunnel's HTTP client) are the collaborators; by default the global reactor, a
     thread executor (inline on a reactor without threads) and a treq ``HTTPClient`` on a
     persistent connection pool of :data:`UPSTREAM_KEEPALIVE_PER_HOST` per host, closed at stop.
@@ -212,19 +212,19 @@ def makeService(
         from twisted.internet import reactor as _reactor
 
         reactor = _reactor
-    config = options.nodeConfig
+    config = options.node_config
     try:
         endpoint = edge_endpoint(config, reactor)
     except TLSConfigError as e:
         raise usage.UsageError(str(e)) from None
-    if storeExecutor is None:
+    if store_executor is None:
         # A reactor without threads (a test's memory reactor) runs the store inline.
-        storeExecutor = (
+        store_executor = (
             ThreadExecutor(reactor)
             if IReactorFromThreads.providedBy(reactor)
             else SynchronousExecutor()
         )
-    store = RunStore(config.store_path, reactor, storeExecutor)
+    store = RunStore(config.store_path, reactor, store_executor)
     http_pool: HTTPConnectionPool | None = None
     if http is None:
         http_pool = HTTPConnectionPool(reactor, persistent=True)
@@ -233,7 +233,7 @@ def makeService(
     adapterContext = AdapterContext(reactor=reactor, http=http)
     supervisor: NodeSupervisor | None = None
 
-    def transportInfo() -> Mapping[str, object]:
+    def transport_info() -> Mapping[str, object]:
         info: dict[str, object] = {
             "edge": f"{config.edge_host}:{config.edge_port}",
             "tls": not (config.plaintext or config.tls is None),
@@ -246,7 +246,7 @@ def makeService(
 
     factory = EdgeConnectionFactory(
         reactor,
-        SessionBuilder(adapterContext, setup=makeSessionSetup(store, reactor, transportInfo)),
+        SessionBuilder(adapterContext, setup=make_session_setup(store, reactor, transport_info)),
         max_frame_bytes=config.max_frame_bytes,
     )
     supervisor = NodeSupervisor(

@@ -500,7 +500,7 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         self._connection.connection_lost(reason)
         self.log.info(
             "connection to edge closed: {reason}",
-            reason=self.closeReason or reason.getErrorMessage(),
+            reason=self.close_reason or reason.getErrorMessage(),
             node_id=self._core.node_id,
         )
         waiters, self._disconnect_waiters = self._disconnect_waiters, []
@@ -538,7 +538,7 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
 
     # -- inbound: name the envelope, the lifecycle decides -----------------------------------
 
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+    def envelope_received(self, envelope: pb.Envelope) -> None:
         self._heartbeat.received()
         kind = envelope.WhichOneof("message")
         if kind == "heartbeat":
@@ -556,11 +556,11 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
 
     def write(self, envelope: pb.Envelope) -> None:
         if self.transport is not None:
-            self.sendEnvelope(envelope)
+            self.send_envelope(envelope)
 
     def drop(self, reason: str, **fields: object) -> None:
         if not self._disconnected:
-            self.dropConnection(reason, **fields)
+            self.drop_connection(reason, **fields)
 
     def peer(self) -> str:
         return self._peer()

@@ -145,19 +145,19 @@ def _clean(value: str) -> bool:
 def upstream_request_headers(
     configured: Mapping[str, str],
     requested: Iterable[pb.Header],
-    authHeader: str = "",
-    hasBody: bool = True,
+    auth_header: str = "",
+    has_body: bool = True,
 ) -> tuple[Headers, list[str]]:
     """
     The headers of the provider request: the adapter's ``configured`` headers (credentials),
     plus those of ``requested`` whose names are on :data:`FORWARDED_REQUEST_HEADERS` and are not
-    configured, not the profile's ``authHeader`` and not a credential header. A body without a
+    configured, not the profile's ``auth_header`` and not a credential header. A body without a
     content type is sent as ``application/json``. Also returns the names of the dropped request
     headers (for a debug log: names only, never values).
     """
     blocked = {name.strip().lower() for name in configured} | CREDENTIAL_HEADERS
-    if authHeader:
-        blocked.add(authHeader.strip().lower())
+    if auth_header:
+        blocked.add(auth_header.strip().lower())
     out: dict[str, list[str]] = {}
     dropped: list[str] = []
     for header in requested:
@@ -166,7 +166,7 @@ def upstream_request_headers(
             out.setdefault(name, []).append(header.value)
         else:
             dropped.append(name)
-    if hasBody and "content-type" not in out and "content-type" not in blocked:
+    if has_body and "content-type" not in out and "content-type" not in blocked:
         out["content-type"] = ["application/json"]
     for name, value in configured.items():
         out[name] = [value]
@@ -212,10 +212,10 @@ class UsageObserver:
 
     log = Logger()
 
-    def __init__(self, sse: bool, jsonLimit: int = USAGE_JSON_LIMIT) -> None:
+    def __init__(self, sse: bool, json_limit: int = USAGE_JSON_LIMIT) -> None:
         self._sse = sse
         self._parser = SSEParser() if sse else None
-        self._jsonLimit = jsonLimit
+        self._json_limit = json_limit
         self._parts: list[bytes] = []
         self._size = 0
         self._broken = False
@@ -232,7 +232,7 @@ class UsageObserver:
                     self._event(event.data)
             else:
                 self._size += len(data)
-                if self._size > self._jsonLimit:
+                if self._size > self._json_limit:
                     self._stop("the body is too large to look for usage in")
                     return
                 self._parts.append(data)
@@ -701,8 +701,8 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
         headers, dropped = upstream_request_headers(
             provider.configured_headers(),
             request.headers,
-            authHeader=profile.auth_header if profile is not None else "",
-            hasBody=bool(request.body),
+            auth_header=profile.auth_header if profile is not None else "",
+            has_body=bool(request.body),
         )
         if dropped:
             self.log.debug(

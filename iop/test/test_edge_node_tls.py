@@ -50,26 +50,26 @@ class EdgeNodeOverTLSTests(SynchronousTestCase):
             EventBus(self.clock),
             self.clock,
         )
-        self.edgeFactory = NodeConnectionFactory(self.registry, self.clock)
-        self.nodeFactory = EdgeConnectionFactory(self.clock)
+        self.edge_factory = NodeConnectionFactory(self.registry, self.clock)
+        self.node_factory = EdgeConnectionFactory(self.clock)
 
     def connect(self, server_name: str) -> tuple[EdgeConnectionProtocol, Any, iosim.IOPump]:
         server = TLSMemoryBIOFactory(
             server_context_factory(ServerTLS(self.files["edge.crt"], self.files["edge.key"])),
             False,
-            self.edgeFactory,
+            self.edge_factory,
             clock=self.clock,
         )
         nodes: list[EdgeConnectionProtocol] = []
 
-        def buildNode() -> EdgeConnectionProtocol:
-            nodes.append(self.nodeFactory.buildProtocol(None))
+        def build_node() -> EdgeConnectionProtocol:
+            nodes.append(self.node_factory.buildProtocol(None))
             return nodes[-1]
 
         client = TLSMemoryBIOFactory(
             client_connection_creator(ClientTLS(self.files["ca.crt"], server_name)),
             True,
-            Factory.forProtocol(buildNode),
+            Factory.forProtocol(build_node),
             clock=self.clock,
         )
         _, serverTLS, pump = iosim.connectedServerAndClient(

@@ -69,7 +69,7 @@ class TapTests(SynchronousTestCase):
     def test_edge_options_load_config(self) -> None:
         options = edge_tap.Options()
         options.parseOptions(["--config", self.edge_yaml()])
-        self.assertEqual(options.edgeConfig.nodes[0].id, "node-a")
+        self.assertEqual(options.edge_config.nodes[0].id, "node-a")
 
     def test_edge_options_reject_bad_config_naming_the_path(self) -> None:
         path = self.write("bad.yaml", {"listen": {"nodes": "tcp:1"}, "nodes": [{"id": "x"}]})
@@ -103,8 +103,8 @@ class TapTests(SynchronousTestCase):
     def test_node_options_and_service_dial(self) -> None:
         options = node_tap.Options()
         options.parseOptions(["--config", self.node_yaml()])
-        self.assertEqual(options.nodeConfig.edge_port, 17443)
-        self.assertNotIn(TOKEN, repr(options.nodeConfig))
+        self.assertEqual(options.node_config.edge_port, 17443)
+        self.assertNotIn(TOKEN, repr(options.node_config))
         reactor = MemoryReactorClock()
         service: Any = node_tap.makeService(options, reactor)
         service.startService()
@@ -128,14 +128,14 @@ class TapTests(SynchronousTestCase):
         context: AdapterContext = factory.sessions.adapter_context
         self.assertIs(context.http, http)
         self.assertIs(context.reactor, reactor)
-        self.assertIsNone(service.getServiceNamed("node")._httpPool)
+        self.assertIsNone(service.getServiceNamed("node")._http_pool)
         self.successResultOf(service.stopService())
 
     def test_node_service_default_http_client_is_pooled(self) -> None:
         options = node_tap.Options()
         options.parseOptions(["--config", self.node_yaml()])
         service: Any = node_tap.makeService(options, MemoryReactorClock())
-        pool = service.getServiceNamed("node")._httpPool
+        pool = service.getServiceNamed("node")._http_pool
         self.assertEqual(pool.maxPersistentPerHost, node_tap.UPSTREAM_KEEPALIVE_PER_HOST)
 
     def test_node_options_reject_adapters(self) -> None:

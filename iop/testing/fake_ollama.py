@@ -417,7 +417,7 @@ class _Generation:
     def begin(self) -> int:
         counters = self.fake._counters
         counters.active_streams += 1
-        self.request.notifyFinish().addErrback(self._clientGone)
+        self.request.notifyFinish().addErrback(self._client_gone)
         self.request.setResponseCode(200)
         self.request.setHeader(b"content-type", NDJSON if self.stream else JSON)
         if self.stream:
@@ -480,7 +480,7 @@ class _Generation:
         counters.completed += 1
         self.request.finish()
 
-    def _clientGone(self, reason: Failure) -> None:
+    def _client_gone(self, reason: Failure) -> None:
         if self.finished:
             return
         self.finished = True

@@ -222,7 +222,7 @@ class FakeOpenAI:
         if self.settings.anthropic_api:
             messages = _Post(self._messages)
             v1.putChild(b"messages", messages)
-            messages.putChild(b"count_tokens", _Post(self._countTokens))
+            messages.putChild(b"count_tokens", _Post(self._count_tokens))
         chat.putChild(b"completions", _ChatCompletions(self))
         fake.putChild(b"stats", _Stats(self))
         return root
@@ -258,15 +258,15 @@ class FakeOpenAI:
         delay = self.settings.delay_ms
         if body.get("stream") is True:
             options = body.get("stream_options")
-            includeUsage = isinstance(options, dict) and options.get("include_usage") is True
-            steps = self._streamSteps(answer, includeUsage)
-            dropAt = (
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            steps = self._stream_steps(answer, include_usage)
+            drop_at = (
                 min(len(steps) - 1, 1 + MIDSTREAM_CHUNKS) if model == FAIL_MIDSTREAM_MODEL else None
             )
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"text/event-stream")
             request.setHeader(b"cache-control", b"no-cache")
-            _Writer(self, request, steps, delay, dropAt, stream=True).start()
+            _Writer(self, request, steps, delay, drop_at, stream=True).start()
         else:
             completion = json.dumps(self._completion(answer)).encode()
             tokens = len(answer.reasoning) + len(answer.content) + len(answer.arguments)
@@ -274,7 +274,7 @@ class FakeOpenAI:
             request.setHeader(b"content-type", b"application/json")
             if model == FAIL_MIDSTREAM_MODEL:
                 steps = [(completion[: len(completion) // 2], tokens)]
-                _Writer(self, request, steps, delay, dropAt=1, stream=False).start()
+                _Writer(self, request, steps, delay, drop_at=1, stream=False).start()
             else:
                 _Writer(self, request, [(completion, tokens)], delay, None, stream=False).start()
         return NOT_DONE_YET
@@ -343,7 +343,7 @@ class FakeOpenAI:
             "model": answer.model,
         }
 
-    def _streamSteps(self, answer: _Answer, includeUsage: bool) -> list[tuple[bytes, int]]:
+    def _stream_steps(self, answer: _Answer, include_usage: bool) -> list[tuple[bytes, int]]:
         """The SSE frames of an answer, each with the number of tokens it carries."""
         base = self._envelope(answer, "chat.completion.chunk")
 
@@ -372,7 +372,7 @@ class FakeOpenAI:
                 argDelta = {"index": 0, "function": {"arguments": argumentPiece}}
                 steps.append((frame({"tool_calls": [argDelta]}), 1))
         steps.append((frame({}, answer.finish_reason), 0))
-        if includeUsage:
+        if include_usage:
             chunk = {**base, "choices": [], "usage": answer.usage}
             steps.append((b"data: " + json.dumps(chunk).encode() + b"\n\n", 0))
         steps.append((b"data: [DONE]\n\n", 0))
@@ -397,7 +397,7 @@ class FakeOpenAI:
 
     # -- responses (minimal) ----------------------------------------------------------------
 
-    def _readJSON(self, request: Request) -> Any:
+    def _read_json(self, request: Request) -> Any:
         self._stats.total_requests += 1
         raw = request.content.read() if request.content is not None else b""
         headers = {
@@ -411,7 +411,7 @@ class FakeOpenAI:
         self.requests.append(ReceivedRequest(body, headers))
         return body
 
-    def _textAnswer(self, limit: Any) -> tuple[list[str], bool]:
+    def _text_answer(self, limit: Any) -> tuple[list[str], bool]:
         """The answer tokens, and whether ``limit`` cut them short."""
         count = self.settings.tokens
         if isinstance(limit, int) and not isinstance(limit, bool) and 0 < limit < count:
@@ -419,7 +419,7 @@ class FakeOpenAI:
         return fake_tokens(count), False
 
     def _responses(self, request: Request) -> bytes | int:
-        body = self._readJSON(request)
+        body = self._read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
             return self._reject(request, 400, "'input' is required", param="input")
         model = body.get("model") if isinstance(body.get("model"), str) else ""
@@ -430,7 +430,7 @@ class FakeOpenAI:
             promptTokens = sum(
                 word_count(item.get("content")) for item in inputs if isinstance(item, dict)
             )
-        tokens, cut = self._textAnswer(body.get("max_output_tokens"))
+        tokens, cut = self._text_answer(body.get("max_output_tokens"))
         number = next(self._ids)
         responseId, itemId = f"resp_fake_{number}", f"msg_fake_{number}"
         text = "".join(tokens)
@@ -527,7 +527,7 @@ class FakeOpenAI:
             ),
         ]
         steps = [
-            (_namedEvent(event["type"], {**event, "sequence_number": i}), weight)
+            (_named_event(event["type"], {**event, "sequence_number": i}), weight)
             for i, (event, weight) in enumerate(events)
         ]
         request.setResponseCode(200)
@@ -537,7 +537,7 @@ class FakeOpenAI:
 
     # -- Anthropic Messages (minimal) -------------------------------------------------------
 
-    def _anthropicReject(self, request: Request, code: int, message: str) -> bytes:
+    def _anthropic_reject(self, request: Request, code: int, message: str) -> bytes:
         self._stats.rejected_requests += 1
         request.setResponseCode(code)
         request.setHeader(b"content-type", b"application/json")
@@ -545,22 +545,24 @@ class FakeOpenAI:
             {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
         ).encode()
 
-    def _anthropicRequest(self, request: Request, needsMaxTokens: bool) -> dict[str, Any] | bytes:
+    def _anthropic_request(
+        self, request: Request, needs_max_tokens: bool
+    ) -> dict[str, Any] | bytes:
         """The request body, or the bytes of the error answer."""
-        body = self._readJSON(request)
+        body = self._read_json(request)
         if not request.requestHeaders.hasHeader(b"anthropic-version"):
-            return self._anthropicReject(request, 400, "anthropic-version: header is required")
+            return self._anthropic_reject(request, 400, "anthropic-version: header is required")
         if not isinstance(body, dict):
-            return self._anthropicReject(request, 400, "request body must be a JSON object")
+            return self._anthropic_reject(request, 400, "request body must be a JSON object")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            return self._anthropicReject(request, 400, "messages: field required")
+            return self._anthropic_reject(request, 400, "messages: field required")
         maxTokens = body.get("max_tokens")
-        if needsMaxTokens and (not isinstance(maxTokens, int) or maxTokens < 1):
-            return self._anthropicReject(request, 400, "max_tokens: field required")
+        if needs_max_tokens and (not isinstance(maxTokens, int) or maxTokens < 1):
+            return self._anthropic_reject(request, 400, "max_tokens: field required")
         return body
 
-    def _anthropicPromptTokens(self, body: dict[str, Any]) -> int:
+    def _anthropic_prompt_tokens(self, body: dict[str, Any]) -> int:
         system = body.get("system")
         total = word_count(system) if system is not None else 0
         for message in body["messages"]:
@@ -568,22 +570,22 @@ class FakeOpenAI:
                 total += word_count(message.get("content"))
         return total
 
-    def _countTokens(self, request: Request) -> bytes:
-        body = self._anthropicRequest(request, needsMaxTokens=False)
+    def _count_tokens(self, request: Request) -> bytes:
+        body = self._anthropic_request(request, needs_max_tokens=False)
         if isinstance(body, bytes):
             return body
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"application/json")
         self._stats.completed_responses += 1
-        return json.dumps({"input_tokens": self._anthropicPromptTokens(body)}).encode()
+        return json.dumps({"input_tokens": self._anthropic_prompt_tokens(body)}).encode()
 
     def _messages(self, request: Request) -> bytes | int:
-        body = self._anthropicRequest(request, needsMaxTokens=True)
+        body = self._anthropic_request(request, needs_max_tokens=True)
         if isinstance(body, bytes):
             return body
         model = body.get("model") if isinstance(body.get("model"), str) else ""
-        tokens, cut = self._textAnswer(body["max_tokens"])
-        promptTokens = self._anthropicPromptTokens(body)
+        tokens, cut = self._text_answer(body["max_tokens"])
+        promptTokens = self._anthropic_prompt_tokens(body)
         stopReason = "max_tokens" if cut else "end_turn"
         messageId = f"msg_fake_{next(self._ids)}"
         message: dict[str, Any] = {
@@ -636,14 +638,14 @@ class FakeOpenAI:
             ),
             ({"type": "message_stop"}, 0),
         ]
-        steps = [(_namedEvent(event["type"], event), weight) for event, weight in events]
+        steps = [(_named_event(event["type"], event), weight) for event, weight in events]
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"text/event-stream")
         _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
         return NOT_DONE_YET
 
 
-def _namedEvent(name: str, data: dict[str, Any]) -> bytes:
+def _named_event(name: str, data: dict[str, Any]) -> bytes:
     """One SSE event with an ``event:`` line, as the Responses and Messages APIs send them."""
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
@@ -662,9 +664,9 @@ def _validate(body: Any) -> str | None:
 
 class _Writer:
     """
-    Writes one answer's frames, waiting ``delayMS`` milliseconds per token before each token-bearing
-    frame; stops when the client goes away. ``dropAt``: drop the connection after that many
-    frames (error injection).
+    Writes one answer's frames, waiting ``delay_ms`` milliseconds per token before each
+    token-bearing frame; stops when the client goes away. ``drop_at``: drop the connection after
+    that many frames (error injection).
     """
 
     def __init__(
@@ -672,15 +674,15 @@ class _Writer:
         fake: FakeOpenAI,
         request: Request,
         steps: list[tuple[bytes, int]],
-        delayMS: int,
-        dropAt: int | None,
+        delay_ms: int,
+        drop_at: int | None,
         stream: bool,
     ) -> None:
         self._fake = fake
         self._request = request
         self._steps = steps
-        self._delayMS = delayMS
-        self._dropAt = dropAt
+        self._delay_ms = delay_ms
+        self._drop_at = drop_at
         self._stream = stream
         self._index = 0
         self._waited = False
@@ -702,15 +704,15 @@ class _Writer:
                 self._request.finish()
                 return
             data, tokens = self._steps[self._index]
-            if tokens and self._delayMS > 0 and not self._waited:
+            if tokens and self._delay_ms > 0 and not self._waited:
                 self._waited = True
-                wait = tokens * self._delayMS / 1000.0
+                wait = tokens * self._delay_ms / 1000.0
                 self._call = self._fake.clock.callLater(wait, self._pump)
                 return
             self._waited = False
             self._request.write(data)
             self._index += 1
-            if self._dropAt is not None and self._index >= self._dropAt:
+            if self._drop_at is not None and self._index >= self._drop_at:
                 self._dropping = True
                 self._request.loseConnection()
                 return

@@ -2,7 +2,7 @@
 """
 Int32-length-prefixed protobuf ``Envelope`` framing shared by both ends of a node socket.
 
-The protocol only frames: it decodes one envelope and hands it to ``envelopeReceived``.
+The protocol only frames: it decodes one envelope and hands it to ``envelope_received``.
 An oversized, truncated or undecodable frame closes *this* connection with a logged reason.
 """
 
@@ -28,16 +28,16 @@ class FrameTooLarge(ValueError):
 class EnvelopeProtocol(Int32StringReceiver):
     """
     Base protocol for node sockets: length-prefixed ``Envelope`` frames, at most
-    ``maxFrameBytes`` each. Subclasses implement :meth:`envelopeReceived`.
+    ``max_frame_bytes`` each. Subclasses implement :meth:`envelope_received`.
     """
 
     log = Logger()
 
-    def __init__(self, maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        if maxFrameBytes <= 0:
-            raise ValueError("maxFrameBytes must be positive")
-        self.MAX_LENGTH = maxFrameBytes
-        self.closeReason: str | None = None
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        if max_frame_bytes <= 0:
+            raise ValueError("max_frame_bytes must be positive")
+        self.MAX_LENGTH = max_frame_bytes
+        self.close_reason: str | None = None
 
     def makeConnection(self, transport: ITransport) -> None:
         # Frames are small and latency-bound (a token per frame): without TCP_NODELAY, Nagle's
@@ -58,23 +58,23 @@ class EnvelopeProtocol(Int32StringReceiver):
         try:
             envelope.ParseFromString(string)
         except DecodeError as e:
-            self.dropConnection("undecodable frame", detail=str(e), size=len(string))
+            self.drop_connection("undecodable frame", detail=str(e), size=len(string))
             return
         if envelope.WhichOneof("message") is None:
-            self.dropConnection("envelope carries no known message", size=len(string))
+            self.drop_connection("envelope carries no known message", size=len(string))
             return
-        self.envelopeReceived(envelope)
+        self.envelope_received(envelope)
 
     def lengthLimitExceeded(self, length: int) -> None:
-        self.dropConnection("frame exceeds limit", size=length, limit=self.MAX_LENGTH)
+        self.drop_connection("frame exceeds limit", size=length, limit=self.MAX_LENGTH)
 
-    def envelopeReceived(self, envelope: Envelope) -> None:
+    def envelope_received(self, envelope: Envelope) -> None:
         raise NotImplementedError
 
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         pending = len(self._unprocessed) if self._unprocessed else 0
-        if pending and self.closeReason is None:
-            self.closeReason = "truncated frame"
+        if pending and self.close_reason is None:
+            self.close_reason = "truncated frame"
             self.log.warn(
                 "connection closed inside a frame ({pending} bytes unprocessed)",
                 pending=pending,
@@ -82,7 +82,7 @@ class EnvelopeProtocol(Int32StringReceiver):
 
     # -- outbound ----------------------------------------------------------------------------
 
-    def sendEnvelope(self, envelope: Envelope) -> None:
+    def send_envelope(self, envelope: Envelope) -> None:
         data = envelope.SerializeToString()
         if len(data) > self.MAX_LENGTH:
             raise FrameTooLarge(f"envelope of {len(data)} bytes exceeds {self.MAX_LENGTH}")
@@ -90,12 +90,12 @@ class EnvelopeProtocol(Int32StringReceiver):
 
     # -- closing -----------------------------------------------------------------------------
 
-    def dropConnection(self, reason: str, **fields: object) -> None:
+    def drop_connection(self, reason: str, **fields: object) -> None:
         """
         Abort this connection because of bad input, logging why. Idempotent.
         """
-        if self.closeReason is None:
-            self.closeReason = reason
+        if self.close_reason is None:
+            self.close_reason = reason
             self.log.warn(
                 "closing node connection: {reason}", reason=reason, peer=self._peer(), **fields
             )

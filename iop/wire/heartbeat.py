@@ -4,7 +4,7 @@ Liveness for one node socket, used identically by both ends.
 
 Every ``interval`` seconds the owner sends a heartbeat; every frame received from the peer counts
 as proof of life. When nothing has arrived for ``timeout`` seconds the peer is declared dead
-(``onTimeout``): the fallback for power loss and network cuts, where no FIN ever arrives.
+(``on_timeout``): the fallback for power loss and network cuts, where no FIN ever arrives.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class Heartbeat:
         interval: float,
         timeout: float,
         send: Callable[[int], None],
-        onTimeout: Callable[[], None],
+        on_timeout: Callable[[], None],
     ) -> None:
         if interval <= 0 or timeout <= 0:
             raise ValueError("heartbeat interval and timeout must be positive")
@@ -29,7 +29,7 @@ class Heartbeat:
         self._interval = interval
         self._timeout = timeout
         self._send = send
-        self._onTimeout = onTimeout
+        self._on_timeout = on_timeout
         self._sequence = 0
         self._tick: IDelayedCall | None = None
         self._deadline: IDelayedCall | None = None
@@ -64,4 +64,4 @@ class Heartbeat:
 
     def _expired(self) -> None:
         self.stop()
-        self._onTimeout()
+        self._on_timeout()

@@ -99,7 +99,7 @@ class ClientApp:
         return await self._guard(request, OPENAI, lambda ex: self.openai.model(ex, model_id))
 
     @app.route("/v1/chat/completions", methods=["POST"])
-    async def chatCompletions(self, request: IRequest) -> bytes:
+    async def chat_completions(self, request: IRequest) -> bytes:
         return await self._guard(request, OPENAI, self.openai.chat_completions)
 
     @app.route("/v1/responses", methods=["POST"])
@@ -111,7 +111,7 @@ class ClientApp:
         return await self._guard(request, ANTHROPIC, self.anthropic.messages)
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
-    async def countTokens(self, request: IRequest) -> bytes:
+    async def count_tokens(self, request: IRequest) -> bytes:
         return await self._guard(request, ANTHROPIC, self.anthropic.count_tokens)
 
     @app.handle_errors(Exception)

@@ -394,7 +394,7 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _tool_choice(choice: Any, hasTools: bool, chat: dict[str, Any]) -> None:
+def _tool_choice(choice: Any, has_tools: bool, chat: dict[str, Any]) -> None:
     if not isinstance(choice, dict):
         raise BridgeError("tool_choice: must be an object")
     kind = choice.get("type")
@@ -412,7 +412,7 @@ def _tool_choice(choice: Any, hasTools: bool, chat: dict[str, Any]) -> None:
         mapped = {"type": "function", "function": {"name": name}}
     else:
         raise BridgeError(f"tool_choice: unknown type {kind!r}")
-    if not hasTools:
+    if not has_tools:
         if kind in ("any", "tool"):
             raise BridgeError(f"tool_choice: type {kind!r} needs tools")
         return
@@ -500,14 +500,14 @@ def messages_to_chat(
             raise BridgeError("stop_sequences: must be a list of strings")
         if stops:
             chat["stop"] = list(stops)
-    hasTools = False
+    has_tools = False
     if body.get("tools") is not None:
         tools = _tools(body["tools"])
         if tools:
             chat["tools"] = tools
-            hasTools = True
+            has_tools = True
     if body.get("tool_choice") is not None:
-        _tool_choice(body["tool_choice"], hasTools, chat)
+        _tool_choice(body["tool_choice"], has_tools, chat)
     if body.get("thinking") is not None:
         _thinking(body["thinking"], thinking_allowed, chat)
     stream = body.get("stream", False)

@@ -72,7 +72,7 @@ class LimitedRequest(Request):
 
     maxBodyBytes: int = 10 * 1024 * 1024
     bodyTooLarge: bool = False
-    _bodyReceived: int = 0
+    _body_received: int = 0
 
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > self.maxBodyBytes:
@@ -84,8 +84,8 @@ class LimitedRequest(Request):
     def handleContentChunk(self, data: bytes) -> None:
         if self.bodyTooLarge:
             return
-        self._bodyReceived += len(data)
-        if self._bodyReceived > self.maxBodyBytes:
+        self._body_received += len(data)
+        if self._body_received > self.maxBodyBytes:
             self.bodyTooLarge = True
             if self.content is not None:
                 self.content.seek(0)

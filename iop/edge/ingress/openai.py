@@ -206,8 +206,8 @@ class RunEventsToChunks:
         self.id = completion_id or f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time()) if created is None else created
         self.model = model
-        self._includeUsage = include_usage
-        self._holdBack = hold_back
+        self._include_usage = include_usage
+        self._hold_back = hold_back
         self._started = False
         self._held = ""
         self._locked = False
@@ -231,7 +231,7 @@ class RunEventsToChunks:
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
         }
-        if self._includeUsage:
+        if self._include_usage:
             chunk["usage"] = None
         return chunk
 
@@ -247,7 +247,7 @@ class RunEventsToChunks:
             out.append(self._chunk({"content": text}))
 
     def _text(self, delta: str, out: list[dict[str, Any]]) -> None:
-        if not self._holdBack:
+        if not self._hold_back:
             self._emit_text(delta, out)
             return
         if self._locked:
@@ -318,7 +318,7 @@ class RunEventsToChunks:
         if metadata.get("openai_text_tool_fallback") == "true":
             # The fallback's reply is the whole text; parse what was held, or all of it when
             # nothing was (a request streamed without hold-back, or a non-stream answer).
-            source = held if held else (self.content if not self._holdBack else "")
+            source = held if held else (self.content if not self._hold_back else "")
             remaining, parsed = parse_text_tool_calls(source)
             if parsed:
                 calls.extend(parsed)
@@ -344,7 +344,7 @@ class RunEventsToChunks:
         self.finish_reason = finish
         self.usage = event.usage
         out.append(self._chunk({}, finish))
-        if self._includeUsage:
+        if self._include_usage:
             out.append(
                 {
                     "id": self.id,

@@ -42,7 +42,7 @@ class CapacityGate:
         if limit < 1:
             raise ValueError(f"capacity limit must be at least 1, not {limit}")
         self._limit = limit
-        self._inUse = 0
+        self._in_use = 0
 
     @property
     def limit(self) -> int:
@@ -50,22 +50,22 @@ class CapacityGate:
 
     @property
     def in_use(self) -> int:
-        return self._inUse
+        return self._in_use
 
     @property
     def available(self) -> int:
-        return self._limit - self._inUse
+        return self._limit - self._in_use
 
     def try_acquire(self) -> Slot | None:
         """A held :class:`Slot`, or ``None`` when the gate is full."""
-        if self._inUse >= self._limit:
+        if self._in_use >= self._limit:
             return None
-        self._inUse += 1
+        self._in_use += 1
         return Slot(self)
 
     def _release(self) -> None:
         # Only Slot.release calls this, at most once per slot.
-        self._inUse -= 1
+        self._in_use -= 1
 
     def __repr__(self) -> str:
-        return f"<CapacityGate {self._inUse}/{self._limit}>"
+        return f"<CapacityGate {self._in_use}/{self._limit}>"

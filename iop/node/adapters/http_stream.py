@@ -35,14 +35,14 @@ class StopReading(Exception):
 
 class BodyReader(Protocol):
     """
-    Hands each body chunk to ``onData``. ``finished`` fires with why the body ended (an
-    exception such as ``ResponseDone``), or fails with what ``onData`` raised. Cancelling
+    Hands each body chunk to ``on_data``. ``finished`` fires with why the body ended (an
+    exception such as ``ResponseDone``), or fails with what ``on_data`` raised. Cancelling
     ``finished`` stops the transport (the connection closes, so the upstream sees the client go
     away) and ignores later bytes.
     """
 
-    def __init__(self, onData: Callable[[bytes], None]) -> None:
-        self._onData = onData
+    def __init__(self, on_data: Callable[[bytes], None]) -> None:
+        self._on_data = on_data
         self._over = False
         self.finished: Deferred[BaseException] = Deferred(self._cancel)
 
@@ -50,7 +50,7 @@ class BodyReader(Protocol):
         if self._over:
             return
         try:
-            self._onData(data)
+            self._on_data(data)
         except StopReading:
             self._stop()
             self.finished.callback(ResponseDone("stopped reading"))
@@ -76,9 +76,9 @@ class BodyReader(Protocol):
         self._stop()
 
 
-async def read_body(response: IResponse, onData: Callable[[bytes], None]) -> BaseException:
-    """Feed ``response``'s body to ``onData``; return why it ended (see :func:`ended_cleanly`)."""
-    reader = BodyReader(onData)
+async def read_body(response: IResponse, on_data: Callable[[bytes], None]) -> BaseException:
+    """Feed ``response``'s body to ``on_data``; return why it ended (see :func:`ended_cleanly`)."""
+    reader = BodyReader(on_data)
     response.deliverBody(reader)
     return await reader.finished
 

@@ -370,7 +370,7 @@ class _Call:
     """
 
     def __init__(self, clock: IReactorTime, idle: float | None, overall: float | None) -> None:
-        self._idleSeconds = idle
+        self._idle_seconds = idle
         self._current: Deferred[Any] | None = None
         self.expired: str | None = None
         self.cancelled = False
@@ -393,8 +393,8 @@ class _Call:
         return outer
 
     def touch(self) -> None:
-        if self._idle is not None and self._idle.active() and self._idleSeconds:
-            self._idle.reset(self._idleSeconds)
+        if self._idle is not None and self._idle.active() and self._idle_seconds:
+            self._idle.reset(self._idle_seconds)
 
     async def wait(self, d: Deferred[T]) -> T:
         if self.cancelled or self.expired is not None:

@@ -254,9 +254,9 @@ class _Run:
         self._emit = emit
         self._outer: Deferred[None] = Deferred(self._cancel)
         self._inner: Deferred[None] | None = None
-        self._timeoutReason: str | None = None
-        self._idleCall: IDelayedCall | None = None
-        self._boundCall: IDelayedCall | None = None
+        self._timeout_reason: str | None = None
+        self._idle_call: IDelayedCall | None = None
+        self._bound_call: IDelayedCall | None = None
         # Set when the caller cancels: from then on nothing is emitted.
         self._silenced = False
 
@@ -307,8 +307,8 @@ class _Run:
             if self._silenced:
                 # Cancelled by the caller: it emits the terminal; we emit nothing more.
                 raise
-            if self._timeoutReason is not None:
-                self._fail(self._timeoutReason)
+            if self._timeout_reason is not None:
+                self._fail(self._timeout_reason)
             elif isinstance(e, UpstreamFailure):
                 self._fail(str(e))
             elif isinstance(e, SSEError):
@@ -324,25 +324,25 @@ class _Run:
         clock = self._provider.clock
         bound = self._spec.timeout_sec or self._provider.request_timeout
         if bound and bound > 0:
-            self._boundCall = clock.callLater(
+            self._bound_call = clock.callLater(
                 bound, self._expire, f"request timed out after {bound:g}s"
             )
         idle = self._provider.idle_timeout
-        self._idleCall = clock.callLater(idle, self._expire, f"upstream idle for {idle:g}s")
+        self._idle_call = clock.callLater(idle, self._expire, f"upstream idle for {idle:g}s")
 
     def _touch(self) -> None:
-        if self._idleCall is not None and self._idleCall.active():
-            self._idleCall.reset(self._provider.idle_timeout)
+        if self._idle_call is not None and self._idle_call.active():
+            self._idle_call.reset(self._provider.idle_timeout)
 
     def _disarm(self) -> None:
-        for call in (self._idleCall, self._boundCall):
+        for call in (self._idle_call, self._bound_call):
             if call is not None and call.active():
                 call.cancel()
-        self._idleCall = self._boundCall = None
+        self._idle_call = self._bound_call = None
 
     def _expire(self, reason: str) -> None:
-        if self._timeoutReason is None and self._inner is not None:
-            self._timeoutReason = reason
+        if self._timeout_reason is None and self._inner is not None:
+            self._timeout_reason = reason
             self._inner.cancel()
 
     # -- the exchange --------------------------------------------------------------------
@@ -361,11 +361,11 @@ class _Run:
         )
         self._touch()
         if 200 <= response.code < 300:
-            contentType = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
-            if contentType.lower().startswith(b"application/json"):
-                await self._readJSON(response, fallback)
+            content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+            if content_type.lower().startswith(b"application/json"):
+                await self._read_json(response, fallback)
             else:
-                await self._readStream(response, fallback)
+                await self._read_stream(response, fallback)
             return
         raw, _ = await read_limited(response, ERROR_BODY_LIMIT)
         message = upstream_error_message(raw)
@@ -387,25 +387,25 @@ class _Run:
             return
         raise UpstreamFailure(f"upstream HTTP {response.code}: {message}")
 
-    async def _readStream(self, response: IResponse, fallback: bool) -> None:
+    async def _read_stream(self, response: IResponse, fallback: bool) -> None:
         answer = _Answer()
         parser = SSEParser()
 
-        def onData(data: bytes) -> None:
+        def on_data(data: bytes) -> None:
             self._touch()
             for event in parser.feed(data):
-                self._onEvent(event, answer)
+                self._on_event(event, answer)
 
-        reason = await read_body(response, onData)
+        reason = await read_body(response, on_data)
         if not answer.done:
             for event in parser.finish():
-                self._onEvent(event, answer)
+                self._on_event(event, answer)
         if not (answer.done or answer.finish_reason):
             why = "" if ended_cleanly(reason) else f": {describe_failure(reason)}"
             raise UpstreamFailure(f"upstream stream ended early{why}")
         self._complete(answer, fallback)
 
-    def _onEvent(self, event: SSEEvent, answer: _Answer) -> None:
+    def _on_event(self, event: SSEEvent, answer: _Answer) -> None:
         if answer.done:
             return
         if event.is_done:
@@ -434,12 +434,12 @@ class _Run:
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
-                self._onDelta(delta, answer)
+                self._on_delta(delta, answer)
             finish = choice.get("finish_reason")
             if isinstance(finish, str) and finish:
                 answer.finish_reason = finish
 
-    def _onDelta(self, delta: Mapping[str, Any], answer: _Answer) -> None:
+    def _on_delta(self, delta: Mapping[str, Any], answer: _Answer) -> None:
         reasoning = self._provider.reasoning_text(delta)
         if reasoning:
             answer.saw_reasoning = True
@@ -452,7 +452,7 @@ class _Run:
             for position, call in enumerate(calls):
                 answer.add_tool_delta(position, call)
 
-    async def _readJSON(self, response: IResponse, fallback: bool) -> None:
+    async def _read_json(self, response: IResponse, fallback: bool) -> None:
         """A server that ignored ``stream: true`` and answered one ``chat.completion``."""
         raw, truncated = await read_limited(response, JSON_BODY_LIMIT)
         if truncated:
@@ -474,7 +474,7 @@ class _Run:
         first = choices[0] if isinstance(choices, list) and choices else {}
         message = first.get("message") if isinstance(first, dict) else None
         if isinstance(message, dict):
-            self._onDelta(message, answer)
+            self._on_delta(message, answer)
         finish = first.get("finish_reason") if isinstance(first, dict) else None
         answer.finish_reason = finish if isinstance(finish, str) else ""
         self._complete(answer, fallback)

@@ -171,7 +171,7 @@ class AdapterRegistry:
             if instance.name in by_name:
                 raise AdapterApplyError(f"adapter {instance.name!r}: duplicate instance name")
             by_name[instance.name] = instance
-        self._byName = by_name
+        self._by_name = by_name
 
     @classmethod
     def from_specs(
@@ -200,7 +200,7 @@ class AdapterRegistry:
     def get(self, name: str) -> AdapterInstance:
         """The instance with exactly this name (enabled or not), or :class:`UnknownAdapter`."""
         try:
-            return self._byName[name]
+            return self._by_name[name]
         except KeyError:
             raise UnknownAdapter(name) from None
 
@@ -209,28 +209,28 @@ class AdapterRegistry:
         Resolve an adapter reference the way the Edge's config does: the exact instance name
         first; a legacy type name only when exactly one enabled instance has that type.
         """
-        if reference in self._byName:
-            return self._byName[reference]
-        candidates = [i for i in self._byName.values() if i.type == reference and i.enabled]
+        if reference in self._by_name:
+            return self._by_name[reference]
+        candidates = [i for i in self._by_name.values() if i.type == reference and i.enabled]
         if len(candidates) == 1:
             return candidates[0]
         raise UnknownAdapter(reference)
 
     def instances(self) -> tuple[AdapterInstance, ...]:
         """Every instance, in payload order."""
-        return tuple(self._byName.values())
+        return tuple(self._by_name.values())
 
     def describe(self) -> list[dict[str, object]]:
-        return [instance.describe() for instance in self._byName.values()]
+        return [instance.describe() for instance in self._by_name.values()]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._byName
+        return name in self._by_name
 
     def __iter__(self) -> Iterator[AdapterInstance]:
-        return iter(self._byName.values())
+        return iter(self._by_name.values())
 
     def __len__(self) -> int:
-        return len(self._byName)
+        return len(self._by_name)
 
     def __repr__(self) -> str:
-        return f"<AdapterRegistry {sorted(self._byName)}>"
+        return f"<AdapterRegistry {sorted(self._by_name)}>"

@@ -19,8 +19,8 @@ import yaml
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, load_edge_config, parse_edge_config
-from iop.config.edge import isLoopbackHost, splitEndpoint
-from iop.config.errors import ConfigIssue, readYamlFile
+from iop.config.edge import is_loopback_host, split_endpoint
+from iop.config.errors import ConfigIssue, read_yaml_file
 from iop.config.model import EdgeConfig, NodeToken
 
 TOKEN_A = "token-for-node-a"
@@ -37,7 +37,7 @@ ENVIRON = {
 EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "etc", "iop")
 
 
-def baseConfig() -> dict[str, Any]:
+def base_config() -> dict[str, Any]:
     """A valid config touching most features; rows mutate a fresh copy."""
     return {
         "edge": {"id": "edge-1"},
@@ -160,7 +160,7 @@ class EdgeConfigTestMixin:
 
     base: str
 
-    def makeBase(self, case: SynchronousTestCase) -> None:
+    def make_base(self, case: SynchronousTestCase) -> None:
         self.base = os.path.abspath(case.mktemp())
         os.makedirs(os.path.join(self.base, "pki"))
         os.makedirs(os.path.join(self.base, "secrets"))
@@ -180,10 +180,10 @@ class EdgeConfigTestMixin:
 
 class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_full(self) -> None:
-        config = self.parse(baseConfig())
+        config = self.parse(base_config())
         self.assertEqual(config.id, "edge-1")
         self.assertEqual(config.node_listen, "tcp:7443:interface=0.0.0.0")
         self.assertEqual(config.admin_listen, "tcp:8081:interface=127.0.0.1")
@@ -255,7 +255,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertEqual(config.protocol_profiles, ())
 
     def test_everyOptionalField(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["listen"]["admin"] = "tcp:9090:interface=127.0.0.1"
         transport = data["node_transport"]
         transport["tls"]["client_ca_file"] = "pki/ca.crt"
@@ -354,7 +354,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
 
     def test_nullMeansAbsent(self) -> None:
         """An explicit YAML null (``key:`` with nothing after it) reads as the default."""
-        data = baseConfig()
+        data = base_config()
         data["protocol_profiles"] = None
         data["nodes"][0]["providers"][0]["profile"] = None
         data["nodes"][0]["providers"][0]["priority"] = None
@@ -365,16 +365,16 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertEqual(config.nodes[0].providers[0].priority, 0)
 
     def test_tokenSha256(self) -> None:
-        data = baseConfig()
+        data = base_config()
         del data["nodes"][0]["token"]
         digest = hashlib.sha256(TOKEN_A.encode()).hexdigest().upper()
         data["nodes"][0]["token_sha256"] = digest
         config = self.parse(data)
         self.assertTrue(config.nodes[0].token.matches(TOKEN_A))
-        self.assertEqual(config.nodes[0].token, NodeToken.fromPlaintext(TOKEN_A))
+        self.assertEqual(config.nodes[0].token, NodeToken.from_plaintext(TOKEN_A))
 
     def test_headerReferencesResolvedInline(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][0]["adapters"][0]["headers"] = {
             "Authorization": "Bearer ${UPSTREAM_KEY}",
             "X-Pair": "${TOKEN_A}:${UPSTREAM_KEY}",
@@ -395,7 +395,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
     def test_plaintextLoopback(self) -> None:
         """plaintext is accepted on every loopback spelling."""
         for interface in ("127.0.0.1", "127.1.2.3", "\\:\\:1", "localhost", "LOCALHOST"):
-            data = baseConfig()
+            data = base_config()
             data["listen"]["nodes"] = f"tcp:7443:interface={interface}"
             data["node_transport"] = {"plaintext": True}
             config = self.parse(data)
@@ -404,7 +404,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
 
     def test_positionalInterface(self) -> None:
         """``tcp:PORT:INTERFACE`` (Twisted's positional form) also counts as loopback."""
-        data = baseConfig()
+        data = base_config()
         data["listen"]["nodes"] = "tcp:7443:127.0.0.1"
         data["node_transport"] = {"plaintext": True}
         self.assertTrue(self.parse(data).plaintext_nodes)
@@ -412,11 +412,11 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
 
 class LegacyAdapterTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_mappingNormalized(self) -> None:
         """``adapters: {type: settings}`` becomes a list of instances named after their type."""
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["adapters"] = {
             "ollama": {"base_url": "http://127.0.0.1:11434", "max_concurrency": 2},
             "vllm": {"base_url": "http://127.0.0.1:8000/v1", "enabled": False},
@@ -434,7 +434,7 @@ class LegacyAdapterTests(EdgeConfigTestMixin, SynchronousTestCase):
 
     def test_listWithoutName(self) -> None:
         """A list entry without a name is named after its type."""
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["adapters"] = [{"type": "ollama"}]
         node = self.parse(data).nodes[1]
         self.assertEqual([(a.name, a.type) for a in node.adapters], [("ollama", "ollama")])
@@ -445,17 +445,17 @@ class AdapterResolutionTests(EdgeConfigTestMixin, SynchronousTestCase):
     """``providers[].adapter``: exact instance name first, then a legacy type name."""
 
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def resolve(self, adapters: list[Any], ref: str, **provider: Any) -> tuple[str, str]:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["adapters"] = adapters
         data["nodes"][1]["providers"][0].update(adapter=ref, **provider)
         resolved = self.parse(data).nodes[1].providers[0]
         return resolved.adapter_instance, resolved.type
 
     def failure(self, adapters: list[Any], ref: str) -> ConfigError:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["adapters"] = adapters
         data["nodes"][1]["providers"][0]["adapter"] = ref
         error = self.assertRaises(ConfigError, self.parse, data)
@@ -531,7 +531,7 @@ class AdapterResolutionTests(EdgeConfigTestMixin, SynchronousTestCase):
 
     def test_otherNodesAdapterNotVisible(self) -> None:
         """A reference only sees the adapters of its own node."""
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["providers"][0]["adapter"] = "fake-openai"
         assertIssue(
             self,
@@ -542,7 +542,7 @@ class AdapterResolutionTests(EdgeConfigTestMixin, SynchronousTestCase):
 
     def test_brokenAdapterNoCascade(self) -> None:
         """An adapter entry with its own issue does not also fail the providers naming it."""
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["adapters"] = [{"name": "x", "type": "olama"}]
         data["nodes"][1]["providers"][0]["adapter"] = "x"
         error = self.assertRaises(ConfigError, self.parse, data)
@@ -553,10 +553,10 @@ class DisabledProviderTests(EdgeConfigTestMixin, SynchronousTestCase):
     """A disabled provider skips the adapter-reference check but not structural checks."""
 
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def disabled(self, **fields: Any) -> dict[str, Any]:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["providers"][0].update(enabled=False, **fields)
         return data
 
@@ -617,10 +617,10 @@ class DisabledProviderTests(EdgeConfigTestMixin, SynchronousTestCase):
 
 class UniquenessTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_providerIdAcrossNodes(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][1]["providers"][0]["id"] = "a-chat"
         error = self.assertRaises(ConfigError, self.parse, data)
         issue = assertIssue(
@@ -629,7 +629,7 @@ class UniquenessTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertIn("nodes[0].providers[0]", issue.message)
 
     def test_providerIdWithinNode(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][0]["providers"][1]["id"] = "a-chat"
         assertIssue(
             self,
@@ -641,10 +641,10 @@ class UniquenessTests(EdgeConfigTestMixin, SynchronousTestCase):
 
 class ErrorReportingTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_collectsEveryIssue(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["edge"]["id"] = "bad id"
         data["nodes"][0]["providers"][0]["priority"] = -1
         data["nodes"][1]["providers"][0]["capacity"] = 0
@@ -661,7 +661,7 @@ class ErrorReportingTests(EdgeConfigTestMixin, SynchronousTestCase):
         )
 
     def test_strOneLinePerIssue(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["nodes"].append(copy.deepcopy(data["nodes"][1]))
         data["nodes"][2]["id"] = "node-c"
         data["nodes"][2]["token_file"] = "secrets/c.token"
@@ -695,7 +695,7 @@ class ErrorReportingTests(EdgeConfigTestMixin, SynchronousTestCase):
             (drop("models.1.id"), ["models[1].id"]),
         ]
         for mutate, paths in cases:
-            data = baseConfig()
+            data = base_config()
             mutate(data)
             error = self.assertRaises(ConfigError, self.parse, data)
             self.assertEqual([i.path for i in error.issues], paths, str(error))
@@ -707,7 +707,7 @@ class ErrorReportingTests(EdgeConfigTestMixin, SynchronousTestCase):
             assertIssue(self, error, "<root>", "must be a mapping")
 
     def test_nonStringKey(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["nodes"][0]["providers"][0][5] = "x"
         assertIssue(
             self,
@@ -723,12 +723,12 @@ class SecretHygieneTests(EdgeConfigTestMixin, SynchronousTestCase):
     SECRET = "S3CRET-marker-7f1c"
 
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_notInRepr(self) -> None:
         self.write("secrets/b.token", self.SECRET + "-file")
         environ = {"TOKEN_A": self.SECRET + "-env", "UPSTREAM_KEY": self.SECRET + "-header"}
-        data = baseConfig()
+        data = base_config()
         data["nodes"][0]["adapters"][1]["env"] = {"KEY": "${UPSTREAM_KEY}"}
         config = self.parse(data, environ)
         self.assertEqual(
@@ -739,7 +739,7 @@ class SecretHygieneTests(EdgeConfigTestMixin, SynchronousTestCase):
             self.assertNotIn(self.SECRET, text)
 
     def test_notInErrors(self) -> None:
-        data = baseConfig()
+        data = base_config()
         # Literal token, a token pasted into token_sha256, a token file that cannot be read,
         # and a header value with a malformed reference next to a literal credential.
         data["nodes"][0]["token"] = self.SECRET
@@ -768,11 +768,11 @@ class SecretHygieneTests(EdgeConfigTestMixin, SynchronousTestCase):
 
 class YamlFileTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_loadResolvesRelativeToFile(self) -> None:
         """Relative paths resolve against the config file's directory, not the cwd."""
-        path = self.write("edge.yaml", yaml.safe_dump(baseConfig()))
+        path = self.write("edge.yaml", yaml.safe_dump(base_config()))
         config = load_edge_config(path, ENVIRON)
         self.assertEqual(config.source_path, path)
         assert config.tls is not None
@@ -780,7 +780,7 @@ class YamlFileTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertTrue(config.nodes[1].token.matches(TOKEN_B))
 
     def test_absoluteNormalizedPaths(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["node_transport"]["tls"]["cert_file"] = "secrets/../pki/./edge.crt"
         data["node_transport"]["tls"]["key_file"] = os.path.join(self.base, "pki", "edge.key")
         config = self.parse(data)
@@ -809,7 +809,9 @@ class YamlFileTests(EdgeConfigTestMixin, SynchronousTestCase):
     def test_mergeKeysAllowed(self) -> None:
         """YAML merge keys may be overridden without tripping the duplicate-key check."""
         path = self.write("x.yaml", "base: &b {a: 1, c: 2}\nother:\n  <<: *b\n  a: 3\n")
-        self.assertEqual(readYamlFile(path), {"base": {"a": 1, "c": 2}, "other": {"a": 3, "c": 2}})
+        self.assertEqual(
+            read_yaml_file(path), {"base": {"a": 1, "c": 2}, "other": {"a": 3, "c": 2}}
+        )
 
     def test_notUtf8(self) -> None:
         path = self.write("edge.yaml", "")
@@ -830,7 +832,7 @@ class YamlFileTests(EdgeConfigTestMixin, SynchronousTestCase):
         assertIssue(self, error, "<root>", "must be a mapping, got list")
 
     def test_yamlBooleanIsNotAnInteger(self) -> None:
-        text = yaml.safe_dump(baseConfig()).replace(
+        text = yaml.safe_dump(base_config()).replace(
             "id: a-chat\n", "id: a-chat\n    priority: yes\n"
         )
         self.assertIn("priority: yes", text)
@@ -845,7 +847,7 @@ class ExampleFileTests(EdgeConfigTestMixin, SynchronousTestCase):
     """etc/iop/edge.yaml, the documented example, loads."""
 
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
 
     def test_exampleLoads(self) -> None:
         example = os.path.join(EXAMPLE_DIR, "edge.yaml")
@@ -880,20 +882,20 @@ class ExampleFileTests(EdgeConfigTestMixin, SynchronousTestCase):
 class HelperTests(SynchronousTestCase):
     def test_isLoopbackHost(self) -> None:
         for host in ("127.0.0.1", "127.255.0.9", "::1", "[::1]", "localhost", "LocalHost"):
-            self.assertTrue(isLoopbackHost(host), host)
+            self.assertTrue(is_loopback_host(host), host)
         for host in ("", "0.0.0.0", "::", "10.0.0.1", "edge.example.net", "128.0.0.1"):
-            self.assertFalse(isLoopbackHost(host), host)
+            self.assertFalse(is_loopback_host(host), host)
 
     def test_splitEndpoint(self) -> None:
         self.assertEqual(
-            splitEndpoint("tcp:7443:interface=127.0.0.1"),
+            split_endpoint("tcp:7443:interface=127.0.0.1"),
             (["tcp", "7443"], {"interface": "127.0.0.1"}),
         )
         self.assertEqual(
-            splitEndpoint("tcp:port=1:interface=\\:\\:1"),
+            split_endpoint("tcp:port=1:interface=\\:\\:1"),
             (["tcp"], {"port": "1", "interface": "::1"}),
         )
-        self.assertEqual(splitEndpoint("tcp:1:a=b=c"), (["tcp", "1"], {"a": "b=c"}))
+        self.assertEqual(split_endpoint("tcp:1:a=b=c"), (["tcp", "1"], {"a": "b=c"}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1824,13 +1826,13 @@ ROWS = [
 ]
 
 
-def _addRowTests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
+def _add_row_tests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
     names = [row.name for row in ROWS]
     assert len(names) == len(set(names)), "duplicate row names"
     for row in ROWS:
 
         def test(self: ValidationTableTests, row: Row = row) -> None:
-            self.checkRow(row)
+            self.check_row(row)
 
         test.__name__ = f"test_{row.name}"
         test.__doc__ = f"{row.path}: ...{row.fragment}..."
@@ -1838,19 +1840,19 @@ def _addRowTests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
     return cls
 
 
-@_addRowTests
+@_add_row_tests
 class ValidationTableTests(EdgeConfigTestMixin, SynchronousTestCase):
     """One test per row of ``ROWS``, each generated as ``test_<row name>``."""
 
     def setUp(self) -> None:
-        self.makeBase(self)
+        self.make_base(self)
         self.write("secrets/empty", " \n")
 
-    def checkRow(self, row: Row) -> None:
-        data = baseConfig()
+    def check_row(self, row: Row) -> None:
+        data = base_config()
         row.mutate(data)
         error = self.assertRaises(ConfigError, self.parse, data)
         assertIssue(self, error, row.path, row.fragment)
 
     def test_baseIsValid(self) -> None:
-        self.parse(baseConfig())
+        self.parse(base_config())

@@ -24,7 +24,7 @@ ENVIRON = {"IOP_NODE_TOKEN": NODE_TOKEN, "EMPTY": "  "}
 EXAMPLE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "etc", "iop")
 
 
-def baseConfig() -> dict[str, Any]:
+def base_config() -> dict[str, Any]:
     return {
         "edge": {
             "host": "edge.example.net",
@@ -104,7 +104,7 @@ class NodeConfigTestCase(SynchronousTestCase):
 
 class HappyPathTests(NodeConfigTestCase):
     def test_full(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["edge"].update(cert_file="pki/node.crt", key_file="pki/node.key", plaintext=False)
         data.update(
             {
@@ -131,7 +131,7 @@ class HappyPathTests(NodeConfigTestCase):
         self.assertEqual(config.source_path, "")
 
     def test_defaults(self) -> None:
-        data = baseConfig()
+        data = base_config()
         del data["edge"]["server_name"]
         config = self.parse(data)
         assert config.tls is not None
@@ -145,7 +145,7 @@ class HappyPathTests(NodeConfigTestCase):
         self.assertEqual(config.handshake_timeout_sec, 10.0)
 
     def test_tokenFromEnvironment(self) -> None:
-        data = baseConfig()
+        data = base_config()
         del data["token_file"]
         data["token"] = "${IOP_NODE_TOKEN}"
         self.assertEqual(self.parse(data).token, Secret(NODE_TOKEN))
@@ -168,7 +168,7 @@ class HappyPathTests(NodeConfigTestCase):
         self.assertEqual(config.edge_host, "::1")
 
     def test_loadResolvesRelativeToFile(self) -> None:
-        path = self.write("node.yaml", yaml.safe_dump(baseConfig()))
+        path = self.write("node.yaml", yaml.safe_dump(base_config()))
         config = load_node_config(path, ENVIRON)
         self.assertEqual(config.source_path, path)
         assert config.tls is not None
@@ -178,13 +178,13 @@ class HappyPathTests(NodeConfigTestCase):
 
 class ReconnectTests(NodeConfigTestCase):
     def reconnect(self, section: object) -> tuple[int, float, bool]:
-        data = baseConfig()
+        data = base_config()
         data["reconnect"] = section
         policy = self.parse(data).reconnect
         return policy.max_attempts, policy.interval_sec, policy.unlimited
 
     def test_sectionOmitted(self) -> None:
-        self.assertEqual(self.parse(baseConfig()).reconnect.max_attempts, 10)
+        self.assertEqual(self.parse(base_config()).reconnect.max_attempts, 10)
         self.assertEqual(self.reconnect(None), (10, 10.0, False))
 
     def test_maxAttemptsOmitted(self) -> None:
@@ -197,7 +197,7 @@ class ReconnectTests(NodeConfigTestCase):
         self.assertEqual(self.reconnect({"max_attempts": 1, "interval_sec": 2}), (1, 2.0, False))
 
     def invalid(self, section: object, path: str, fragment: str) -> None:
-        data = baseConfig()
+        data = base_config()
         data["reconnect"] = section
         assertIssue(self, self.fails(data), path, fragment)
 
@@ -235,14 +235,14 @@ class SecretHygieneTests(NodeConfigTestCase):
 
     def test_notInRepr(self) -> None:
         self.write("node.token", self.SECRET)
-        config = self.parse(baseConfig())
+        config = self.parse(base_config())
         self.assertTrue(config.token.matches(self.SECRET))
         self.assertEqual(config.token.reveal(), self.SECRET)
         for text in (repr(config), str(config), repr(config.token), str(config.token)):
             self.assertNotIn(self.SECRET, text)
 
     def test_notInErrors(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["token"] = self.SECRET
         data["token_sha256"] = self.SECRET
         error = self.fails(data)
@@ -415,13 +415,13 @@ ROWS = [
 ]
 
 
-def _addRowTests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
+def _add_row_tests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
     names = [row.name for row in ROWS]
     assert len(names) == len(set(names)), "duplicate row names"
     for row in ROWS:
 
         def test(self: ValidationTableTests, row: Row = row) -> None:
-            self.checkRow(row)
+            self.check_row(row)
 
         test.__name__ = f"test_{row.name}"
         test.__doc__ = f"{row.path}: ...{row.fragment}..."
@@ -429,20 +429,20 @@ def _addRowTests(cls: type[SynchronousTestCase]) -> type[SynchronousTestCase]:
     return cls
 
 
-@_addRowTests
+@_add_row_tests
 class ValidationTableTests(NodeConfigTestCase):
     """One test per row of ``ROWS``, each generated as ``test_<row name>``."""
 
-    def checkRow(self, row: Row) -> None:
-        data = baseConfig()
+    def check_row(self, row: Row) -> None:
+        data = base_config()
         row.mutate(data)
         assertIssue(self, self.fails(data), row.path, row.fragment)
 
     def test_baseIsValid(self) -> None:
-        self.parse(baseConfig())
+        self.parse(base_config())
 
     def test_collectsEveryIssue(self) -> None:
-        data = baseConfig()
+        data = base_config()
         data["edge"]["port"] = 0
         data["token_file"] = "missing.token"
         data["reconnect"] = {"max_attempts": -1, "interval_sec": 0}

@@ -37,7 +37,7 @@ def provider(pid: str, *, enabled: bool = True, capacity: int = 2) -> ProviderCo
 def node(node_id: str, *providers: ProviderConfig) -> NodeConfig:
     return NodeConfig(
         id=node_id,
-        token=NodeToken.fromPlaintext(TOKENS[node_id]),
+        token=NodeToken.from_plaintext(TOKENS[node_id]),
         alias=node_id.upper(),
         adapters=(
             AdapterConfig(name="fake", type="openai_compat", base_url="http://127.0.0.1:1/v1"),

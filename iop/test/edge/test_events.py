@@ -15,7 +15,7 @@ def event(node_id: str = "n") -> NodeEvent:
 class EventBusTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
-        self.bus = EventBus(self.clock, maxPending=3)
+        self.bus = EventBus(self.clock, max_pending=3)
 
     def test_delivery_is_deferred_to_a_later_turn(self) -> None:
         seen: list[NodeEvent] = []

@@ -91,7 +91,7 @@ def make_config(
         max_frame_bytes=1024 * 1024,
         register_timeout_sec=10.0,
         nodes=tuple(
-            NodeConfig(id=nid, token=NodeToken.fromPlaintext(f"token-{nid}"), providers=tuple(ps))
+            NodeConfig(id=nid, token=NodeToken.from_plaintext(f"token-{nid}"), providers=tuple(ps))
             for nid, ps in nodes.items()
         ),
         models=tuple(

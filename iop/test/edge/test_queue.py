@@ -272,11 +272,11 @@ class PoolQueueTests(PoolTestCase):
         first = self.pool.acquire("m")
         second = self.pool.acquire("m")
 
-        def cancelSecond(lease: Lease) -> Lease:
+        def cancel_second(lease: Lease) -> Lease:
             second.cancel()
             return lease
 
-        first.addCallback(cancelSecond)
+        first.addCallback(cancel_second)
         self.ready("n1")  # grants both waiters on p1
         self.failureResultOf(second, CancelledError)
         lease = self.successResultOf(first)

@@ -38,7 +38,7 @@ class DispatchTests(SynchronousTestCase):
             self.clock,
         )
 
-        self.runs = RunDispatcher(self.config, self.registry, self.clock, cancelGrace=10)
+        self.runs = RunDispatcher(self.config, self.registry, self.clock, cancel_grace=10)
         self.a = self.connect("node-a")
 
     def connect(self, node_id: str, fail: bool = False) -> Conn:

@@ -32,7 +32,7 @@ class ScriptedNode(EnvelopeProtocol):
         self.received: list[pb.Envelope] = []
         self.lost = False
 
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+    def envelope_received(self, envelope: pb.Envelope) -> None:
         self.received.append(envelope)
 
     def connectionLost(self, reason: object = None) -> None:
@@ -42,10 +42,10 @@ class ScriptedNode(EnvelopeProtocol):
         return [e.WhichOneof("message") for e in self.received if not e.HasField("heartbeat")]
 
     def register(self, node_id: str) -> None:
-        self.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token=TOKENS[node_id])))
+        self.send_envelope(pb.Envelope(register_request=pb.RegisterRequest(token=TOKENS[node_id])))
 
     def ready(self, node_id: str) -> None:
-        self.sendEnvelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=node_id)))
+        self.send_envelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=node_id)))
 
 
 class EdgeTransportTests(SynchronousTestCase):
@@ -61,10 +61,10 @@ class EdgeTransportTests(SynchronousTestCase):
         self.factory = NodeConnectionFactory(
             self.registry,
             self.clock,
-            heartbeatInterval=2.0,
-            heartbeatTimeout=5.0,
-            registerTimeout=10.0,
-            maxFrameBytes=64 * 1024,
+            heartbeat_interval=2.0,
+            heartbeat_timeout=5.0,
+            register_timeout=10.0,
+            max_frame_bytes=64 * 1024,
         )
 
     def connect(self) -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
@@ -106,7 +106,7 @@ class EdgeTransportTests(SynchronousTestCase):
 
     def test_unknown_token_rejected_and_closed(self) -> None:
         node, _edge, pump = self.connect()
-        node.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
+        node.send_envelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
         pump.flush()
         response = node.received[-1].register_response
         self.assertFalse(response.accepted)
@@ -143,7 +143,7 @@ class EdgeTransportTests(SynchronousTestCase):
     def test_heartbeats_flow_and_keep_connection(self) -> None:
         node, _, pump = self.handshake()
         for i in range(1, 6):
-            node.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=i)))
+            node.send_envelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=i)))
             self.clock.advance(2)
             pump.flush()
         self.assertTrue(self.registry.is_ready("node-a"))
@@ -156,7 +156,7 @@ class EdgeTransportTests(SynchronousTestCase):
         live, _, livePump = self.handshake("node-b")
         for _ in range(3):
             self.clock.advance(2)
-            live.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
+            live.send_envelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
             livePump.flush()
             silentPump.flush(advanceClock=False)
         self.assertTrue(silent.lost)
@@ -167,7 +167,7 @@ class EdgeTransportTests(SynchronousTestCase):
     def test_no_register_in_time(self) -> None:
         node, _, pump = self.connect()
         for _ in range(6):
-            node.sendEnvelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
+            node.send_envelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
             self.clock.advance(2)
             pump.flush(advanceClock=False)
         self.assertTrue(node.lost)
@@ -176,14 +176,14 @@ class EdgeTransportTests(SynchronousTestCase):
         node, _, pump = self.connect()
         node.register("node-a")
         pump.flush()
-        node.sendEnvelope(pb.Envelope(run_event=pb.RunEvent(run_id="r", type="delta")))
+        node.send_envelope(pb.Envelope(run_event=pb.RunEvent(run_id="r", type="delta")))
         pump.flush()
         self.assertTrue(node.lost)
         self.assertEqual(self.registry.state("node-a"), "disconnected")
 
     def test_edge_only_message_from_node_closes(self) -> None:
         node, _, pump = self.handshake()
-        node.sendEnvelope(pb.Envelope(run_request=pb.RunRequest(run_id="r")))
+        node.send_envelope(pb.Envelope(run_request=pb.RunRequest(run_id="r")))
         pump.flush()
         self.assertTrue(node.lost)
         self.assertEqual(self.registry.state("node-a"), "disconnected")
@@ -241,7 +241,7 @@ class EdgeTransportTests(SynchronousTestCase):
     def test_nothing_answered_once_refused(self) -> None:
         """What a refused node still sends in the same breath changes nothing."""
         node, _, pump = self.connect()
-        node.sendEnvelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
+        node.send_envelope(pb.Envelope(register_request=pb.RegisterRequest(token="wrong")))
         node.ready("node-a")
         pump.flush()
         self.assertEqual(node.kinds(), ["register_response"])
@@ -298,7 +298,7 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
 
     def connect(self, node_id: str) -> tuple[ScriptedNode, iosim.IOPump]:
         node, _edge, pump = iosim.connectedServerAndClient(
-            lambda: self.edge.nodeFactory.buildProtocol(None),  # type: ignore[arg-type]
+            lambda: self.edge.node_factory.buildProtocol(None),  # type: ignore[arg-type]
             ScriptedNode,
             clock=self.clock,
         )
@@ -339,7 +339,7 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
     def finish(self, node: ScriptedNode, pump: iosim.IOPump, run_id: str, wire: str) -> None:
         if wire == "tunnel":
             for seq, kind in enumerate((pb.RESPONSE_START, pb.END), start=1):
-                node.sendEnvelope(
+                node.send_envelope(
                     pb.Envelope(
                         provider_tunnel_frame=pb.ProviderTunnelFrame(
                             run_id=run_id, kind=kind, sequence=seq, status_code=200
@@ -347,7 +347,7 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
                     )
                 )
         else:
-            node.sendEnvelope(
+            node.send_envelope(
                 pb.Envelope(run_event=event_to_proto(RuntimeEvent.complete(), run_id, 1))
             )
         pump.flush()

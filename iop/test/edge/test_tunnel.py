@@ -27,7 +27,7 @@ from iop.edge.tunnel import CLIENT_TOO_SLOW, TunnelDispatcher, TunnelOutcome, Tu
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
-from iop.test.node.fakes import captureEvents
+from iop.test.node.fakes import capture_events
 from iop.wire import runtime_pb2 as pb
 
 Conn = FakeConnection
@@ -71,11 +71,11 @@ class TunnelCase(SynchronousTestCase):
         )
 
         self.tunnels = TunnelDispatcher(
-            self.registry, self.clock, cancelGrace=10, maxBufferedBytes=100
+            self.registry, self.clock, cancel_grace=10, max_buffered_bytes=100
         )
         self.a = self.connect("node-a")
         self.sequence: dict[str, int] = {}
-        self.logged = captureEvents(self)
+        self.logged = capture_events(self)
         self.addCleanup(lambda: self.assertEqual(self.clock.getDelayedCalls(), []))
 
     def connect(self, node_id: str, fail: bool = False) -> Conn:

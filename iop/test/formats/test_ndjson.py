@@ -29,7 +29,7 @@ VALUES: list[Any] = [
 ]
 
 
-def feedAll(decoder: NDJSONDecoder, pieces: list[bytes]) -> list[Any]:
+def feed_all(decoder: NDJSONDecoder, pieces: list[bytes]) -> list[Any]:
     out: list[Any] = []
     for piece in pieces:
         out.extend(decoder.feed(piece))
@@ -39,7 +39,7 @@ def feedAll(decoder: NDJSONDecoder, pieces: list[bytes]) -> list[Any]:
 
 class FramingTests(SynchronousTestCase):
     def test_wholeChunk(self) -> None:
-        self.assertEqual(feedAll(NDJSONDecoder(), [LINES]), VALUES)
+        self.assertEqual(feed_all(NDJSONDecoder(), [LINES]), VALUES)
 
     def test_byteByByte(self) -> None:
         """Every byte alone, including the halves of multi-byte UTF-8 sequences."""
@@ -55,7 +55,7 @@ class FramingTests(SynchronousTestCase):
     def test_anySplit(self, cuts: list[int]) -> None:
         points = [0, *sorted(cuts), len(LINES)]
         pieces = [LINES[a:b] for a, b in itertools.pairwise(points)]
-        self.assertEqual(feedAll(NDJSONDecoder(), pieces), VALUES)
+        self.assertEqual(feed_all(NDJSONDecoder(), pieces), VALUES)
 
     def test_valuesOnlyWhenTheLineEnds(self) -> None:
         decoder = NDJSONDecoder()
@@ -65,7 +65,7 @@ class FramingTests(SynchronousTestCase):
         self.assertEqual(decoder.feed(b'"b":2}\n'), [{"b": 2}])
 
     def test_blankLinesSkipped(self) -> None:
-        self.assertEqual(feedAll(NDJSONDecoder(), [b"\n\n \t \n\r\n"]), [])
+        self.assertEqual(feed_all(NDJSONDecoder(), [b"\n\n \t \n\r\n"]), [])
 
     def test_trailingLineWithoutNewline(self) -> None:
         decoder = NDJSONDecoder()

@@ -78,7 +78,7 @@ def rejected(code: int, reason: str = "rejected by test edge") -> pb.Envelope:
     )
 
 
-def readyResponse(ready: bool = True, reason: str = "", node_id: str = NODE_ID) -> pb.Envelope:
+def ready_response(ready: bool = True, reason: str = "", node_id: str = NODE_ID) -> pb.Envelope:
     return pb.Envelope(
         node_ready_response=pb.NodeReadyResponse(ready=ready, node_id=node_id, reason=reason)
     )
@@ -131,15 +131,15 @@ class FakeEdge(EnvelopeProtocol):
         self.received: list[pb.Envelope] = []
         self.lost = False
 
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+    def envelope_received(self, envelope: pb.Envelope) -> None:
         self.received.append(envelope)
         kind = envelope.WhichOneof("message")
         if kind == "register_request" and self.register is not None:
-            self.sendEnvelope(self.register)
+            self.send_envelope(self.register)
             if not self.register.register_response.accepted:
                 self.transport.loseConnection()  # type: ignore[union-attr]
         elif kind == "node_ready_request" and self.ready is not None:
-            self.sendEnvelope(self.ready)
+            self.send_envelope(self.ready)
 
     def connectionLost(self, reason: Failure | None = None) -> None:
         self.lost = True
@@ -148,15 +148,15 @@ class FakeEdge(EnvelopeProtocol):
         return kinds(self.received)
 
 
-def acceptingEdge() -> FakeEdge:
-    return FakeEdge(accepted(), readyResponse())
+def accepting_edge() -> FakeEdge:
+    return FakeEdge(accepted(), ready_response())
 
 
-def rejectingEdge(code: int) -> Callable[[], FakeEdge]:
+def rejecting_edge(code: int) -> Callable[[], FakeEdge]:
     return lambda: FakeEdge(rejected(code))
 
 
-def silentEdge() -> FakeEdge:
+def silent_edge() -> FakeEdge:
     return FakeEdge()
 
 
@@ -206,7 +206,7 @@ class FakeEndpoint:
             pump.flush()
 
 
-def captureEvents(testCase: SynchronousTestCase) -> EventLoggingObserver:
+def capture_events(testCase: SynchronousTestCase) -> EventLoggingObserver:
     """Record every log event for the rest of ``testCase``."""
     observer = EventLoggingObserver()
     globalLogPublisher.addObserver(observer)

@@ -9,7 +9,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.node.commands import NodeCommandHandler, sessionTransportStatus
+from iop.node.commands import NodeCommandHandler, session_transport_status
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession
 from iop.runtime import RuntimeEvent
@@ -17,9 +17,9 @@ from iop.test.node.test_runs import (
     FakeOllama,
     ScriptedProvider,
     SessionProvider,
-    openStore,
-    registryOf,
-    runRequest,
+    open_store,
+    registry_of,
+    run_request,
 )
 from iop.wire import runtime_pb2 as pb
 
@@ -36,8 +36,8 @@ class CommandTestCase(SynchronousTestCase):
 
     def build(self, *providers: ScriptedProvider, disabled: list[str] | None = None) -> None:
         self.sent: list[pb.Envelope] = []
-        self.store = openStore(self, self.clock)
-        self.registry = registryOf(*providers, disabled=disabled or [])
+        self.store = open_store(self, self.clock)
+        self.registry = registry_of(*providers, disabled=disabled or [])
         self.runs = RunManager(self.registry, self.sent.append, self.store, self.clock)
         self.handler = NodeCommandHandler(
             self.registry,
@@ -49,7 +49,7 @@ class CommandTestCase(SynchronousTestCase):
 
     def command(self, type: int, **kwargs: Any) -> pb.NodeCommandResponse:
         before = len(self.sent)
-        self.handler.commandReceived(
+        self.handler.command_received(
             pb.Envelope(
                 node_command_request=pb.NodeCommandRequest(request_id="c1", type=type, **kwargs)  # type: ignore[arg-type]
             )
@@ -156,7 +156,7 @@ class StatusTests(CommandTestCase):
             heartbeat_interval=2.0,
             heartbeat_timeout=5.0,
         )
-        status = sessionTransportStatus(session, self.clock, lambda: {"tls": True})
+        status = session_transport_status(session, self.clock, lambda: {"tls": True})
         self.assertEqual(status()["connected_since_unix_ms"], None)
         session.ready_at = 1000.0
         self.clock.advance(30)
@@ -178,11 +178,11 @@ class StatusTests(CommandTestCase):
         self.assertEqual(status()["state"], "closed")
 
     def test_usageStatus(self) -> None:
-        self.runs.submit(runRequest("a", adapter="gpu"))
-        self.runs.submit(runRequest("b", adapter="gpu"))
-        self.runs.submit(runRequest("c", adapter="agent"))
+        self.runs.submit(run_request("a", adapter="gpu"))
+        self.runs.submit(run_request("b", adapter="gpu"))
+        self.runs.submit(run_request("c", adapter="agent"))
         self.gpu.executions[0].emit(RuntimeEvent.complete())
-        self.runs.submit(runRequest("d", adapter="nope"))
+        self.runs.submit(run_request("d", adapter="nope"))
         self.sent.clear()
         result = self.result(pb.NODE_COMMAND_USAGE_STATUS)
         self.assertEqual(

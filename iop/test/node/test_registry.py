@@ -60,7 +60,7 @@ def apply(
     return AdapterRegistry.from_specs(adapter_specs(config), ctx, factories)
 
 
-def fromPayload(config: pb.NodeConfigPayload, builds: Builds | None = None) -> AdapterRegistry:
+def from_payload(config: pb.NodeConfigPayload, builds: Builds | None = None) -> AdapterRegistry:
     return apply(config, CTX, (builds or Builds()).table())
 
 
@@ -93,7 +93,7 @@ class CapacityGateTests(SynchronousTestCase):
 
 class AdapterRegistryTests(SynchronousTestCase):
     def test_namedInstances(self) -> None:
-        registry = fromPayload(
+        registry = from_payload(
             payload(adapter("gpu-a", "vllm", max_concurrency=4), adapter("local", "ollama"))
         )
         self.assertEqual([i.name for i in registry.instances()], ["gpu-a", "local"])
@@ -105,23 +105,25 @@ class AdapterRegistryTests(SynchronousTestCase):
         self.assertEqual(len(registry), 2)
 
     def test_emptyNameIsLegacyTypeName(self) -> None:
-        registry = fromPayload(payload(adapter("", "openai_compat")))
+        registry = from_payload(payload(adapter("", "openai_compat")))
         self.assertEqual(registry.get("openai_compat").type, "openai_compat")
 
     def test_disabledKeptAndMarked(self) -> None:
-        registry = fromPayload(payload(adapter("old", "cli", enabled=False), adapter("new", "cli")))
+        registry = from_payload(
+            payload(adapter("old", "cli", enabled=False), adapter("new", "cli"))
+        )
         self.assertFalse(registry.get("old").enabled)
         self.assertTrue(registry.get("new").enabled)
 
     def test_unsetConcurrencyMeansOne(self) -> None:
-        registry = fromPayload(payload(adapter("a", "vllm", max_concurrency=0)))
+        registry = from_payload(payload(adapter("a", "vllm", max_concurrency=0)))
         self.assertEqual(registry.get("a").max_concurrency, 1)
         self.assertEqual(registry.get("a").gate.limit, 1)
 
     def test_duplicateNames(self) -> None:
         error = self.assertRaises(
             AdapterApplyError,
-            fromPayload,
+            from_payload,
             payload(adapter("x", "vllm"), adapter("x", "ollama")),
         )
         self.assertEqual(str(error), "adapter 'x': duplicate instance name")
@@ -130,34 +132,34 @@ class AdapterRegistryTests(SynchronousTestCase):
         """An unnamed instance takes its type's name, which may collide with a named one."""
         self.assertRaises(
             AdapterApplyError,
-            fromPayload,
+            from_payload,
             payload(adapter("vllm", "vllm"), adapter("", "vllm")),
         )
 
     def test_unknownType(self) -> None:
         error = self.assertRaises(
             AdapterApplyError,
-            fromPayload,
+            from_payload,
             payload(adapter("x", "y")),
         )
         self.assertEqual(str(error), "adapter 'x': unknown type 'y'")
 
     def test_missingType(self) -> None:
-        error = self.assertRaises(AdapterApplyError, fromPayload, payload(adapter("x", "")))
+        error = self.assertRaises(AdapterApplyError, from_payload, payload(adapter("x", "")))
         self.assertEqual(str(error), "adapter 'x': unknown type ''")
 
     def test_knownTypes(self) -> None:
         self.assertEqual(KNOWN_ADAPTER_TYPES, {"openai_compat", "vllm", "ollama", "cli"})
-        registry = fromPayload(payload(*(adapter(t, t) for t in sorted(KNOWN_ADAPTER_TYPES))))
+        registry = from_payload(payload(*(adapter(t, t) for t in sorted(KNOWN_ADAPTER_TYPES))))
         self.assertEqual(len(registry), 4)
 
     def test_emptyPayload(self) -> None:
-        registry = fromPayload(pb.NodeConfigPayload(node_id="n"))
+        registry = from_payload(pb.NodeConfigPayload(node_id="n"))
         self.assertEqual(registry.instances(), ())
         self.assertEqual(registry.describe(), [])
 
     def test_getUnknown(self) -> None:
-        registry = fromPayload(payload(adapter("a", "vllm")))
+        registry = from_payload(payload(adapter("a", "vllm")))
         error = self.assertRaises(UnknownAdapter, registry.get, "b")
         self.assertIsInstance(error, KeyError)
         self.assertEqual(error.name, "b")
@@ -165,20 +167,22 @@ class AdapterRegistryTests(SynchronousTestCase):
 
     def test_getIsExact(self) -> None:
         """get() never falls back to a legacy type name; resolve() does."""
-        registry = fromPayload(payload(adapter("gpu", "vllm")))
+        registry = from_payload(payload(adapter("gpu", "vllm")))
         self.assertRaises(UnknownAdapter, registry.get, "vllm")
         self.assertEqual(registry.resolve("vllm").name, "gpu")
         self.assertEqual(registry.resolve("gpu").name, "gpu")
 
     def test_resolveNeedsExactlyOneEnabled(self) -> None:
-        ambiguous = fromPayload(payload(adapter("a", "vllm"), adapter("b", "vllm")))
+        ambiguous = from_payload(payload(adapter("a", "vllm"), adapter("b", "vllm")))
         self.assertRaises(UnknownAdapter, ambiguous.resolve, "vllm")
-        oneEnabled = fromPayload(payload(adapter("a", "vllm", enabled=False), adapter("b", "vllm")))
+        oneEnabled = from_payload(
+            payload(adapter("a", "vllm", enabled=False), adapter("b", "vllm"))
+        )
         self.assertEqual(oneEnabled.resolve("vllm").name, "b")
 
     def test_specIsACopy(self) -> None:
         source = payload(adapter("a", "vllm"))
-        registry = fromPayload(source)
+        registry = from_payload(source)
         source.adapters[0].base_url = "http://elsewhere"
         source.adapters[0].headers["Authorization"] = "changed"
         spec = registry.get("a").spec
@@ -193,7 +197,7 @@ class AdapterRegistryTests(SynchronousTestCase):
         self.assertEqual((registry.get("vllm").type, registry.get("vllm").gate.limit), ("vllm", 4))
 
     def test_describeShowsNoSecrets(self) -> None:
-        registry = fromPayload(payload(adapter("a", "vllm", max_concurrency=3)))
+        registry = from_payload(payload(adapter("a", "vllm", max_concurrency=3)))
         slot = registry.get("a").gate.try_acquire()
         self.assertEqual(
             registry.describe(),
@@ -209,7 +213,7 @@ class AdapterRegistryTests(SynchronousTestCase):
 class ProviderTests(SynchronousTestCase):
     def test_enabledInstancesHoldTheirProvider(self) -> None:
         builds = Builds()
-        registry = fromPayload(payload(adapter("gpu", "vllm"), adapter("local", "ollama")), builds)
+        registry = from_payload(payload(adapter("gpu", "vllm"), adapter("local", "ollama")), builds)
         self.assertIs(registry.get("gpu").provider, builds.providers["gpu"])
         self.assertIs(registry.get("local").provider, builds.providers["local"])
         self.assertEqual([name for name, _ in builds.built], ["gpu", "local"])
@@ -218,17 +222,17 @@ class ProviderTests(SynchronousTestCase):
 
     def test_gateSizedByTheProvider(self) -> None:
         """The provider's capabilities().max_concurrency sizes the one gate, not the config."""
-        registry = fromPayload(payload(adapter("gpu", "vllm", max_concurrency=2)), Builds(5))
+        registry = from_payload(payload(adapter("gpu", "vllm", max_concurrency=2)), Builds(5))
         instance = registry.get("gpu")
         self.assertEqual((instance.max_concurrency, instance.gate.limit), (5, 5))
 
     def test_providerWithoutALimitFallsBackToConfig(self) -> None:
-        registry = fromPayload(payload(adapter("gpu", "vllm", max_concurrency=3)), Builds(0))
+        registry = from_payload(payload(adapter("gpu", "vllm", max_concurrency=3)), Builds(0))
         self.assertEqual(registry.get("gpu").gate.limit, 3)
 
     def test_disabledIsNotBuilt(self) -> None:
         builds = Builds()
-        registry = fromPayload(payload(adapter("old", "cli", enabled=False)), builds)
+        registry = from_payload(payload(adapter("old", "cli", enabled=False)), builds)
         self.assertIsNone(registry.get("old").provider)
         self.assertEqual(builds.built, [])
         self.assertEqual(registry.get("old").gate.limit, 2)
@@ -237,7 +241,7 @@ class ProviderTests(SynchronousTestCase):
         builds = Builds()
         self.assertRaises(
             AdapterApplyError,
-            fromPayload,
+            from_payload,
             payload(adapter("a", "vllm"), adapter("b", "nope")),
             builds,
         )

@@ -24,7 +24,7 @@ from iop.node.errors import RetryableError
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionBuilder
 from iop.node.store import RunStatus, RunStore, SynchronousExecutor
-from iop.node.tap import makeSessionSetup
+from iop.node.tap import make_session_setup
 from iop.node.transport import EdgeConnectionFactory
 from iop.runtime import (
     AdapterContext,
@@ -38,7 +38,7 @@ from iop.runtime import (
     Usage,
 )
 from iop.runtime.codes import ErrorCode, error_code
-from iop.test.node.fakes import TOKEN, accepted, drain, frame, readyResponse
+from iop.test.node.fakes import TOKEN, accepted, drain, frame, ready_response
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import adapter_specs
 
@@ -62,7 +62,7 @@ class Execution:
 class ScriptedProvider:
     """
     Records every execution and returns a Deferred the test fires. ``script`` events are
-    emitted synchronously inside ``execute``; ``onCancel`` events are emitted when the Deferred
+    emitted synchronously inside ``execute``; ``on_cancel`` events are emitted when the Deferred
     is cancelled (as real adapters do); ``result`` replaces the Deferred when given.
     """
 
@@ -72,7 +72,7 @@ class ScriptedProvider:
         type: str = "vllm",
         max_concurrency: int = 2,
         script: Iterable[RuntimeEvent] = (),
-        onCancel: Iterable[RuntimeEvent] = (),
+        on_cancel: Iterable[RuntimeEvent] = (),
         result: Callable[[], Deferred[None]] | None = None,
         raises: Exception | None = None,
     ) -> None:
@@ -80,7 +80,7 @@ class ScriptedProvider:
         self.type = type
         self.max_concurrency = max_concurrency
         self.script = list(script)
-        self.onCancel = list(onCancel)
+        self.on_cancel = list(on_cancel)
         self.result = result
         self.raises = raises
         self.executions: list[Execution] = []
@@ -94,7 +94,7 @@ class ScriptedProvider:
 
         def cancel(d: Deferred[None]) -> None:
             execution.cancelled = True
-            for event in self.onCancel:
+            for event in self.on_cancel:
                 emit(event)
 
         d: Deferred[None] = Deferred(cancel)
@@ -119,7 +119,7 @@ class SessionProvider(ScriptedProvider):
         super().__init__(name, type, **kwargs)
         self.sessions: dict[tuple[str, str], bool] = {}
         self.terminated: list[tuple[str, str]] = []
-        self.terminateResult: Callable[[], Deferred[bool]] | None = None
+        self.terminate_result: Callable[[], Deferred[bool]] | None = None
 
     def list_sessions(self) -> list[dict[str, object]]:
         return [
@@ -129,8 +129,8 @@ class SessionProvider(ScriptedProvider):
 
     def terminate_session(self, target: str, session_id: str) -> Deferred[bool]:
         self.terminated.append((target, session_id))
-        if self.terminateResult is not None:
-            return self.terminateResult()
+        if self.terminate_result is not None:
+            return self.terminate_result()
         return succeed(self.sessions.pop((target, session_id), None) is not None)
 
 
@@ -160,7 +160,7 @@ class FakeOllama(ScriptedProvider):
         return succeed({"details": {"family": "llama"}, "model": model})
 
 
-def adapterConfig(provider: ScriptedProvider, enabled: bool = True) -> pb.AdapterConfig:
+def adapter_config(provider: ScriptedProvider, enabled: bool = True) -> pb.AdapterConfig:
     return pb.AdapterConfig(
         name=provider.name,
         type=provider.type,
@@ -171,7 +171,7 @@ def adapterConfig(provider: ScriptedProvider, enabled: bool = True) -> pb.Adapte
     )
 
 
-def factoriesFor(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
+def factories_for(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
     """Factories (for every known type) that return the given providers by instance name."""
     byName = {p.name: p for p in providers}
 
@@ -181,18 +181,18 @@ def factoriesFor(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
     return {t: build for t in ("openai_compat", "vllm", "ollama", "cli")}
 
 
-def registryOf(*providers: ScriptedProvider, disabled: Iterable[str] = ()) -> AdapterRegistry:
+def registry_of(*providers: ScriptedProvider, disabled: Iterable[str] = ()) -> AdapterRegistry:
     off = set(disabled)
     config = pb.NodeConfigPayload(
         node_id="node-1",
-        adapters=[adapterConfig(p, enabled=p.name not in off) for p in providers],
+        adapters=[adapter_config(p, enabled=p.name not in off) for p in providers],
     )
     return AdapterRegistry.from_specs(
-        adapter_specs(config), AdapterContext(reactor=Clock(), http=None), factoriesFor(*providers)
+        adapter_specs(config), AdapterContext(reactor=Clock(), http=None), factories_for(*providers)
     )
 
 
-def openStore(testCase: SynchronousTestCase, clock: Clock) -> RunStore:
+def open_store(testCase: SynchronousTestCase, clock: Clock) -> RunStore:
     store = RunStore(":memory:", clock, SynchronousExecutor())
     testCase.successResultOf(store.open())
     testCase.addCleanup(store.close)
@@ -210,8 +210,8 @@ class FailingExecutor(SynchronousExecutor):
         return super().submit(job)
 
 
-def runRequest(
-    runId: str = "r1",
+def run_request(
+    run_id: str = "r1",
     adapter: str = "gpu",
     target: str = "llama-70b",
     session_id: str = "",
@@ -219,7 +219,7 @@ def runRequest(
     **kwargs: Any,
 ) -> pb.RunRequest:
     return pb.RunRequest(
-        run_id=runId,
+        run_id=run_id,
         adapter=adapter,
         target=target,
         input="hello",
@@ -239,8 +239,8 @@ class RunManagerTestCase(SynchronousTestCase):
         self.sent: list[pb.Envelope] = []
         self.gpu = ScriptedProvider("gpu", "vllm", max_concurrency=2)
         self.agent = SessionProvider("agent", "cli", max_concurrency=1)
-        self.store = openStore(self, self.clock)
-        self.registry = registryOf(self.gpu, self.agent)
+        self.store = open_store(self, self.clock)
+        self.registry = registry_of(self.gpu, self.agent)
         self.manager = RunManager(self.registry, self.sent.append, self.store, self.clock, "n1")
         self.addCleanup(self.assertNoTimers)
 
@@ -249,20 +249,20 @@ class RunManagerTestCase(SynchronousTestCase):
 
     def submit(self, request: pb.RunRequest | None = None, **kwargs: Any) -> None:
         self.manager.run_request_received(
-            pb.Envelope(run_request=request if request is not None else runRequest(**kwargs))
+            pb.Envelope(run_request=request if request is not None else run_request(**kwargs))
         )
 
-    def events(self, runId: str | None = None) -> list[pb.RunEvent]:
+    def events(self, run_id: str | None = None) -> list[pb.RunEvent]:
         """The RunEvents sent so far (optionally of one run), and forget everything sent."""
         sent, self.sent[:] = list(self.sent), []
         events = [e.run_event for e in sent if e.WhichOneof("message") == "run_event"]
-        return [e for e in events if runId is None or e.run_id == runId]
+        return [e for e in events if run_id is None or e.run_id == run_id]
 
     def shape(self, events: list[pb.RunEvent]) -> list[tuple[int, str]]:
         return [(e.sequence, e.type) for e in events]
 
-    def record(self, runId: str) -> Any:
-        return self.successResultOf(self.store.get(runId))
+    def record(self, run_id: str) -> Any:
+        return self.successResultOf(self.store.get(run_id))
 
     def cancel(self, **kwargs: Any) -> pb.CancelResponse:
         before = len(self.sent)
@@ -330,9 +330,9 @@ class RelayTests(RunManagerTestCase):
         )
 
     def test_sequencesArePerRun(self) -> None:
-        self.submit(runId="a")
+        self.submit(run_id="a")
         first = self.gpu.last
-        self.submit(runId="b")
+        self.submit(run_id="b")
         second = self.gpu.last
         first.emit(RuntimeEvent.text("1"))
         second.emit(RuntimeEvent.text("x"))
@@ -383,8 +383,8 @@ class RelayTests(RunManagerTestCase):
             script=[RuntimeEvent.text("a"), RuntimeEvent.complete()],
             result=lambda: succeed(None),
         )
-        manager = RunManager(registryOf(provider), self.sent.append, self.store, self.clock)
-        manager.submit(runRequest(adapter="quick"))
+        manager = RunManager(registry_of(provider), self.sent.append, self.store, self.clock)
+        manager.submit(run_request(adapter="quick"))
         self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "delta"), (3, "complete")])
         self.assertEqual(manager.usage()["completed"], 1)
 
@@ -423,9 +423,9 @@ class TerminalTests(RunManagerTestCase):
 
     def test_executeRaises(self) -> None:
         provider = ScriptedProvider("bad", "vllm", raises=RuntimeError("cannot spawn"))
-        registry = registryOf(provider)
+        registry = registry_of(provider)
         manager = RunManager(registry, self.sent.append, self.store, self.clock)
-        manager.submit(runRequest(adapter="bad"))
+        manager.submit(run_request(adapter="bad"))
         events = self.events()
         self.assertEqual(self.shape(events), [(1, "start"), (2, "error")])
         self.assertEqual(events[-1].error, "cannot spawn")
@@ -481,10 +481,10 @@ class TerminalTests(RunManagerTestCase):
 
 class AdmissionTests(RunManagerTestCase):
     def test_atCapacityRefusedThenAdmittedAfterTerminal(self) -> None:
-        self.submit(runId="a")
-        self.submit(runId="b")
+        self.submit(run_id="a")
+        self.submit(run_id="b")
         self.events()
-        self.submit(runId="c")
+        self.submit(run_id="c")
         [refusal] = self.events()
         self.assertEqual((refusal.run_id, refusal.sequence, refusal.type), ("c", 1, "error"))
         self.assertEqual(refusal.error, "adapter 'gpu' is at capacity (2/2)")
@@ -496,7 +496,7 @@ class AdmissionTests(RunManagerTestCase):
 
         self.gpu.executions[0].emit(RuntimeEvent.complete())
         self.assertEqual(self.registry.get("gpu").gate.in_use, 1)
-        self.submit(runId="c")
+        self.submit(run_id="c")
         self.assertEqual(len(self.gpu.executions), 3)
         self.assertEqual(self.registry.get("gpu").gate.in_use, 2)
         self.assertEqual(self.record("c").status, RunStatus.RUNNING)
@@ -511,7 +511,7 @@ class AdmissionTests(RunManagerTestCase):
                 seen.append(gate.in_use)
 
         manager = RunManager(self.registry, send, self.store, self.clock)
-        manager.submit(runRequest())
+        manager.submit(run_request())
         self.gpu.last.emit(RuntimeEvent.complete())
         self.assertEqual(seen, [0])
 
@@ -529,10 +529,10 @@ class AdmissionTests(RunManagerTestCase):
         self.assertEqual(dict(refusal.metadata), {})
 
     def test_disabledAdapter(self) -> None:
-        registry = registryOf(self.gpu, disabled=["gpu"])
+        registry = registry_of(self.gpu, disabled=["gpu"])
         self.assertIsNone(registry.get("gpu").provider)
         manager = RunManager(registry, self.sent.append, self.store, self.clock)
-        manager.submit(runRequest())
+        manager.submit(run_request())
         [refusal] = self.events()
         self.assertEqual(refusal.error, "adapter 'gpu' is disabled")
         self.assertEqual(self.gpu.executions, [])
@@ -564,7 +564,7 @@ class AdmissionTests(RunManagerTestCase):
         self.assertEqual(self.record("r1").status, RunStatus.RUNNING)
 
     def test_missingRunId(self) -> None:
-        self.submit(runId="")
+        self.submit(run_id="")
         [refusal] = self.events()
         self.assertEqual(refusal.error, "run request without a run_id")
         self.assertEqual(self.gpu.executions, [])
@@ -572,7 +572,7 @@ class AdmissionTests(RunManagerTestCase):
 
 class CancelTests(RunManagerTestCase):
     def test_cancelMidRun(self) -> None:
-        self.gpu.onCancel = [RuntimeEvent.cancelled("adapter saw the cancel")]
+        self.gpu.on_cancel = [RuntimeEvent.cancelled("adapter saw the cancel")]
         self.submit()
         execution = self.gpu.last
         execution.emit(RuntimeEvent.text("partial"))
@@ -628,7 +628,7 @@ class CancelTests(RunManagerTestCase):
     def test_cancelWhileExecuteRuns(self) -> None:
         """A cancel that arrives re-entrantly, before execute() returned, still cancels."""
         provider = ScriptedProvider("re", "vllm", script=[RuntimeEvent.start()])
-        registry = registryOf(provider)
+        registry = registry_of(provider)
         manager: RunManager
 
         def send(envelope: pb.Envelope) -> None:
@@ -637,7 +637,7 @@ class CancelTests(RunManagerTestCase):
                 manager.cancel(pb.CancelRequest(kind=pb.CANCEL_RUN, run_id="r1"))
 
         manager = RunManager(registry, send, self.store, self.clock)
-        manager.submit(runRequest(adapter="re"))
+        manager.submit(run_request(adapter="re"))
         self.assertTrue(provider.last.cancelled)
         self.assertEqual(self.shape(self.events()), [(1, "start"), (2, "cancelled")])
         self.assertEqual(registry.get("re").gate.in_use, 0)
@@ -645,7 +645,7 @@ class CancelTests(RunManagerTestCase):
 
 class TimeoutTests(RunManagerTestCase):
     def test_timeout(self) -> None:
-        self.gpu.onCancel = [RuntimeEvent.cancelled()]
+        self.gpu.on_cancel = [RuntimeEvent.cancelled()]
         self.submit(timeout_sec=5)
         execution = self.gpu.last
         execution.emit(RuntimeEvent.text("slow"))
@@ -683,10 +683,10 @@ class TimeoutTests(RunManagerTestCase):
 
 class ConnectionLostTests(RunManagerTestCase):
     def test_activeRunsCancelledAndRecorded(self) -> None:
-        self.gpu.onCancel = [RuntimeEvent.cancelled()]
-        self.submit(runId="a", timeout_sec=60)
-        self.submit(runId="b")
-        self.submit(runId="c", adapter="agent")
+        self.gpu.on_cancel = [RuntimeEvent.cancelled()]
+        self.submit(run_id="a", timeout_sec=60)
+        self.submit(run_id="b")
+        self.submit(run_id="c", adapter="agent")
         self.gpu.executions[1].emit(RuntimeEvent.complete())
         self.events()
         self.manager.connection_lost()
@@ -694,8 +694,8 @@ class ConnectionLostTests(RunManagerTestCase):
         self.assertTrue(self.gpu.executions[0].cancelled)
         self.assertFalse(self.gpu.executions[1].cancelled)
         self.assertTrue(self.agent.last.cancelled)
-        for runId in ("a", "c"):
-            record = self.record(runId)
+        for run_id in ("a", "c"):
+            record = self.record(run_id)
             self.assertEqual(
                 (record.status, record.error), (RunStatus.CANCELLED, "edge connection lost")
             )
@@ -706,7 +706,7 @@ class ConnectionLostTests(RunManagerTestCase):
         self.assertEqual((usage["active_runs"], usage["cancelled"], usage["completed"]), (0, 2, 1))
         # Late events and requests after the loss go nowhere.
         self.gpu.executions[0].emit(RuntimeEvent.text("late"))
-        self.submit(runId="d")
+        self.submit(run_id="d")
         self.assertEqual(self.events(), [])
         self.assertEqual(len(self.gpu.executions), 2)
 
@@ -740,13 +740,13 @@ class TerminateSessionTests(RunManagerTestCase):
         self.assertEqual((response.ok, response.reason), (False, "unknown adapter 'x'"))
 
     def test_terminatorFails(self) -> None:
-        self.agent.terminateResult = lambda: fail(OSError("kill failed"))
+        self.agent.terminate_result = lambda: fail(OSError("kill failed"))
         response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
         self.assertFalse(response.ok)
         self.assertEqual(response.reason, "terminating the session failed: kill failed")
 
     def test_terminatorHangs(self) -> None:
-        self.agent.terminateResult = lambda: Deferred()
+        self.agent.terminate_result = lambda: Deferred()
         d = self.manager.cancel(
             pb.CancelRequest(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
         )
@@ -764,7 +764,7 @@ class TerminateSessionTests(RunManagerTestCase):
             execution.emit(RuntimeEvent.cancelled("session terminated"))
             return succeed(True)
 
-        self.agent.terminateResult = terminate
+        self.agent.terminate_result = terminate
         self.assertTrue(
             self.cancel(
                 kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="s1"
@@ -787,11 +787,11 @@ class StoreFailureTests(SynchronousTestCase):
         executor.broken = True
         provider = ScriptedProvider()
         sent: list[pb.Envelope] = []
-        registry = registryOf(provider)
+        registry = registry_of(provider)
         manager = RunManager(registry, sent.append, store, clock)
-        manager.submit(runRequest())
+        manager.submit(run_request())
         provider.last.emit(RuntimeEvent.complete())
-        manager.submit(runRequest(runId="r2", adapter="nope"))
+        manager.submit(run_request(run_id="r2", adapter="nope"))
         self.assertEqual(
             [(e.run_event.run_id, e.run_event.type) for e in sent],
             [("r1", "start"), ("r1", "complete"), ("r2", "error")],
@@ -804,18 +804,18 @@ class StoreFailureTests(SynchronousTestCase):
         store = RunStore(":memory:", clock, SynchronousExecutor())
         provider = ScriptedProvider()
         sent: list[pb.Envelope] = []
-        manager = RunManager(registryOf(provider), sent.append, store, clock)
-        manager.submit(runRequest())
+        manager = RunManager(registry_of(provider), sent.append, store, clock)
+        manager.submit(run_request())
         provider.last.finish()
         self.assertEqual([e.run_event.type for e in sent], ["start", "complete"])
 
 
 class DescribeTests(RunManagerTestCase):
     def test_describeAndUsage(self) -> None:
-        self.submit(runId="a", session_id="s1")
-        self.submit(runId="b", adapter="agent", background=True)
+        self.submit(run_id="a", session_id="s1")
+        self.submit(run_id="b", adapter="agent", background=True)
         self.gpu.last.emit(RuntimeEvent.text("x"))
-        self.submit(runId="c", adapter="nope")
+        self.submit(run_id="c", adapter="nope")
         described = self.manager.describe()
         self.assertEqual(
             described["active"],
@@ -854,20 +854,20 @@ class DescribeTests(RunManagerTestCase):
 
 
 class SessionSetupTests(SynchronousTestCase):
-    """makeSessionSetup installed on a real protocol: runs, cancels and commands over the wire."""
+    """make_session_setup installed on a real protocol: runs, cancels and commands over the wire."""
 
     def setUp(self) -> None:
         self.clock = Clock()
-        self.store = openStore(self, self.clock)
+        self.store = open_store(self, self.clock)
         self.gpu = ScriptedProvider("gpu", "vllm", max_concurrency=1)
 
-    def connect(self, sessionSetup: Callable[[NodeSession], None]) -> Any:
+    def connect(self, session_setup: Callable[[NodeSession], None]) -> Any:
         factory = EdgeConnectionFactory(
             self.clock,
             SessionBuilder(
                 AdapterContext(reactor=self.clock, http=None),
-                factoriesFor(self.gpu),
-                setup=sessionSetup,
+                factories_for(self.gpu),
+                setup=session_setup,
             ),
             hostname="h",
         )
@@ -879,21 +879,21 @@ class SessionSetupTests(SynchronousTestCase):
 
     def payload(self) -> pb.NodeConfigPayload:
         return pb.NodeConfigPayload(
-            node_id="node-1", adapters=[adapterConfig(self.gpu)], config_revision=3
+            node_id="node-1", adapters=[adapter_config(self.gpu)], config_revision=3
         )
 
     def test_handlersInstalledBeforeReady(self) -> None:
-        protocol, transport = self.connect(makeSessionSetup(self.store, self.clock))
+        protocol, transport = self.connect(make_session_setup(self.store, self.clock))
         d = protocol.handshake(TOKEN, self.clock, 10)
         drain(transport)
         protocol.dataReceived(frame(accepted(self.payload())))
         [ready] = drain(transport)
         self.assertEqual(ready.WhichOneof("message"), "node_ready_request")
-        protocol.dataReceived(frame(readyResponse()))
+        protocol.dataReceived(frame(ready_response()))
         session = self.successResultOf(d)
         self.assertIsNotNone(session.ready_at)
 
-        protocol.dataReceived(frame(pb.Envelope(run_request=runRequest(timeout_sec=60))))
+        protocol.dataReceived(frame(pb.Envelope(run_request=run_request(timeout_sec=60))))
         self.gpu.last.emit(RuntimeEvent.text("hi"))
         protocol.dataReceived(
             frame(
@@ -923,12 +923,12 @@ class SessionSetupTests(SynchronousTestCase):
         self.assertTrue(sent[-1].cancel_response.ok)
 
     def test_connectionLossCancelsRuns(self) -> None:
-        protocol, _ = self.connect(makeSessionSetup(self.store, self.clock))
+        protocol, _ = self.connect(make_session_setup(self.store, self.clock))
         d = protocol.handshake(TOKEN, self.clock, 10)
         protocol.dataReceived(frame(accepted(self.payload())))
-        protocol.dataReceived(frame(readyResponse()))
+        protocol.dataReceived(frame(ready_response()))
         session = self.successResultOf(d)
-        protocol.dataReceived(frame(pb.Envelope(run_request=runRequest(timeout_sec=60))))
+        protocol.dataReceived(frame(pb.Envelope(run_request=run_request(timeout_sec=60))))
         protocol.connectionLost(Failure(ConnectionDone()))
         self.assertTrue(self.gpu.last.cancelled)
         self.assertEqual(session.registry.get("gpu").gate.in_use, 0)
@@ -960,7 +960,7 @@ class SessionSetupTests(SynchronousTestCase):
         d = protocol.handshake(TOKEN, self.clock, 10)
         protocol.dataReceived(frame(accepted(self.payload())))
         closed = sessions[0].when_closed()
-        protocol.dataReceived(frame(readyResponse(ready=False, reason="superseded")))
+        protocol.dataReceived(frame(ready_response(ready=False, reason="superseded")))
         self.failureResultOf(d, RetryableError)
         self.assertNoResult(closed)
         protocol.connectionLost(Failure(ConnectionDone()))

@@ -21,7 +21,7 @@ from iop.node.store import (
     SynchronousExecutor,
     ThreadExecutor,
 )
-from iop.test.node.fakes import captureEvents
+from iop.test.node.fakes import capture_events
 
 
 class StoreTestCase(SynchronousTestCase):
@@ -33,21 +33,21 @@ class StoreTestCase(SynchronousTestCase):
     def uri(self) -> str:
         return f"file:{self.path}?mode=rwc"
 
-    def openStore(self, uri: str | None = None) -> RunStore:
+    def open_store(self, uri: str | None = None) -> RunStore:
         store = RunStore(uri or self.uri(), self.clock, SynchronousExecutor())
         self.successResultOf(store.open())
         self.addCleanup(store.close)
         return store
 
-    def get(self, store: RunStore, runId: str) -> RunRecord:
-        record = self.successResultOf(store.get(runId))
+    def get(self, store: RunStore, run_id: str) -> RunRecord:
+        record = self.successResultOf(store.get(run_id))
         assert record is not None
         return record
 
 
 class SchemaTests(StoreTestCase):
     def test_schema(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         self.successResultOf(store.close())
         conn = sqlite3.connect(self.path)
         self.addCleanup(conn.close)
@@ -75,7 +75,7 @@ class SchemaTests(StoreTestCase):
         store.run_started("r1", "gpu", "llama")
         store.run_finished("r1", RunStatus.COMPLETED)
         self.successResultOf(store.close())
-        again = self.openStore()
+        again = self.open_store()
         self.assertEqual(self.get(again, "r1").status, RunStatus.COMPLETED)
 
     def test_defaultUri(self) -> None:
@@ -83,14 +83,14 @@ class SchemaTests(StoreTestCase):
         self.assertEqual(DEFAULT_STORE_PATH, "file:iop.db?cache=shared&mode=rwc")
 
     def test_inMemory(self) -> None:
-        store = self.openStore(":memory:")
+        store = self.open_store(":memory:")
         store.run_started("r1", "gpu", "llama")
         self.assertEqual(self.get(store, "r1").status, RunStatus.RUNNING)
 
 
 class RecordTests(StoreTestCase):
     def test_startAndFinish(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         self.assertIsNone(
             self.successResultOf(
                 store.run_started(
@@ -129,14 +129,14 @@ class RecordTests(StoreTestCase):
         )
 
     def test_defaultTimestampsFromTheClock(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         store.run_started("r1", "gpu", "llama")
         record = self.get(store, "r1")
         self.assertEqual((record.created_at, record.started_at), (1000.0, 1000.0))
         self.assertFalse(record.background)
 
     def test_rejected(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         store.run_rejected("r1", "gpu", "llama", "adapter 'gpu' is at capacity (1/1)", "s1")
         record = self.get(store, "r1")
         self.assertEqual(
@@ -145,22 +145,22 @@ class RecordTests(StoreTestCase):
         )
 
     def test_eachFinalStatus(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         for status in ("completed", "error", "cancelled", "interrupted"):
             store.run_started(status, "gpu", "t")
             store.run_finished(status, status)
             self.assertEqual(self.get(store, status).status.value, status)
 
     def test_notAFinalStatus(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         self.assertRaises(ValueError, store.run_finished, "r1", RunStatus.RUNNING)
         self.assertRaises(ValueError, store.run_finished, "r1", "exploded")
 
     def test_getUnknown(self) -> None:
-        self.assertIsNone(self.successResultOf(self.openStore().get("nope")))
+        self.assertIsNone(self.successResultOf(self.open_store().get("nope")))
 
     def test_recent(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         for i in range(5):
             self.clock.advance(1)
             store.run_started(f"r{i}", "gpu", "t")
@@ -169,7 +169,7 @@ class RecordTests(StoreTestCase):
         self.assertEqual(len(self.successResultOf(store.recent())), 5)
 
     def test_restartedRunIdReplacesRow(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         store.run_started("r1", "gpu", "t")
         store.run_finished("r1", "error", "x")
         store.run_started("r1", "gpu", "t2")
@@ -179,7 +179,7 @@ class RecordTests(StoreTestCase):
         )
 
     def test_longErrorClipped(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         store.run_started("r1", "gpu", "t")
         store.run_finished("r1", "error", "x" * (MAX_ERROR_CHARS * 2))
         self.assertEqual(len(self.get(store, "r1").error), MAX_ERROR_CHARS)
@@ -220,12 +220,12 @@ class FailureTests(StoreTestCase):
         self.assertIsNone(self.successResultOf(store.close()))
 
     def test_openOnce(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         self.failureResultOf(store.open(), RuntimeError)
 
     def test_writeFailureIsLoggedNotRaised(self) -> None:
-        store = self.openStore()
-        events = captureEvents(self)
+        store = self.open_store()
+        events = capture_events(self)
         d = store.run_finished("never-started", "completed")
         self.assertIsNone(self.successResultOf(d))
         [logged] = self.flushLoggedErrors(LookupError)
@@ -246,7 +246,7 @@ class FailureTests(StoreTestCase):
         self.assertEqual(len(self.flushLoggedErrors(OSError)), 1)
 
     def test_writesAfterCloseAreSkipped(self) -> None:
-        store = self.openStore()
+        store = self.open_store()
         self.successResultOf(store.close())
         self.successResultOf(store.close())
         self.assertIsNone(self.successResultOf(store.run_started("r1", "gpu", "t")))
@@ -267,15 +267,15 @@ class FakePool:
         self.stopped = True
 
     def callInThreadWithCallback(
-        self, onResult: Callable[[bool, Any], None], f: Callable[..., Any], *a: Any, **kw: Any
+        self, on_result: Callable[[bool, Any], None], f: Callable[..., Any], *a: Any, **kw: Any
     ) -> None:
         self.jobs += 1
         try:
             result = f(*a, **kw)
         except BaseException as e:
-            onResult(False, e)
+            on_result(False, e)
         else:
-            onResult(True, result)
+            on_result(True, result)
 
 
 class FakeThreadedReactor:

@@ -19,13 +19,13 @@ from iop.test.node.fakes import (
     FakeEdge,
     FakeEndpoint,
     accepted,
-    acceptingEdge,
+    accepting_edge,
     adapter,
-    captureEvents,
+    capture_events,
     payload,
-    readyResponse,
-    rejectingEdge,
-    silentEdge,
+    ready_response,
+    rejecting_edge,
+    silent_edge,
 )
 from iop.wire import runtime_pb2 as pb
 
@@ -35,7 +35,7 @@ INTERVAL = 10.0
 class SupervisorTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
-        self.events = captureEvents(self)
+        self.events = capture_events(self)
         self.addCleanup(self.assertClean)
 
     def assertClean(self) -> None:
@@ -114,7 +114,7 @@ class SupervisorTests(SynchronousTestCase):
 
     def test_retryableRejectCountsAsAttempt(self) -> None:
         endpoint = FakeEndpoint(
-            self.clock, default=rejectingEdge(pb.REGISTER_REJECT_DUPLICATE_CONNECTION)
+            self.clock, default=rejecting_edge(pb.REGISTER_REJECT_DUPLICATE_CONNECTION)
         )
         supervisor, finished = self.supervise(endpoint, max_attempts=2)
         supervisor.startService()
@@ -131,10 +131,10 @@ class SupervisorTests(SynchronousTestCase):
     def test_applyErrorCountsAsAttempt(self) -> None:
         """A payload that does not apply is the Edge's to fix: retry, don't die."""
 
-        def badPayloadEdge() -> FakeEdge:
-            return FakeEdge(accepted(payload(adapter("x", "y"))), readyResponse())
+        def bad_payload_edge() -> FakeEdge:
+            return FakeEdge(accepted(payload(adapter("x", "y"))), ready_response())
 
-        endpoint = FakeEndpoint(self.clock, [badPayloadEdge], default=acceptingEdge)
+        endpoint = FakeEndpoint(self.clock, [bad_payload_edge], default=accepting_edge)
         supervisor, finished = self.supervise(endpoint, max_attempts=2)
         supervisor.startService()
         endpoint.flush()
@@ -149,7 +149,7 @@ class SupervisorTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(finished), EXIT_OK)
 
     def test_handshake_timeoutCountsAsAttempt(self) -> None:
-        endpoint = FakeEndpoint(self.clock, default=silentEdge)
+        endpoint = FakeEndpoint(self.clock, default=silent_edge)
         supervisor, finished = self.supervise(endpoint, max_attempts=2, handshake_timeout=3)
         supervisor.startService()
         endpoint.flush()
@@ -167,7 +167,9 @@ class SupervisorTests(SynchronousTestCase):
 
     def test_fatalStopsAtOnce(self) -> None:
         """An unknown token ends even an unlimited policy, after exactly one attempt."""
-        endpoint = FakeEndpoint(self.clock, default=rejectingEdge(pb.REGISTER_REJECT_UNKNOWN_TOKEN))
+        endpoint = FakeEndpoint(
+            self.clock, default=rejecting_edge(pb.REGISTER_REJECT_UNKNOWN_TOKEN)
+        )
         supervisor, finished = self.supervise(endpoint, max_attempts=0)
         supervisor.startService()
         endpoint.flush()
@@ -192,7 +194,7 @@ class SupervisorTests(SynchronousTestCase):
     # -- shutdown ----------------------------------------------------------------------------
 
     def test_shutdownWhileReady(self) -> None:
-        endpoint = FakeEndpoint(self.clock, default=acceptingEdge)
+        endpoint = FakeEndpoint(self.clock, default=accepting_edge)
         supervisor, finished = self.supervise(endpoint, max_attempts=10)
         supervisor.startService()
         endpoint.flush()
@@ -215,7 +217,7 @@ class SupervisorTests(SynchronousTestCase):
         self.assertEqual(endpoint.attempts, 1)
 
     def test_shutdownDuringHandshake(self) -> None:
-        endpoint = FakeEndpoint(self.clock, default=silentEdge)
+        endpoint = FakeEndpoint(self.clock, default=silent_edge)
         supervisor, finished = self.supervise(endpoint, max_attempts=1)
         supervisor.startService()
         endpoint.flush()
@@ -251,7 +253,7 @@ class SupervisorTests(SynchronousTestCase):
         A ready session resets the count: after it drops, the next dial comes one interval
         later and the budget of N starts afresh.
         """
-        endpoint = FakeEndpoint(self.clock, [None, acceptingEdge, None, None])
+        endpoint = FakeEndpoint(self.clock, [None, accepting_edge, None, None])
         supervisor, finished = self.supervise(endpoint, max_attempts=2)
         supervisor.startService()
         self.assertEqual(supervisor.describe()["attempts"], 1)
@@ -275,7 +277,7 @@ class SupervisorTests(SynchronousTestCase):
         self.assertEqual(self.successResultOf(finished), EXIT_FAILURE)
 
     def test_reconnectToNewSession(self) -> None:
-        endpoint = FakeEndpoint(self.clock, default=acceptingEdge)
+        endpoint = FakeEndpoint(self.clock, default=accepting_edge)
         supervisor, finished = self.supervise(endpoint, max_attempts=0)
         supervisor.startService()
         endpoint.flush()
@@ -296,7 +298,7 @@ class SupervisorTests(SynchronousTestCase):
     def test_heartbeatTimeoutOfReadySessionRedials(self) -> None:
         """A silent Edge (power loss) is dropped after 5 s and re-dialled one interval later."""
 
-        endpoint = FakeEndpoint(self.clock, [acceptingEdge], default=None)
+        endpoint = FakeEndpoint(self.clock, [accepting_edge], default=None)
         supervisor, finished = self.supervise(endpoint, max_attempts=1)
         supervisor.startService()
         endpoint.flush()

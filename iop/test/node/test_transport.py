@@ -27,12 +27,12 @@ from iop.test.node.fakes import (
     FakeEdge,
     accepted,
     adapter,
-    captureEvents,
+    capture_events,
     drain,
     frame,
     kinds,
     payload,
-    readyResponse,
+    ready_response,
     rejected,
 )
 from iop.wire import runtime_pb2 as pb
@@ -44,10 +44,10 @@ class TransportTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.connections: list[tuple[EdgeConnectionProtocol, Deferred[None]]] = []
-        self.addCleanup(self.closeAll)
+        self.addCleanup(self.close_all)
         self.transport, self.protocol, self.lost = self.connect()
 
-    def closeAll(self) -> None:
+    def close_all(self) -> None:
         for protocol, lost in self.connections:
             if not lost.called:
                 protocol.connectionLost(Failure(ConnectionDone()))
@@ -84,10 +84,10 @@ class TransportTestCase(SynchronousTestCase):
     def loseConnection(self, protocol: EdgeConnectionProtocol | None = None) -> None:
         (protocol or self.protocol).connectionLost(Failure(ConnectionDone()))
 
-    def handshakeToReady(self) -> NodeSession:
+    def handshake_to_ready(self) -> NodeSession:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted())
-        self.deliver(readyResponse())
+        self.deliver(ready_response())
         self.sent()
         return self.successResultOf(d)
 
@@ -110,7 +110,7 @@ class HandshakeTests(TransportTestCase):
         self.assertEqual(ready.node_ready_request.node_id, NODE_ID)
         self.assertNoResult(d)
 
-        self.deliver(readyResponse())
+        self.deliver(ready_response())
         session = self.successResultOf(d)
         self.assertEqual(session.node_id, NODE_ID)
         self.assertEqual(session.config.config_revision, 7)
@@ -131,7 +131,7 @@ class HandshakeTests(TransportTestCase):
     def test_overInMemoryConnection(self) -> None:
         """The same handshake against a fake Edge over an iosim connection."""
         protocol = EdgeConnectionFactory(self.clock, hostname="h").buildProtocol(None)
-        edge = FakeEdge(accepted(), readyResponse())
+        edge = FakeEdge(accepted(), ready_response())
         pump = iosim.connect(
             edge,
             iosim.makeFakeServer(edge),
@@ -184,7 +184,7 @@ class HandshakeTests(TransportTestCase):
     def test_readyFalse(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted())
-        self.deliver(readyResponse(False, "superseded by a newer connection"))
+        self.deliver(ready_response(False, "superseded by a newer connection"))
         failure = self.failureResultOf(d, RetryableError)
         self.assertIn("superseded by a newer connection", failure.getErrorMessage())
         self.assertTrue(self.transport.disconnecting)
@@ -264,7 +264,7 @@ class HandshakeTests(TransportTestCase):
         self.assertTrue(self.transport.disconnecting)
 
     def test_unexpectedEnvelopeBeforeHandshake(self) -> None:
-        self.deliver(readyResponse())
+        self.deliver(ready_response())
         self.assertTrue(self.transport.disconnecting)
         self.failureResultOf(self.protocol.handshake(TOKEN, self.clock, 10), RetryableError)
 
@@ -276,7 +276,7 @@ class HandshakeTests(TransportTestCase):
         self.failureResultOf(first, RetryableError)
 
     def test_tokenNeverLogged(self) -> None:
-        events = captureEvents(self)
+        events = capture_events(self)
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(rejected(pb.REGISTER_REJECT_UNKNOWN_TOKEN))
         self.failureResultOf(d, FatalError)
@@ -298,7 +298,7 @@ class HeartbeatTests(TransportTestCase):
         self.assertEqual(beat.heartbeat.sequence, 2)
 
     def test_silenceAborts(self) -> None:
-        events = captureEvents(self)
+        events = capture_events(self)
         self.clock.advance(4.9)
         self.assertFalse(self.transport.disconnecting)
         self.clock.advance(0.1)
@@ -324,7 +324,7 @@ class HeartbeatTests(TransportTestCase):
     def test_adoptsEdgeCadence(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted(interval_ms=1000, timeout_ms=3000))
-        self.deliver(readyResponse())
+        self.deliver(ready_response())
         self.successResultOf(d)
         self.sent()
         self.clock.advance(1)
@@ -338,7 +338,7 @@ class HeartbeatTests(TransportTestCase):
     def test_zeroCadenceKeepsDefaults(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted(interval_ms=0, timeout_ms=0))
-        self.deliver(readyResponse())
+        self.deliver(ready_response())
         self.successResultOf(d)
         self.sent()
         self.clock.advance(2)
@@ -356,7 +356,7 @@ class HeartbeatTests(TransportTestCase):
 class ReadySessionTests(TransportTestCase):
     def setUp(self) -> None:
         super().setUp()
-        self.session = self.handshakeToReady()
+        self.session = self.handshake_to_ready()
 
     def reply(self, envelope: pb.Envelope) -> pb.Envelope:
         self.deliver(envelope)
@@ -424,7 +424,7 @@ class ReadySessionTests(TransportTestCase):
         self.assertRaises(ValueError, self.session.install, "register_response", seen.append)
 
     def test_messageEdgeMayNotSend(self) -> None:
-        events = captureEvents(self)
+        events = capture_events(self)
         self.deliver(accepted())
         self.assertTrue(self.transport.disconnecting)
         self.assertTrue(
@@ -492,7 +492,7 @@ class SessionOrderTests(TransportTestCase):
             return session
 
         d.addCallback(fired)
-        self.protocol.dataReceived(frame(readyResponse()) + self.requests())
+        self.protocol.dataReceived(frame(ready_response()) + self.requests())
         session = self.successResultOf(d)
         self.assertEqual(ready, [[]], "the handshake fired before the requests were served")
         self.assertEqual(self.served, [("tunnel", "t1"), ("run", "r1")])
@@ -503,7 +503,7 @@ class SessionOrderTests(TransportTestCase):
     def test_readyAndRequestsByteByByte(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted())
-        for byte in frame(readyResponse()) + self.requests():
+        for byte in frame(ready_response()) + self.requests():
             self.protocol.dataReceived(bytes([byte]))
         self.successResultOf(d)
         self.assertEqual(self.served, [("tunnel", "t1"), ("run", "r1")])
@@ -511,11 +511,11 @@ class SessionOrderTests(TransportTestCase):
 
     def test_requestBeforeReadyAborts(self) -> None:
         """The Edge must acknowledge ready before it dispatches: an early request aborts."""
-        events = captureEvents(self)
+        events = capture_events(self)
         d = self.protocol.handshake(TOKEN, self.clock, 10)
         self.deliver(accepted())
         self.sent()
-        self.protocol.dataReceived(self.requests() + frame(readyResponse()))
+        self.protocol.dataReceived(self.requests() + frame(ready_response()))
         failure = self.failureResultOf(d, RetryableError)
         self.assertIn(
             "unexpected provider_tunnel_request while applying, before acknowledging ready",
@@ -523,7 +523,7 @@ class SessionOrderTests(TransportTestCase):
         )
         self.assertTrue(self.transport.disconnecting)
         self.assertEqual(
-            self.protocol.closeReason,
+            self.protocol.close_reason,
             "unexpected provider_tunnel_request while applying: a request before the ready "
             "response",
         )

@@ -23,7 +23,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession
-from iop.node.tap import makeSessionSetup
+from iop.node.tap import make_session_setup
 from iop.node.tunnel import (
     BODY_FRAME_BYTES,
     TunnelManager,
@@ -33,8 +33,8 @@ from iop.node.tunnel import (
 )
 from iop.runtime import AdapterContext, ITunnelProvider, TreqClient, Usage
 from iop.runtime.codes import ErrorCode, error_code
-from iop.test.node.fakes import captureEvents
-from iop.test.node.test_runs import openStore
+from iop.test.node.fakes import capture_events
+from iop.test.node.test_runs import open_store
 from iop.testing.fake_openai import FAIL_500_MODEL, FAIL_MIDSTREAM_MODEL, FakeOpenAI, fake_text
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import adapter_spec, usage_from_proto
@@ -75,7 +75,7 @@ def sse(*events: dict[str, Any], done: bool = False) -> list[bytes]:
 
 class Scripted(Resource):
     """
-    Answers every request with ``code``, ``contentType`` and ``chunks`` (then finishes, unless
+    Answers every request with ``code``, ``content_type`` and ``chunks`` (then finishes, unless
     ``finish`` is false); records each request's method, path, headers and body.
     """
 
@@ -85,16 +85,16 @@ class Scripted(Resource):
         self,
         chunks: Sequence[bytes] = (),
         code: int = 200,
-        contentType: bytes = b"text/event-stream",
+        content_type: bytes = b"text/event-stream",
         finish: bool = True,
-        extraHeaders: dict[bytes, bytes] | None = None,
+        extra_headers: dict[bytes, bytes] | None = None,
     ) -> None:
         super().__init__()
         self.chunks = list(chunks)
         self.code = code
-        self.contentType = contentType
+        self.content_type = content_type
         self.finish = finish
-        self.extraHeaders = extraHeaders or {}
+        self.extra_headers = extra_headers or {}
         self.seen: list[tuple[str, str, dict[str, list[str]], bytes]] = []
         self.lost = 0
 
@@ -106,8 +106,8 @@ class Scripted(Resource):
         body = request.content.read() if request.content is not None else b""
         self.seen.append((request.method.decode(), request.uri.decode(), headers, body))
         request.setResponseCode(self.code)
-        request.setHeader(b"content-type", self.contentType)
-        for name, value in self.extraHeaders.items():
+        request.setHeader(b"content-type", self.content_type)
+        for name, value in self.extra_headers.items():
             request.setHeader(name, value)
         request.notifyFinish().addErrback(self._lost)
         for chunk in self.chunks:
@@ -141,7 +141,7 @@ class TunnelCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.sent: list[pb.Envelope] = []
-        self.events = captureEvents(self)
+        self.events = capture_events(self)
         self.addCleanup(self.assertNoDelayedCalls)
 
     def assertNoDelayedCalls(self) -> None:
@@ -149,12 +149,12 @@ class TunnelCase(SynchronousTestCase):
 
     # -- setup -------------------------------------------------------------------------------
 
-    def useFake(self, configFields: dict[str, Any] | None = None, **settings: Any) -> FakeOpenAI:
+    def use_fake(self, config_fields: dict[str, Any] | None = None, **settings: Any) -> FakeOpenAI:
         self.fake = FakeOpenAI(self.clock, **settings)
-        self.useResource(self.fake.resource(), **(configFields or {}))
+        self.use_resource(self.fake.resource(), **(config_fields or {}))
         return self.fake
 
-    def useResource(self, resource: IResource, http: Any = None, **configFields: Any) -> None:
+    def use_resource(self, resource: IResource, http: Any = None, **config_fields: Any) -> None:
         self.http = StubTreq(resource)
         fields: dict[str, Any] = {
             "name": "up",
@@ -164,7 +164,7 @@ class TunnelCase(SynchronousTestCase):
             "headers": {"Authorization": SECRET},
             "max_concurrency": 1,
         }
-        fields.update(configFields)
+        fields.update(config_fields)
         self.config = pb.AdapterConfig(**fields)
         ctx = AdapterContext(self.clock, cast(TreqClient, http if http is not None else self.http))
         self.instance = AdapterInstance.from_spec(adapter_spec(self.config), ctx)
@@ -247,7 +247,7 @@ class TunnelCase(SynchronousTestCase):
 
 class StreamTests(TunnelCase):
     def test_streamedChatFrames(self) -> None:
-        fake = self.useFake(tokens=3)
+        fake = self.use_fake(tokens=3)
         self.open(chat())
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
         self.assertValid()
@@ -277,7 +277,7 @@ class StreamTests(TunnelCase):
         self.assertEqual(received.headers["authorization"], SECRET)
 
     def test_eachChunkIsForwardedAsItArrives(self) -> None:
-        self.useFake(tokens=4, delay_ms=1000)
+        self.use_fake(tokens=4, delay_ms=1000)
         self.open(chat())
         self.assertEqual(self.kinds(), ["start", "body+"])
         before = len(self.frames())
@@ -290,7 +290,7 @@ class StreamTests(TunnelCase):
         self.assertValid()
 
     def test_nonStreamChat(self) -> None:
-        self.useFake(tokens=5)
+        self.use_fake(tokens=5)
         self.open(chat(stream=False))
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
         completion = json.loads(self.body())
@@ -303,7 +303,7 @@ class StreamTests(TunnelCase):
 
     def test_bytesAreExactlyThoseTheUpstreamSent(self) -> None:
         chunks = [b'data: {"a": 1}\r\n\r\n', b"\xff\xfe\x00 not utf-8 ", b"da", b"ta: x\n\n"]
-        self.useResource(Scripted(chunks, contentType=b"text/event-stream; charset=utf-8"))
+        self.use_resource(Scripted(chunks, content_type=b"text/event-stream; charset=utf-8"))
         self.open(chat())
         self.assertEqual(self.body(), b"".join(chunks))
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
@@ -311,7 +311,7 @@ class StreamTests(TunnelCase):
 
     def test_bigChunksAreSplit(self) -> None:
         big = bytes(range(256)) * 2048  # 512 KiB in one write
-        self.useResource(Scripted([big], contentType=b"application/octet-stream"))
+        self.use_resource(Scripted([big], content_type=b"application/octet-stream"))
         self.open(chat(stream=False))
         sizes = [len(f.body) for f in self.frames() if f.kind == pb.BODY]
         self.assertTrue(all(0 < size <= BODY_FRAME_BYTES for size in sizes), sizes)
@@ -320,7 +320,7 @@ class StreamTests(TunnelCase):
         self.assertValid()
 
     def test_smallerFrameSize(self) -> None:
-        self.useFake(tokens=3)
+        self.use_fake(tokens=3)
         self.tunnels = TunnelManager(
             self.registry, self.sent.append, self.clock, body_frame_bytes=7
         )
@@ -356,7 +356,7 @@ class StreamTests(TunnelCase):
 
 class PassthroughTests(TunnelCase):
     def test_upstream500IsPassedThrough(self) -> None:
-        fake = self.useFake()
+        fake = self.use_fake()
         self.open(chat(model=FAIL_500_MODEL))
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
         self.assertEqual(self.frames()[0].status_code, 500)
@@ -365,14 +365,14 @@ class PassthroughTests(TunnelCase):
         self.assertValid()
 
     def test_upstream400IsPassedThrough(self) -> None:
-        self.useFake()
+        self.use_fake()
         self.open({"model": "demo-model", "messages": []})
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
         self.assertEqual(self.frames()[0].status_code, 400)
         self.assertValid()
 
     def test_upstream404(self) -> None:
-        self.useFake()
+        self.use_fake()
         self.open(chat(), operation="responses")
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
         self.assertEqual(self.frames()[0].status_code, 404)
@@ -383,7 +383,7 @@ class PassthroughTests(TunnelCase):
             def request(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
                 return fail(ConnectionRefusedError("connection refused"))
 
-        self.useResource(Resource(), http=Refusing())
+        self.use_resource(Resource(), http=Refusing())
         self.open()
         [frame] = self.frames()
         self.assertEqual((frame.kind, frame.sequence, frame.end), (pb.ERROR, 1, True))
@@ -392,7 +392,7 @@ class PassthroughTests(TunnelCase):
         self.assertValid()
 
     def test_midstreamDropIsErrorAfterStart(self) -> None:
-        fake = self.useFake(tokens=10)
+        fake = self.use_fake(tokens=10)
         self.open(chat(model=FAIL_MIDSTREAM_MODEL))
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertIn("upstream connection lost", self.last().error)
@@ -400,7 +400,7 @@ class PassthroughTests(TunnelCase):
         self.assertValid()
 
     def test_midstreamDropOfAJSONBody(self) -> None:
-        self.useFake(tokens=10)
+        self.use_fake(tokens=10)
         self.open(chat(stream=False, model=FAIL_MIDSTREAM_MODEL))
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertValid()
@@ -408,8 +408,8 @@ class PassthroughTests(TunnelCase):
 
 class RoutingTests(TunnelCase):
     def test_defaultOperationPaths(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
-        self.useResource(scripted)
+        scripted = Scripted([b"{}"], content_type=b"application/json")
+        self.use_resource(scripted)
         for i, operation in enumerate(
             ["chat_completions", "responses", "messages", "count_tokens", "models"]
         ):
@@ -426,32 +426,32 @@ class RoutingTests(TunnelCase):
         )
 
     def test_profileOperationsWin(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
+        scripted = Scripted([b"{}"], content_type=b"application/json")
         profile = pb.RuntimeProfile(
             name="p", driver="openai_chat", operations={"chat_completions": "/v2/chat"}
         )
-        self.useResource(scripted, profile=profile)
+        self.use_resource(scripted, profile=profile)
         self.open()
         self.open(run_id="t2", operation="responses")
         self.assertEqual([s[1] for s in scripted.seen], ["/v1/v2/chat", "/v1/responses"])
 
     def test_pathIsOnlyAFallback(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
-        self.useResource(scripted)
+        scripted = Scripted([b"{}"], content_type=b"application/json")
+        self.use_resource(scripted)
         self.open(operation="chat_completions", path="/ignored")
         self.open(run_id="t2", operation="", path="/custom?x=1")
         self.assertEqual([s[1] for s in scripted.seen], ["/v1/chat/completions", "/v1/custom?x=1"])
 
     def test_modelsWithGET(self) -> None:
-        self.useFake(models=["a", "b"])
+        self.use_fake(models=["a", "b"])
         self.open(b"", operation="models", method="GET", headers=())
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
         self.assertEqual([m["id"] for m in json.loads(self.body())["data"]], ["a", "b"])
         self.assertValid()
 
     def test_methodDefaultsToPOST(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
-        self.useResource(scripted)
+        scripted = Scripted([b"{}"], content_type=b"application/json")
+        self.use_resource(scripted)
         self.open(method="")
         self.assertEqual(scripted.seen[0][0], "POST")
 
@@ -468,8 +468,8 @@ class RoutingTests(TunnelCase):
         return frame.error
 
     def test_refusals(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
-        self.useResource(scripted)
+        scripted = Scripted([b"{}"], content_type=b"application/json")
+        self.use_resource(scripted)
         self.assertEqual(self.refused(adapter="nope"), "unknown adapter 'nope'")
         self.assertIn("no path for operation 'embeddings'", self.refused(operation="embeddings"))
         self.assertIn("without an operation or a path", self.refused(operation=""))
@@ -484,24 +484,24 @@ class RoutingTests(TunnelCase):
         self.assertEqual(scripted.seen, [])
 
     def test_disabledAdapter(self) -> None:
-        self.useResource(Resource(), enabled=False)
+        self.use_resource(Resource(), enabled=False)
         self.assertEqual(self.refused(), "adapter 'up' is disabled")
 
     def test_nonHTTPAdapterCannotTunnel(self) -> None:
-        self.useResource(Resource(), type="ollama")
+        self.use_resource(Resource(), type="ollama")
         error = self.refused()
         self.assertIn("adapter 'up' (type ollama) cannot serve provider tunnels", error)
 
     def test_providersAreTunnelProviders(self) -> None:
-        self.useFake()
+        self.use_fake()
         provider = ITunnelProvider(self.instance.provider)
         self.assertEqual(provider.base_url, "http://upstream.test/v1")
         self.assertEqual(provider.idle_timeout, 120.0)
-        self.useResource(Resource(), type="vllm")
+        self.use_resource(Resource(), type="vllm")
         self.assertTrue(ITunnelProvider.providedBy(self.instance.provider))
 
     def test_duplicateRunId(self) -> None:
-        self.useResource(Hanging())
+        self.use_resource(Hanging())
         self.open()
         frames = self.frames()
         self.tunnels.submit(self.request())
@@ -517,12 +517,12 @@ class GateTests(TunnelCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.fake = self.useFake(tokens=3, delay_ms=1000)
+        self.fake = self.use_fake(tokens=3, delay_ms=1000)
         self.runs = RunManager(
-            self.registry, self.sent.append, openStore(self, self.clock), self.clock
+            self.registry, self.sent.append, open_store(self, self.clock), self.clock
         )
 
-    def runEvents(self) -> list[pb.RunEvent]:
+    def run_events(self) -> list[pb.RunEvent]:
         return [e.run_event for e in self.sent if e.WhichOneof("message") == "run_event"]
 
     def test_runHoldingTheSlotBlocksATunnel(self) -> None:
@@ -542,7 +542,7 @@ class GateTests(TunnelCase):
         self.assertEqual(frame.error, "adapter 'up' is at capacity (1/1)")
         self.assertEqual(error_code(frame.metadata), ErrorCode.PROVIDER_AT_CAPACITY)
         self.advance(3, steps=3)
-        self.assertEqual(self.runEvents()[-1].type, "complete")
+        self.assertEqual(self.run_events()[-1].type, "complete")
         self.assertEqual(self.instance.gate.in_use, 0)
         self.sent.clear()
         self.open()
@@ -555,7 +555,7 @@ class GateTests(TunnelCase):
         self.open()
         self.assertEqual(self.instance.gate.in_use, 1)
         self.runs.submit(pb.RunRequest(run_id="r1", adapter="up", target="demo-model", input="x"))
-        [event] = self.runEvents()
+        [event] = self.run_events()
         self.assertEqual((event.type, event.error), ("error", "adapter 'up' is at capacity (1/1)"))
         self.assertEqual(error_code(event.metadata), ErrorCode.PROVIDER_AT_CAPACITY)
         self.advance(3, steps=3)
@@ -566,7 +566,7 @@ class GateTests(TunnelCase):
         self.http.flush()
         self.assertEqual(self.instance.gate.in_use, 1)
         self.advance(3, steps=3)
-        self.assertEqual(self.runEvents()[-1].type, "complete")
+        self.assertEqual(self.run_events()[-1].type, "complete")
         self.assertEqual(self.instance.gate.in_use, 0)
 
     def test_slotIsFreeWhenTheLastFrameGoesOut(self) -> None:
@@ -604,7 +604,7 @@ class CancelTests(TunnelCase):
         return response
 
     def test_cancelMidStream(self) -> None:
-        fake = self.useFake(tokens=6, delay_ms=1000)
+        fake = self.use_fake(tokens=6, delay_ms=1000)
         self.open()
         self.advance(2, steps=2)
         self.assertEqual(fake.stats().active_streams, 1)
@@ -624,7 +624,7 @@ class CancelTests(TunnelCase):
 
     def test_cancelBeforeHeaders(self) -> None:
         hanging = Hanging()
-        self.useResource(hanging)
+        self.use_resource(hanging)
         self.open()
         self.assertEqual(self.frames(), [])
         self.assertTrue(self.cancel(reason="").ok)
@@ -634,7 +634,7 @@ class CancelTests(TunnelCase):
         self.assertValid()
 
     def test_cancelUnknownOrEnded(self) -> None:
-        self.useFake(tokens=1)
+        self.use_fake(tokens=1)
         self.open()
         self.assertValid()
         response = self.cancel("t1")
@@ -644,7 +644,7 @@ class CancelTests(TunnelCase):
         self.assertFalse(self.tunnels.cancel("nope"))
 
     def test_sessionLostAbortsEveryTunnel(self) -> None:
-        fake = self.useFake(tokens=6, delay_ms=1000, configFields={"max_concurrency": 2})
+        fake = self.use_fake(tokens=6, delay_ms=1000, config_fields={"max_concurrency": 2})
         self.open()
         self.open(run_id="t2")
         self.advance(1)
@@ -662,7 +662,7 @@ class CancelTests(TunnelCase):
 
 class TimeoutTests(TunnelCase):
     def test_idleTimeoutMidStream(self) -> None:
-        fake = self.useFake({"idle_timeout_ms": 1000}, tokens=4, delay_ms=5000)
+        fake = self.use_fake({"idle_timeout_ms": 1000}, tokens=4, delay_ms=5000)
         self.open()
         self.advance(0.999)
         self.assertEqual(self.kinds(), ["start", "body+"])
@@ -673,7 +673,7 @@ class TimeoutTests(TunnelCase):
         self.assertValid()
 
     def test_idleTimerResetsOnEveryChunk(self) -> None:
-        self.useFake({"idle_timeout_ms": 1000}, tokens=5, delay_ms=900)
+        self.use_fake({"idle_timeout_ms": 1000}, tokens=5, delay_ms=900)
         self.open()
         self.advance(0.9 * 5, steps=5)
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
@@ -681,7 +681,7 @@ class TimeoutTests(TunnelCase):
 
     def test_defaultIdleWhileWaitingForHeaders(self) -> None:
         hanging = Hanging()
-        self.useResource(hanging)
+        self.use_resource(hanging)
         self.open()
         self.advance(119.9)
         self.assertEqual(self.frames(), [])
@@ -692,7 +692,7 @@ class TimeoutTests(TunnelCase):
         self.assertValid()
 
     def test_overallTimeout(self) -> None:
-        fake = self.useFake(tokens=10, delay_ms=1000)
+        fake = self.use_fake(tokens=10, delay_ms=1000)
         self.open(timeout_sec=2)
         self.advance(2, steps=4)
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
@@ -701,7 +701,7 @@ class TimeoutTests(TunnelCase):
         self.assertValid()
 
     def test_noOverallTimeoutByDefault(self) -> None:
-        self.useFake(tokens=3, delay_ms=100_000)
+        self.use_fake(tokens=3, delay_ms=100_000)
         self.open()
         self.advance(300, steps=3)
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
@@ -721,10 +721,10 @@ class UsageTests(TunnelCase):
     def observed(
         self,
         chunks: Sequence[bytes],
-        contentType: bytes = b"text/event-stream",
+        content_type: bytes = b"text/event-stream",
         operation: str = "chat_completions",
     ) -> pb.Usage | None:
-        self.useResource(Scripted(chunks, contentType=contentType))
+        self.use_resource(Scripted(chunks, content_type=content_type))
         self.open(operation=operation)
         self.assertEqual(self.body(), b"".join(chunks))
         self.assertValid()
@@ -739,7 +739,7 @@ class UsageTests(TunnelCase):
         self.assertEqual(usage_from_proto(usage), expected)
 
     def test_chatStreamWithDetails(self) -> None:
-        self.useFake(tokens=4)
+        self.use_fake(tokens=4)
         body = chat(
             model="reason-model",
             messages=[
@@ -751,14 +751,14 @@ class UsageTests(TunnelCase):
         self.assertEqual(usage_from_proto(self.usage()), Usage(4, 6, 2, 3))
 
     def test_chatStreamWithoutUsage(self) -> None:
-        self.useFake(tokens=2)
+        self.use_fake(tokens=2)
         body = chat()
         del body["stream_options"]
         self.open(body)
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
 
     def test_chatJSON(self) -> None:
-        self.useFake(tokens=2)
+        self.use_fake(tokens=2)
         self.open(chat(stream=False, model="reason-x"))
         self.assertEqual(usage_from_proto(self.usage()), Usage(2, 3, 1, None))
 
@@ -826,7 +826,7 @@ class UsageTests(TunnelCase):
 
     def test_errorBodiesAreNotUsage(self) -> None:
         body = json.dumps({"usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-        self.useResource(Scripted([body], code=500, contentType=b"application/json"))
+        self.use_resource(Scripted([body], code=500, content_type=b"application/json"))
         self.open()
         self.assertEqual(self.kinds(), ["start", "body+", "end"])
 
@@ -840,7 +840,7 @@ class UsageTests(TunnelCase):
         self.assertUsage(self.observed(chunks), Usage(3, 4))
 
     def test_observerNeverRaises(self) -> None:
-        observer = UsageObserver(sse=False, jsonLimit=10)
+        observer = UsageObserver(sse=False, json_limit=10)
         observer.feed(b"x" * 11)
         observer.feed(b"more")
         self.assertIsNone(observer.finish())
@@ -851,8 +851,8 @@ class UsageTests(TunnelCase):
 
 class HeaderTests(TunnelCase):
     def test_allowListAndConfiguredCredentials(self) -> None:
-        scripted = Scripted([b"{}"], contentType=b"application/json")
-        self.useResource(scripted)
+        scripted = Scripted([b"{}"], content_type=b"application/json")
+        self.use_resource(scripted)
         self.open(
             headers=[
                 ("Content-Type", "application/json"),
@@ -890,7 +890,7 @@ class HeaderTests(TunnelCase):
                 pb.Header(name="x-goog-api-key", value="client"),
                 pb.Header(name="my-auth", value="client"),
             ],
-            authHeader="My-Auth",
+            auth_header="My-Auth",
         )
         self.assertEqual(headers.getRawHeaders("x-goog-api-key"), ["configured-secret"])
         self.assertIsNone(headers.getRawHeaders("my-auth"))
@@ -899,7 +899,7 @@ class HeaderTests(TunnelCase):
 
     def test_headerInjectionIsDropped(self) -> None:
         headers, dropped = upstream_request_headers(
-            {}, [pb.Header(name="user-agent", value="a\r\nX-Evil: 1")], hasBody=False
+            {}, [pb.Header(name="user-agent", value="a\r\nX-Evil: 1")], has_body=False
         )
         self.assertIsNone(headers.getRawHeaders("user-agent"))
         self.assertIsNone(headers.getRawHeaders("content-type"))
@@ -910,17 +910,17 @@ class HeaderTests(TunnelCase):
         echo = Scripted(
             [f'{{"error": "bad key {secretBare}"}}'.encode()],
             code=401,
-            contentType=b"application/json",
-            extraHeaders={b"x-echo": SECRET.encode()},
+            content_type=b"application/json",
+            extra_headers={b"x-echo": SECRET.encode()},
         )
-        self.useResource(echo)
+        self.use_resource(echo)
         self.open(headers=[("authorization", "Bearer client-supplied-secret")])
 
         class Leaky:
             def request(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
                 return fail(ConnectionRefusedError(f"refused while sending {SECRET}"))
 
-        self.useResource(Resource(), http=Leaky())
+        self.use_resource(Resource(), http=Leaky())
         self.open(run_id="t2")
         [error] = self.frames("t2")
         self.assertIn("[redacted]", error.error)
@@ -940,10 +940,10 @@ class SessionTests(TunnelCase):
 
     def setUp(self) -> None:
         super().setUp()
-        self.fake = self.useFake(tokens=6, delay_ms=1000, configFields={"max_concurrency": 2})
+        self.fake = self.use_fake(tokens=6, delay_ms=1000, config_fields={"max_concurrency": 2})
         config = pb.NodeConfigPayload(node_id="node-1", adapters=[self.config])
         self.session = NodeSession("node-1", config, self.registry, self.sent.append, self.clock)
-        makeSessionSetup(openStore(self, self.clock), self.clock)(self.session)
+        make_session_setup(open_store(self, self.clock), self.clock)(self.session)
 
     def deliver(self, **message: Any) -> None:
         self.session.envelope_received(pb.Envelope(**message))
@@ -964,8 +964,8 @@ class SessionTests(TunnelCase):
         self.assertEqual(self.instance.gate.in_use, 1)
 
         self.deliver(cancel_request=pb.CancelRequest(kind=pb.CANCEL_RUN, run_id="r1"))
-        runEvents = [e.run_event for e in self.sent if e.WhichOneof("message") == "run_event"]
-        self.assertEqual(runEvents[-1].type, "cancelled")
+        run_events = [e.run_event for e in self.sent if e.WhichOneof("message") == "run_event"]
+        self.assertEqual(run_events[-1].type, "cancelled")
         responses = [
             (e.cancel_response.run_id, e.cancel_response.ok)
             for e in self.sent

@@ -78,11 +78,11 @@ class Upstream:
 
     def __init__(self) -> None:
         self.pending: Deferred[Any] | None = None
-        self.cancelledBeforeHeaders = False
+        self.cancelled_before_headers = False
 
     def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
         def cancel(_: Deferred[Any]) -> None:
-            self.cancelledBeforeHeaders = True
+            self.cancelled_before_headers = True
 
         self.pending = Deferred(cancel)
         return self.pending
@@ -102,11 +102,11 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
         # For an interruption: after how many chunks (-1: before the response headers).
         "at": draw(st.integers(-1, len(chunks))),
         "status": draw(st.sampled_from([200, 201, 204, 400, 401, 404, 429, 500, 503])),
-        "contentType": draw(
+        "content_type": draw(
             st.sampled_from([b"text/event-stream", b"application/json", b"text/plain"])
         ),
         "stream": draw(st.booleans()),
-        "frameBytes": draw(st.integers(1, 64)),
+        "frame_bytes": draw(st.integers(1, 64)),
         "gaps": draw(st.lists(st.floats(0, IDLE * 0.9), min_size=9, max_size=9)),
         "late": draw(st.booleans()),
     }
@@ -144,7 +144,10 @@ class FrameSequenceProperties(SynchronousTestCase):
         )
         sent: list[pb.Envelope] = []
         manager = TunnelManager(
-            AdapterRegistry([instance]), sent.append, clock, body_frame_bytes=scenario["frameBytes"]
+            AdapterRegistry([instance]),
+            sent.append,
+            clock,
+            body_frame_bytes=scenario["frame_bytes"],
         )
         ending = scenario["ending"]
         interrupt = ending in INTERRUPTIONS
@@ -163,7 +166,7 @@ class FrameSequenceProperties(SynchronousTestCase):
         self.assertEqual(gate.in_use, 1)
         assert upstream.pending is not None
 
-        def interruptNow() -> None:
+        def interrupt_now() -> None:
             if ending == "cancel":
                 self.assertTrue(manager.cancel(RUN_ID, "test"))
             elif ending == "idle":
@@ -179,17 +182,17 @@ class FrameSequenceProperties(SynchronousTestCase):
         if ending == "refused_before_headers":
             upstream.pending.errback(ConnectionRefusedError("refused"))
         elif interrupt and at < 0:
-            interruptNow()
-            self.assertTrue(upstream.cancelledBeforeHeaders)
+            interrupt_now()
+            self.assertTrue(upstream.cancelled_before_headers)
         else:
-            headers = Headers({b"content-type": [scenario["contentType"]]})
+            headers = Headers({b"content-type": [scenario["content_type"]]})
             response = Response(scenario["status"], headers)
             upstream.pending.callback(response)
             protocol = response.protocol
             assert protocol is not None
             for i, chunk in enumerate(scenario["chunks"]):
                 if interrupt and i == at:
-                    interruptNow()
+                    interrupt_now()
                     self.assertTrue(response.transport.stopped, "upstream not disconnected")
                 if response.transport.stopped and not scenario["late"]:
                     break
@@ -199,7 +202,7 @@ class FrameSequenceProperties(SynchronousTestCase):
                 if ending != "bound":
                     clock.advance(scenario["gaps"][i])
             if interrupt and at == len(scenario["chunks"]):
-                interruptNow()
+                interrupt_now()
                 self.assertTrue(response.transport.stopped, "upstream not disconnected")
             if not response.transport.stopped or scenario["late"]:
                 reason: Failure = {
@@ -221,10 +224,10 @@ class FrameSequenceProperties(SynchronousTestCase):
         self.assertTrue(all(f.run_id == RUN_ID for f in frames))
         if ending == "session_lost":
             # Nothing can be sent once the session is gone; what went before is still valid.
-            self.assertValidPrefix(frames, scenario["frameBytes"])
+            self.assertValidPrefix(frames, scenario["frame_bytes"])
             self.assertEqual(body(frames), delivered)
             return
-        self.assertValid(frames, scenario["frameBytes"])
+        self.assertValid(frames, scenario["frame_bytes"])
         self.assertEqual(body(frames), delivered)
         last = frames[-1]
         if ending in ("done", "potential_data_loss"):
@@ -245,7 +248,7 @@ class FrameSequenceProperties(SynchronousTestCase):
         if response is None:
             self.assertNotIn(pb.RESPONSE_START, [f.kind for f in frames])
 
-    def assertValidPrefix(self, frames: list[pb.ProviderTunnelFrame], frameBytes: int) -> None:
+    def assertValidPrefix(self, frames: list[pb.ProviderTunnelFrame], frame_bytes: int) -> None:
         self.assertEqual([f.sequence for f in frames], list(range(1, len(frames) + 1)))
         kinds = [f.kind for f in frames]
         self.assertLessEqual(kinds.count(pb.RESPONSE_START), 1)
@@ -256,7 +259,7 @@ class FrameSequenceProperties(SynchronousTestCase):
             self.assertNotIn(pb.USAGE, kinds)
         for frame in frames:
             if frame.kind == pb.BODY:
-                self.assertTrue(0 < len(frame.body) <= frameBytes)
+                self.assertTrue(0 < len(frame.body) <= frame_bytes)
         self.assertLessEqual(kinds.count(pb.END) + kinds.count(pb.ERROR), 1)
         if pb.END in kinds or pb.ERROR in kinds:
             self.assertIn(kinds[-1], (pb.END, pb.ERROR))
@@ -267,8 +270,8 @@ class FrameSequenceProperties(SynchronousTestCase):
             self.assertEqual(kinds[-1], pb.END)
             self.assertEqual(kinds.index(pb.USAGE), len(kinds) - 2)
 
-    def assertValid(self, frames: list[pb.ProviderTunnelFrame], frameBytes: int) -> None:
-        self.assertValidPrefix(frames, frameBytes)
+    def assertValid(self, frames: list[pb.ProviderTunnelFrame], frame_bytes: int) -> None:
+        self.assertValidPrefix(frames, frame_bytes)
         kinds = [f.kind for f in frames]
         self.assertEqual(kinds.count(pb.END) + kinds.count(pb.ERROR), 1)
         self.assertIn(kinds[-1], (pb.END, pb.ERROR))

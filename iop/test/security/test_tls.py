@@ -155,24 +155,24 @@ class _Peer(Protocol):
     def __init__(self, greeting: bytes) -> None:
         self.greeting = greeting
         self.received = b""
-        self.handshakeDone = False
-        self.peerCertificate: x509.Certificate | None = None
-        self.lostReason: Failure | None = None
+        self.handshake_done = False
+        self.peer_certificate: x509.Certificate | None = None
+        self.lost_reason: Failure | None = None
 
     def connectionMade(self) -> None:
         # Buffered by TLS until the handshake completes.
         self.transport.write(self.greeting)  # type: ignore[union-attr]
 
     def handshakeCompleted(self) -> None:
-        self.handshakeDone = True
+        self.handshake_done = True
         peer = self.transport.getPeerCertificate()  # type: ignore[union-attr]
-        self.peerCertificate = None if peer is None else peer.to_cryptography()
+        self.peer_certificate = None if peer is None else peer.to_cryptography()
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
-        self.lostReason = reason
+        self.lost_reason = reason
 
 
 def _factory(proto: Protocol) -> Factory:
@@ -206,20 +206,20 @@ class _TLSTestCase(SynchronousTestCase):
         self.assertEqual([w["message"] for w in self.flushWarnings()], [])
 
     def assertConnected(self, edge: _Peer, node: _Peer) -> None:
-        self.assertTrue(edge.handshakeDone)
-        self.assertTrue(node.handshakeDone)
+        self.assertTrue(edge.handshake_done)
+        self.assertTrue(node.handshake_done)
         self.assertEqual(edge.received, NODE_GREETING)
         self.assertEqual(node.received, EDGE_GREETING)
-        self.assertIsNone(edge.lostReason)
-        self.assertIsNone(node.lostReason)
+        self.assertIsNone(edge.lost_reason)
+        self.assertIsNone(node.lost_reason)
 
     def assertRefused(self, edge: _Peer, node: _Peer) -> None:
         """Both sides lost the connection and no application data got through."""
         self.assertEqual(edge.received, b"")
         self.assertEqual(node.received, b"")
-        self.assertIsNotNone(edge.lostReason)
-        self.assertIsNotNone(node.lostReason)
-        self.assertFalse(edge.handshakeDone)
+        self.assertIsNotNone(edge.lost_reason)
+        self.assertIsNotNone(node.lost_reason)
+        self.assertFalse(edge.handshake_done)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -238,9 +238,9 @@ class ServerAuthenticationTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"])),
         )
         self.assertConnected(edge, node)
-        self.assertIsNone(edge.peerCertificate)  # no client certificate without a client CA
-        assert node.peerCertificate is not None
-        self.assertIn(EDGE_NAME, certificate_dns_names(node.peerCertificate))
+        self.assertIsNone(edge.peer_certificate)  # no client certificate without a client CA
+        assert node.peer_certificate is not None
+        self.assertIn(EDGE_NAME, certificate_dns_names(node.peer_certificate))
         version = node.transport.getHandle().get_protocol_version_name()  # type: ignore[union-attr]
         self.assertIn(version, ("TLSv1.2", "TLSv1.3"))
         self.assertNoWarnings()
@@ -270,9 +270,9 @@ class ServerAuthenticationTests(_TLSTestCase):
             ),
         )
         self.assertRefused(edge, node)
-        self.assertFalse(node.handshakeDone)
-        assert node.lostReason is not None
-        node.lostReason.trap(VerificationError)
+        self.assertFalse(node.handshake_done)
+        assert node.lost_reason is not None
+        node.lost_reason.trap(VerificationError)
         self.assertNoWarnings()
 
     def test_otherCA(self) -> None:
@@ -285,10 +285,10 @@ class ServerAuthenticationTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"])),
         )
         self.assertRefused(edge, node)
-        self.assertFalse(node.handshakeDone)
-        assert node.lostReason is not None
-        node.lostReason.trap(SSL.Error)
-        self.assertIn("certificate verify failed", str(node.lostReason.value))
+        self.assertFalse(node.handshake_done)
+        assert node.lost_reason is not None
+        node.lost_reason.trap(SSL.Error)
+        self.assertIn("certificate verify failed", str(node.lost_reason.value))
 
     def test_chainSentToPeer(self) -> None:
         """
@@ -320,10 +320,10 @@ class ServerAuthenticationTests(_TLSTestCase):
         p = _pki()
         edge, node, _ = _connect(server_context_factory(_edge_tls(p.main)), _OldTLSClient())
         self.assertRefused(edge, node)
-        self.assertFalse(node.handshakeDone)
-        assert edge.lostReason is not None
-        edge.lostReason.trap(SSL.Error)
-        self.assertIn("unsupported protocol", str(edge.lostReason.value))
+        self.assertFalse(node.handshake_done)
+        assert edge.lost_reason is not None
+        edge.lost_reason.trap(SSL.Error)
+        self.assertIn("unsupported protocol", str(edge.lost_reason.value))
 
         with open(p.main["edge.key"], "rb") as f:
             key = serialization.load_pem_private_key(f.read(), password=None)
@@ -341,14 +341,14 @@ class ServerAuthenticationTests(_TLSTestCase):
 class _OldTLSClient:
     """A client that speaks only TLS 1.0 and 1.1 (and verifies nothing)."""
 
-    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+    def clientConnectionForTLS(self, tls_protocol: Any) -> SSL.Connection:
         ctx = SSL.Context(SSL.TLS_METHOD)
         # OpenSSL's default security level would refuse TLS < 1.2 on the client side already.
         ctx.set_cipher_list(b"DEFAULT:@SECLEVEL=0")
         ctx.set_min_proto_version(SSL.TLS1_VERSION)
         ctx.set_max_proto_version(SSL.TLS1_1_VERSION)
         connection = SSL.Connection(ctx, None)
-        connection.set_app_data(tlsProtocol)
+        connection.set_app_data(tls_protocol)
         return connection
 
 
@@ -365,8 +365,8 @@ class MutualTLSTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"])),
         )
         self.assertRefused(edge, node)
-        assert edge.lostReason is not None
-        edge.lostReason.trap(SSL.Error)
+        assert edge.lost_reason is not None
+        edge.lost_reason.trap(SSL.Error)
 
     def test_clientFromOtherCARefused(self) -> None:
         """A node certificate from another CA is refused."""
@@ -376,8 +376,8 @@ class MutualTLSTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.other, "alpha"))),
         )
         self.assertRefused(edge, node)
-        assert edge.lostReason is not None
-        edge.lostReason.trap(SSL.Error)
+        assert edge.lost_reason is not None
+        edge.lost_reason.trap(SSL.Error)
 
     def test_clientWithCertificateAccepted(self) -> None:
         """
@@ -390,7 +390,7 @@ class MutualTLSTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.main, "alpha"))),
         )
         self.assertConnected(edge, node)
-        cert = edge.peerCertificate
+        cert = edge.peer_certificate
         assert cert is not None
         verify_peer_workload(cert, "alpha.node.iop.internal")
         error = self.assertRaises(
@@ -410,7 +410,7 @@ class MutualTLSTests(_TLSTestCase):
             client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.main, "alpha"))),
         )
         self.assertConnected(edge, node)
-        self.assertIsNone(edge.peerCertificate)
+        self.assertIsNone(edge.peer_certificate)
 
 
 class WarningDetectionTests(_TLSTestCase):

@@ -14,11 +14,11 @@ from iop.wire.framing import DEFAULT_MAX_FRAME_BYTES, EnvelopeProtocol, FrameToo
 
 
 class Recorder(EnvelopeProtocol):
-    def __init__(self, maxFrameBytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        super().__init__(maxFrameBytes)
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+        super().__init__(max_frame_bytes)
         self.received: list[pb.Envelope] = []
 
-    def envelopeReceived(self, envelope: pb.Envelope) -> None:
+    def envelope_received(self, envelope: pb.Envelope) -> None:
         self.received.append(envelope)
 
 
@@ -65,7 +65,7 @@ class FramingTests(SynchronousTestCase):
     def test_frame_at_limit_accepted(self) -> None:
         envelope = pb.Envelope(register_request=pb.RegisterRequest(hostname="x" * 100))
         size = len(envelope.SerializeToString())
-        proto = Recorder(maxFrameBytes=size)
+        proto = Recorder(max_frame_bytes=size)
         transport = connect(proto)
         proto.dataReceived(frame(envelope))
         self.assertEqual(proto.received, [envelope])
@@ -73,7 +73,7 @@ class FramingTests(SynchronousTestCase):
 
     def test_oversized_frame_aborts(self) -> None:
         """A length prefix over the limit aborts before the body is buffered."""
-        proto = Recorder(maxFrameBytes=64)
+        proto = Recorder(max_frame_bytes=64)
         transport = StringTransport()
         aborted: list[bool] = []
         transport.abortConnection = lambda: aborted.append(True)  # type: ignore[method-assign]
@@ -81,7 +81,7 @@ class FramingTests(SynchronousTestCase):
         proto.dataReceived(struct.pack("!I", 65) + b"\x00" * 10)
         self.assertEqual(aborted, [True])
         self.assertEqual(proto.received, [])
-        self.assertEqual(proto.closeReason, "frame exceeds limit")
+        self.assertEqual(proto.close_reason, "frame exceeds limit")
         self.assertTrue(any(e.get("reason") == "frame exceeds limit" for e in self.events))
 
     def test_undecodable_frame_aborts_and_stops_processing(self) -> None:
@@ -95,7 +95,7 @@ class FramingTests(SynchronousTestCase):
         proto.dataReceived(struct.pack("!I", len(garbage)) + garbage + good)
         self.assertEqual(aborted, [True])
         self.assertEqual(proto.received, [])
-        self.assertEqual(proto.closeReason, "undecodable frame")
+        self.assertEqual(proto.close_reason, "undecodable frame")
 
     def test_empty_envelope_aborts(self) -> None:
         proto = Recorder()
@@ -105,7 +105,7 @@ class FramingTests(SynchronousTestCase):
         proto.makeConnection(transport)
         proto.dataReceived(struct.pack("!I", 0))
         self.assertEqual(aborted, [True])
-        self.assertEqual(proto.closeReason, "envelope carries no known message")
+        self.assertEqual(proto.close_reason, "envelope carries no known message")
 
     def test_truncated_frame_logged_on_close(self) -> None:
         proto = Recorder()
@@ -114,16 +114,16 @@ class FramingTests(SynchronousTestCase):
         proto.dataReceived(data[:-1])
         proto.connectionLost()
         self.assertEqual(proto.received, [])
-        self.assertEqual(proto.closeReason, "truncated frame")
+        self.assertEqual(proto.close_reason, "truncated frame")
 
     def test_send_round_trip_and_limit(self) -> None:
-        proto = Recorder(maxFrameBytes=32)
+        proto = Recorder(max_frame_bytes=32)
         transport = connect(proto)
         small = pb.Envelope(heartbeat=pb.Heartbeat(sequence=3))
-        proto.sendEnvelope(small)
+        proto.send_envelope(small)
         self.assertEqual(transport.value(), frame(small))
         big = pb.Envelope(register_request=pb.RegisterRequest(hostname="y" * 64))
-        self.assertRaises(FrameTooLarge, proto.sendEnvelope, big)
+        self.assertRaises(FrameTooLarge, proto.send_envelope, big)
 
     def test_connections_are_independent(self) -> None:
         """A bad frame on one connection leaves another untouched."""

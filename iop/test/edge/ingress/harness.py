@@ -109,7 +109,7 @@ def model(mid: str, pid: str, target: str, **policy: Any) -> ModelConfig:
 def ingress_config(auth: bool = True) -> EdgeConfig:
     node = NodeConfig(
         id="node-a",
-        token=NodeToken.fromPlaintext(NODE_TOKEN),
+        token=NodeToken.from_plaintext(NODE_TOKEN),
         adapters=(
             AdapterConfig(name="chat", type="openai_compat", base_url="http://127.0.0.1:1/v1"),
             AdapterConfig(name="llama", type="ollama", base_url="http://127.0.0.1:2"),
@@ -157,8 +157,8 @@ def ingress_config(auth: bool = True) -> EdgeConfig:
             listen=None,
             auth=auth,
             keys=(
-                ClientKey("all", NodeToken.fromPlaintext(KEY)),
-                ClientKey("limited", NodeToken.fromPlaintext(LIMITED_KEY), ("chat",)),
+                ClientKey("all", NodeToken.from_plaintext(KEY)),
+                ClientKey("limited", NodeToken.from_plaintext(LIMITED_KEY), ("chat",)),
             ),
             max_body_bytes=BODY_LIMIT,
         ),

@@ -81,11 +81,11 @@ class UsageEventTests(SynchronousTestCase):
 
     def test_client_listener_only_when_configured(self) -> None:
         options = edge_tap.Options()
-        options.edgeConfig = ingress_config()
+        options.edge_config = ingress_config()
         service = edge_tap.makeService(options, reactor=MemoryReactorClock())
         self.assertNotIn("clients", [s.name for s in service])  # type: ignore[attr-defined]
         listening = ingress_config()
-        options.edgeConfig = dataclasses.replace(
+        options.edge_config = dataclasses.replace(
             listening,
             client_api=dataclasses.replace(
                 listening.client_api, listen="tcp:0:interface=127.0.0.1"

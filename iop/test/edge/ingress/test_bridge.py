@@ -150,7 +150,7 @@ def check_order(test: SynchronousTestCase, events: list[Event]) -> None:
 
 
 class StreamChecks(SynchronousTestCase):
-    def checkStream(
+    def check_stream(
         self, events: list[Event], message: dict[str, Any] | None = None
     ) -> list[Event]:
         """Order, SDK types, and (when finished) the SDK's accumulation equals ``message``."""
@@ -787,7 +787,7 @@ class ChatStreamTests(StreamChecks):
         self.assertEqual(converter.finish(), [])
         self.assertEqual(converter.feed(chunk({"content": "late"})), [])
         message = converter.message()
-        self.checkStream(events, message)
+        self.check_stream(events, message)
         return events, message
 
     def test_plainText(self) -> None:
@@ -992,7 +992,7 @@ class ChatStreamTests(StreamChecks):
         events = converter.feed(chunk({"content": "par"}))
         events += converter.feed({"error": {"message": "overloaded", "type": "server_error"}})
         self.assertEqual(converter.finish(), [])
-        self.checkStream(events)
+        self.check_stream(events)
         self.assertEqual(
             events[-1],
             ("error", {"type": "error", "error": {"type": "api_error", "message": "overloaded"}}),
@@ -1008,7 +1008,7 @@ class ChatStreamTests(StreamChecks):
         events += converter.feed(chunk({"content": "x"}))
         events += converter.fail("the upstream went away")
         self.assertEqual(converter.fail("again"), [])
-        self.checkStream(events)
+        self.check_stream(events)
         self.assertEqual(events[-1][1]["error"]["message"], "the upstream went away")
 
 
@@ -1027,14 +1027,14 @@ TOOL_CALLS = json.dumps(
 
 class RunEventsTests(StreamChecks):
     def stream(
-        self, runEvents: list[RuntimeEvent], thinking: bool = False
+        self, run_events: list[RuntimeEvent], thinking: bool = False
     ) -> tuple[list[Event], dict[str, Any]]:
         converter = RunEventsToMessages(model="claude-x", thinking_allowed=thinking)
         events: list[Event] = []
-        for item in runEvents:
+        for item in run_events:
             events.extend(converter.feed(item))
         message = converter.message()
-        self.checkStream(events, message if converter.failed is None else None)
+        self.check_stream(events, message if converter.failed is None else None)
         return events, message
 
     def test_text(self) -> None:

@@ -27,7 +27,7 @@ class ClientSiteTests(SynchronousTestCase):
         channel.dataReceived(raw)
         return transport.value()  # type: ignore[no-any-return]
 
-    def tooLarge(self) -> bool:
+    def too_large(self) -> bool:
         request = self.edge.resource.requests[-1]
         self.assertIsInstance(request, LimitedRequest)
         return bool(getattr(request, "bodyTooLarge", False))
@@ -43,20 +43,20 @@ class ClientSiteTests(SynchronousTestCase):
         out = self.exchange(self.head(f"Content-Length: {len(data)}\r\n") + data)
         self.assertTrue(out.startswith(b"HTTP/1.1 413 "), out[:100])
         self.assertIn(b"request_too_large", out)
-        self.assertTrue(self.tooLarge())
+        self.assertTrue(self.too_large())
 
     def test_chunked_body_over_limit(self) -> None:
         chunk = b"x" * 4096
         chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3))
         out = self.exchange(self.head("Transfer-Encoding: chunked\r\n") + chunks + b"0\r\n\r\n")
         self.assertTrue(out.startswith(b"HTTP/1.1 413 "), out[:100])
-        self.assertTrue(self.tooLarge())
+        self.assertTrue(self.too_large())
 
     def test_within_limit_reaches_the_app(self) -> None:
         data = json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]})
         out = self.exchange(self.head(f"Content-Length: {len(data)}\r\n") + data.encode())
         self.assertTrue(out.startswith(b"HTTP/1.1 404 "), out[:100])
-        self.assertFalse(self.tooLarge())
+        self.assertFalse(self.too_large())
 
     def test_app_site(self) -> None:
         site = Ingress().app.site()

@@ -191,21 +191,21 @@ class FakeProcessTransport:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.written = b""
-        self.stdinClosed = False
+        self.stdin_closed = False
         self.signals: list[int | str] = []
-        self.lostConnection = False
+        self.lost_connection = False
 
     def write(self, data: bytes) -> None:
         self.written += data
 
     def closeStdin(self) -> None:
-        self.stdinClosed = True
+        self.stdin_closed = True
 
     def signalProcess(self, signum: int | str) -> None:
         self.signals.append(signum)
 
     def loseConnection(self) -> None:
-        self.lostConnection = True
+        self.lost_connection = True
 
 
 @implementer(IReactorProcess)
@@ -215,19 +215,19 @@ class ProcessClock(Clock):
     def __init__(self) -> None:
         super().__init__()
         self.spawned: list[dict[str, Any]] = []
-        self.nextPid = 4000
+        self.next_pid = 4000
 
     def spawnProcess(  # type: ignore[override]  # a recording fake, loosely typed
-        self, processProtocol: Any, executable: Any, args: Any, **kw: Any
+        self, process_protocol: Any, executable: Any, args: Any, **kw: Any
     ) -> Any:
-        self.nextPid += 1
-        transport = FakeProcessTransport(self.nextPid)
+        self.next_pid += 1
+        transport = FakeProcessTransport(self.next_pid)
         self.spawned.append(
             dict(
-                kw, protocol=processProtocol, executable=executable, args=args, transport=transport
+                kw, protocol=process_protocol, executable=executable, args=args, transport=transport
             )
         )
-        processProtocol.makeConnection(transport)
+        process_protocol.makeConnection(transport)
         return transport
 
 
@@ -266,8 +266,8 @@ class Harness:
 
     def __init__(self, case: SynchronousTestCase, **fields: Any) -> None:
         self.clock = ProcessClock()
-        self.groupSignals: list[tuple[int, int]] = []
-        self.groupGone = False
+        self.group_signals: list[tuple[int, int]] = []
+        self.group_gone = False
         self.workspace = os.path.abspath(case.mktemp())
         os.makedirs(self.workspace)
         fields.setdefault("workspace", self.workspace)
@@ -281,9 +281,9 @@ class Harness:
         self.events: list[RuntimeEvent] = []
 
     def signal_group(self, pgid: int, signum: int) -> None:
-        if self.groupGone:
+        if self.group_gone:
             raise ProcessLookupError(pgid)
-        self.groupSignals.append((pgid, signum))
+        self.group_signals.append((pgid, signum))
 
     def execute(self, prompt: str = "hello", **fields: Any) -> Deferred[None]:
         spec = ExecutionSpec(run_id="r1", target="claude-x", input=prompt, **fields)
@@ -633,14 +633,14 @@ class StreamJsonRunTests(SynchronousTestCase):
         self.h = Harness(self, settings={"max_line_bytes": "1000", "kill_grace_ms": "100"})
         d = self.h.execute()
         self.h.out(b"{" + b"x" * 600)
-        self.assertEqual(self.h.groupSignals, [])
+        self.assertEqual(self.h.group_signals, [])
         self.h.out(b"y" * 600)
         self.assertEqual(self.h.events[-1].type, EventType.ERROR)
         self.assertEqual(self.h.events[-1].error, "agent output line exceeds 1000 bytes")
         pid = self.h.last["transport"].pid
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGTERM)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGTERM)])
         self.h.clock.advance(0.1)
-        self.assertEqual(self.h.groupSignals[-1], (pid, signal.SIGKILL))
+        self.assertEqual(self.h.group_signals[-1], (pid, signal.SIGKILL))
         self.h.exit(None, signal.SIGKILL)
         self.successResultOf(d)
         self.assertEqual([e.type for e in self.h.events].count(EventType.ERROR), 1)
@@ -1020,7 +1020,7 @@ class LifecycleTests(SynchronousTestCase):
         # stdin is the null device (an fd), never a pipe left open.
         self.assertIsInstance(spawned["childFDs"][0], int)
         self.assertEqual((spawned["childFDs"][1], spawned["childFDs"][2]), ("r", "r"))
-        self.assertFalse(spawned["transport"].stdinClosed)
+        self.assertFalse(spawned["transport"].stdin_closed)
         self.assertEqual(self.h.events, [RuntimeEvent.start()])
         self.h.exit(0)
 
@@ -1029,7 +1029,7 @@ class LifecycleTests(SynchronousTestCase):
         self.h.execute("from stdin")
         self.assertEqual(self.h.last["childFDs"][0], "w")
         self.assertEqual(self.h.last["transport"].written, b"from stdin")
-        self.assertTrue(self.h.last["transport"].stdinClosed)
+        self.assertTrue(self.h.last["transport"].stdin_closed)
         self.h.exit(0)
 
     def test_launchErrorIsAnErrorEvent(self) -> None:
@@ -1045,16 +1045,16 @@ class LifecycleTests(SynchronousTestCase):
         pid = self.h.last["transport"].pid
         self.h.out(ndjson(INIT))
         self.h.clock.advance(59.9)
-        self.assertEqual(self.h.groupSignals, [])
+        self.assertEqual(self.h.group_signals, [])
         self.h.clock.advance(0.1)
         self.assertEqual(
             self.h.events[-1],
             RuntimeEvent(EventType.ERROR, error="timed out after 60s", session_id="S"),
         )
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGTERM)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGTERM)])
         self.assertNoResult(d)
         self.h.clock.advance(2)
-        self.assertEqual(self.h.groupSignals[-1], (pid, signal.SIGKILL))
+        self.assertEqual(self.h.group_signals[-1], (pid, signal.SIGKILL))
         self.assertNoResult(d)
         self.h.exit(None, signal.SIGKILL)
         self.successResultOf(d)
@@ -1075,7 +1075,7 @@ class LifecycleTests(SynchronousTestCase):
             self.h.out(b"{}\n")
         self.h.clock.advance(0.9)
         self.h.err(b"still working\n")
-        self.assertEqual(self.h.groupSignals, [])
+        self.assertEqual(self.h.group_signals, [])
         self.h.clock.advance(1)
         self.assertEqual(self.h.events[-1].error, "timed out: no output for 1s")
         self.h.exit(None, signal.SIGTERM)
@@ -1086,14 +1086,14 @@ class LifecycleTests(SynchronousTestCase):
         transport = self.h.last["transport"]
         self.h.out(ndjson(INIT, delta(0, "Hel")))
         d.cancel()
-        self.assertEqual(self.h.groupSignals, [(transport.pid, signal.SIGTERM)])
+        self.assertEqual(self.h.group_signals, [(transport.pid, signal.SIGTERM)])
         self.assertNoResult(d)
         # Output after cancel is not emitted, nor is anything at the end.
         self.h.out(ndjson(delta(0, "lo"), RESULT))
         self.h.clock.advance(1.9)
         self.assertNoResult(d)
         self.h.clock.advance(0.1)
-        self.assertEqual(self.h.groupSignals[-1], (transport.pid, signal.SIGKILL))
+        self.assertEqual(self.h.group_signals[-1], (transport.pid, signal.SIGKILL))
         self.h.exit(None, signal.SIGKILL)
         self.failureResultOf(d, CancelledError)
         self.assertEqual(self.h.types(), [EventType.START, EventType.DELTA])
@@ -1113,11 +1113,11 @@ class LifecycleTests(SynchronousTestCase):
         self.failureResultOf(d, CancelledError)
         # SIGTERM, then the sweep of whatever was left in the group; no SIGKILL timer pending.
         pid = self.h.last["transport"].pid
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGTERM), (pid, signal.SIGKILL)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGTERM), (pid, signal.SIGKILL)])
 
     def test_groupNotYetFormedFallsBackToTheProcess(self) -> None:
         d = self.h.execute()
-        self.h.groupGone = True
+        self.h.group_gone = True
         d.cancel()
         self.assertEqual(self.h.last["transport"].signals, [signal.SIGTERM])
         self.h.exit(None, signal.SIGTERM)
@@ -1129,7 +1129,7 @@ class LifecycleTests(SynchronousTestCase):
         self.h.exit(0)
         self.successResultOf(d)
         pid = self.h.last["transport"].pid
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGKILL)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGKILL)])
 
     def test_agentLingeringAfterItsResultIsStopped(self) -> None:
         d = self.h.execute()
@@ -1137,7 +1137,7 @@ class LifecycleTests(SynchronousTestCase):
         self.h.out(ndjson(RESULT))
         self.assertEqual(self.h.types()[-1], EventType.COMPLETE)
         self.h.clock.advance(3)
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGTERM)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGTERM)])
         self.h.exit(None, signal.SIGTERM)
         self.successResultOf(d)
         self.assertEqual(self.h.types().count(EventType.COMPLETE), 1)
@@ -1149,7 +1149,7 @@ class LifecycleTests(SynchronousTestCase):
         self.h.out(ndjson(RESULT))
         protocol.processExited(Failure(ProcessDone(0)))
         self.h.clock.advance(DRAIN_SECONDS)
-        self.assertTrue(self.h.last["transport"].lostConnection)
+        self.assertTrue(self.h.last["transport"].lost_connection)
         self.assertNoResult(d)
         protocol.processEnded(Failure(ProcessDone(0)))
         self.successResultOf(d)
@@ -1233,7 +1233,7 @@ class SessionTests(SynchronousTestCase):
         self.h.out(ndjson(INIT))
         terminated = self.h.provider.terminate_session("claude-x", "S")
         self.assertNoResult(terminated)
-        self.assertEqual(self.h.groupSignals, [(pid, signal.SIGTERM)])
+        self.assertEqual(self.h.group_signals, [(pid, signal.SIGTERM)])
         self.assertEqual(self.h.events[-1], RuntimeEvent.cancelled("session terminated"))
         # The result that raced the termination is not emitted and does not revive the session.
         self.h.out(ndjson(RESULT))

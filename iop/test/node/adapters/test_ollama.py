@@ -40,7 +40,7 @@ from iop.runtime import (
     Usage,
 )
 from iop.runtime.chat_input import InputError, parse_chat_input
-from iop.test.node.fakes import captureEvents
+from iop.test.node.fakes import capture_events
 from iop.testing.fake_ollama import CONTENT_WORDS, THINKING_WORDS, FakeOllama, prompt_tokens
 
 BASE_URL = "http://ollama.test:11434"
@@ -98,7 +98,7 @@ class AdapterTestCase(SynchronousTestCase):
             models=["llama3.2", "qwen3-think"],
         )
         self.http = StubTreq(self.fake.resource)
-        self.logged = captureEvents(self)
+        self.logged = capture_events(self)
         self.provider = self.build()
         self.addCleanup(self.assertClean)
 
@@ -128,7 +128,7 @@ class AdapterTestCase(SynchronousTestCase):
         self.assertIsNone(self.successResultOf(d))
         return events
 
-    def lastBody(self) -> Any:
+    def last_body(self) -> Any:
         return self.fake.chat_bodies()[-1]
 
 
@@ -167,7 +167,7 @@ class EventMappingTests(AdapterTestCase):
     def test_requestBody(self) -> None:
         self.complete(spec())
         self.assertEqual(
-            self.lastBody(),
+            self.last_body(),
             {
                 "model": "llama3.2",
                 "messages": [{"role": "user", "content": "why is the sky blue"}],
@@ -184,21 +184,21 @@ class EventMappingTests(AdapterTestCase):
 
     def test_maxTokensIsNumPredict(self) -> None:
         events = self.complete(spec(max_tokens=3))
-        self.assertEqual(self.lastBody()["options"], {"num_predict": 3})
+        self.assertEqual(self.last_body()["options"], {"num_predict": 3})
         self.assertEqual(text(events), " ".join(CONTENT_WORDS[:3]))
         self.assertEqual(events[-1].metadata["finish_reason"], "length")
 
     def test_thinkingBudgetTurnsThinkOn(self) -> None:
         events = self.complete(spec(thinking_token_budget=1024))
-        self.assertIs(self.lastBody()["think"], True)
+        self.assertIs(self.last_body()["think"], True)
         self.assertIn(EventType.REASONING_DELTA, types(events))
 
     def test_thinkMetadata(self) -> None:
         for value, expected in [("true", True), ("High", "high"), ("false", False)]:
             self.complete(spec(metadata={"think": value}))
-            self.assertEqual(self.lastBody()["think"], expected)
+            self.assertEqual(self.last_body()["think"], expected)
         self.complete(spec(metadata={"think": "whatever"}))
-        self.assertNotIn("think", self.lastBody())
+        self.assertNotIn("think", self.last_body())
 
     def test_generationOptions(self) -> None:
         chat = {
@@ -210,7 +210,7 @@ class EventMappingTests(AdapterTestCase):
             "response_format": {"type": "json_object"},
         }
         self.complete(spec(input=json.dumps(chat), max_tokens=50))
-        body = self.lastBody()
+        body = self.last_body()
         self.assertEqual(
             body["options"],
             {"temperature": 0.2, "top_p": 0.9, "seed": 7, "stop": ["END"], "num_predict": 50},
@@ -244,7 +244,7 @@ class ToolTests(AdapterTestCase):
     def test_nativeToolCallsInOpenAIShape(self) -> None:
         chat = {"messages": [{"role": "user", "content": "weather?"}], "tools": [WEATHER]}
         events = self.complete(spec(input=json.dumps(chat)))
-        self.assertEqual(self.lastBody()["tools"], [WEATHER])
+        self.assertEqual(self.last_body()["tools"], [WEATHER])
         calls = json.loads(events[-1].metadata["openai_tool_calls"])
         self.assertEqual(
             calls,
@@ -262,7 +262,7 @@ class ToolTests(AdapterTestCase):
         chat = {"messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
                 "tool_choice": "none"}  # fmt: skip
         events = self.complete(spec(input=json.dumps(chat)))
-        self.assertNotIn("tools", self.lastBody())
+        self.assertNotIn("tools", self.last_body())
         self.assertNotIn("openai_tool_calls", events[-1].metadata)
 
     def test_conversationWithToolResults(self) -> None:
@@ -380,10 +380,10 @@ class Scripted(Resource):
 
     isLeaf = True
 
-    def __init__(self, code: int = 200, headersNow: bool = True) -> None:
+    def __init__(self, code: int = 200, headers_now: bool = True) -> None:
         super().__init__()
         self.code = code
-        self.headersNow = headersNow
+        self.headers_now = headers_now
         self.requests: list[Request] = []
         self.lost: list[Request] = []
 
@@ -392,7 +392,7 @@ class Scripted(Resource):
         request.notifyFinish().addErrback(lambda _: self.lost.append(request))
         request.setResponseCode(self.code)
         request.setHeader(b"content-type", b"application/x-ndjson")
-        if self.headersNow:
+        if self.headers_now:
             request.write(b"")
         return NOT_DONE_YET
 
@@ -496,7 +496,7 @@ class ScriptedTests(AdapterTestCase):
         self.assertEqual(types(events), [EventType.START, EventType.DELTA, EventType.COMPLETE])
 
     def test_idleTimeoutWaitingForHeaders(self) -> None:
-        resource, http, provider = self.scripted(headersNow=False)
+        resource, http, provider = self.scripted(headers_now=False)
         events: list[RuntimeEvent] = []
         d = provider.execute(spec(), events.append)
         http.flush()
@@ -510,7 +510,7 @@ class ScriptedTests(AdapterTestCase):
         self.assertEqual(resource.lost, resource.requests)
 
     def test_cancelWaitingForHeaders(self) -> None:
-        resource, http, provider = self.scripted(headersNow=False)
+        resource, http, provider = self.scripted(headers_now=False)
         events: list[RuntimeEvent] = []
         d = provider.execute(spec(), events.append)
         http.flush()
@@ -531,7 +531,7 @@ class ScriptedTests(AdapterTestCase):
         self.assertEqual(str(failure.value), "ollama /api/tags: answer is not JSON")
 
     def test_queryTimeout(self) -> None:
-        resource, http, provider = self.scripted(headersNow=False)
+        resource, http, provider = self.scripted(headers_now=False)
         d = provider.ps()
         http.flush()
         self.clock.advance(30)

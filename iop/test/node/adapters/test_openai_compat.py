@@ -183,16 +183,16 @@ class AdapterCase(SynchronousTestCase):
     def assertNoDelayedCalls(self) -> None:
         self.assertEqual(self.clock.getDelayedCalls(), [])
 
-    def useFake(self, configFields: dict[str, Any] | None = None, **settings: Any) -> FakeOpenAI:
+    def use_fake(self, config_fields: dict[str, Any] | None = None, **settings: Any) -> FakeOpenAI:
         self.fake = FakeOpenAI(self.clock, **settings)
-        self.useResource(self.fake.resource(), **(configFields or {}))
+        self.use_resource(self.fake.resource(), **(config_fields or {}))
         return self.fake
 
-    def useResource(self, resource: IResource, **configFields: Any) -> None:
+    def use_resource(self, resource: IResource, **config_fields: Any) -> None:
         self.http = StubTreq(resource)
-        configFields.setdefault("type", self.adapter_type)
+        config_fields.setdefault("type", self.adapter_type)
         self.provider = self.build(
-            config(**configFields), AdapterContext(self.clock, cast(TreqClient, self.http))
+            config(**config_fields), AdapterContext(self.clock, cast(TreqClient, self.http))
         )
 
     def execute(
@@ -231,35 +231,35 @@ class AdapterCase(SynchronousTestCase):
 
 class BuildTests(AdapterCase):
     def test_providesIProvider(self) -> None:
-        self.useFake()
+        self.use_fake()
         self.assertTrue(verifyObject(IProvider, self.provider))
         self.assertEqual((self.provider.name, self.provider.type), ("upstream", self.adapter_type))
 
     def test_capabilities(self) -> None:
-        self.useFake()
+        self.use_fake()
         caps = self.provider.capabilities()
         self.assertEqual(
             (caps.max_concurrency, caps.streaming, caps.tools, caps.reasoning),
             (1, True, True, True),
         )
-        self.useFake({"max_concurrency": 3})
+        self.use_fake({"max_concurrency": 3})
         self.assertEqual(self.provider.capabilities().max_concurrency, 3)
 
     def test_reprHidesHeadersAndEndpoint(self) -> None:
-        self.useFake()
+        self.use_fake()
         text = repr(self.provider)
         self.assertIn("upstream", text)
         self.assertNotIn("sk-test-secret", text)
         self.assertNotIn("upstream.test", text)
 
     def test_legacyNameIsTheType(self) -> None:
-        self.useFake({"name": ""})
+        self.use_fake({"name": ""})
         self.assertEqual(self.provider.name, self.adapter_type)
 
 
 class StreamingTests(AdapterCase):
     def test_deltasInOrderThenCompleteWithUsage(self) -> None:
-        fake = self.useFake(tokens=4)
+        fake = self.use_fake(tokens=4)
         d = self.execute()
         self.assertIsNone(self.successResultOf(d))
         self.assertEqual(self.types(), ["start", "delta", "delta", "delta", "delta", "complete"])
@@ -270,7 +270,7 @@ class StreamingTests(AdapterCase):
         self.assertEqual(fake.stats().completed_responses, 1)
 
     def test_requestShape(self) -> None:
-        fake = self.useFake(tokens=2)
+        fake = self.use_fake(tokens=2)
         self.successResultOf(
             self.execute(chat_input(temperature=0.2, seed=7), target="served-x", max_tokens=64)
         )
@@ -291,12 +291,12 @@ class StreamingTests(AdapterCase):
         )
 
     def test_maxTokensOnlyWhenPositive(self) -> None:
-        fake = self.useFake(tokens=2)
+        fake = self.use_fake(tokens=2)
         self.successResultOf(self.execute())
         self.assertNotIn("max_tokens", fake.requests[0].body)
 
     def test_reasoningAndCachedUsage(self) -> None:
-        self.useFake(tokens=4)
+        self.use_fake(tokens=4)
         messages = [
             {"role": "system", "content": "be brief please"},
             {"role": "user", "content": "hi"},
@@ -314,7 +314,7 @@ class StreamingTests(AdapterCase):
         )
 
     def test_reasoningFieldName(self) -> None:
-        self.useResource(
+        self.use_resource(
             Scripted(
                 Reply(
                     frames=(
@@ -332,12 +332,12 @@ class StreamingTests(AdapterCase):
         self.assertIsNone(self.terminal().usage)
 
     def test_chunkedTokens(self) -> None:
-        self.useFake(tokens=5, chunk_tokens=2)
+        self.use_fake(tokens=5, chunk_tokens=2)
         self.successResultOf(self.execute())
         self.assertEqual([e.delta for e in self.events[1:-1]], ["tok0 tok1", " tok2 tok3", " tok4"])
 
     def test_eventsArriveAsTheUpstreamStreams(self) -> None:
-        fake = self.useFake(tokens=3, delay_ms=1000)
+        fake = self.use_fake(tokens=3, delay_ms=1000)
         d = self.execute()
         self.assertEqual(self.types(), ["start"])
         self.assertEqual(fake.stats().active_streams, 1)
@@ -358,7 +358,7 @@ class StreamingTests(AdapterCase):
             + usage_chunk({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})
             + DONE
         ).replace(b"\n\n", b"\r\n\r\n")
-        self.useResource(Trickle(self.clock, body, 0.5), idle_timeout_ms=1000)
+        self.use_resource(Trickle(self.clock, body, 0.5), idle_timeout_ms=1000)
         d = self.execute()
         self.advance(0.5 * len(body), steps=len(body))
         self.successResultOf(d)
@@ -366,7 +366,7 @@ class StreamingTests(AdapterCase):
         self.assertEqual(self.terminal().usage, Usage(input_tokens=3, output_tokens=2))
 
     def test_finishWithoutDoneCompletes(self) -> None:
-        self.useResource(Scripted(Reply(frames=(chunk({"content": "x"}, finish="length"),))))
+        self.use_resource(Scripted(Reply(frames=(chunk({"content": "x"}, finish="length"),))))
         self.successResultOf(self.execute())
         self.assertEqual(self.types(), ["start", "delta", "complete"])
         self.assertEqual(self.terminal().metadata["finish_reason"], "length")
@@ -379,7 +379,7 @@ class StreamingTests(AdapterCase):
             usage_chunk({"prompt_tokens": 3, "completion_tokens": 3}),
             DONE,
         )
-        self.useResource(Scripted(Reply(frames=frames)))
+        self.use_resource(Scripted(Reply(frames=frames)))
         self.successResultOf(self.execute())
         self.assertEqual(self.terminal().usage, Usage(input_tokens=3, output_tokens=3))
 
@@ -396,7 +396,7 @@ class StreamingTests(AdapterCase):
             "usage": {"prompt_tokens": 2, "completion_tokens": 1},
         }
         reply = Reply(frames=(json.dumps(completion).encode(),), content_type=b"application/json")
-        self.useResource(Scripted(reply))
+        self.use_resource(Scripted(reply))
         self.successResultOf(self.execute())
         self.assertEqual(self.types(), ["start", "reasoning_delta", "delta", "complete"])
         self.assertEqual(self.terminal().usage, Usage(input_tokens=2, output_tokens=1))
@@ -404,7 +404,7 @@ class StreamingTests(AdapterCase):
 
 class ToolCallTests(AdapterCase):
     def test_nativeToolCallFromTheFake(self) -> None:
-        fake = self.useFake()
+        fake = self.use_fake()
         self.successResultOf(self.execute(chat_input(tools=[WEATHER], tool_choice="auto")))
         body = fake.requests[0].body
         self.assertEqual((body["tools"], body["tool_choice"]), ([WEATHER], "auto"))
@@ -451,7 +451,7 @@ class ToolCallTests(AdapterCase):
             chunk(finish="tool_calls"),
             DONE,
         )
-        self.useResource(Scripted(Reply(frames=frames)))
+        self.use_resource(Scripted(Reply(frames=frames)))
         self.successResultOf(self.execute(chat_input(tools=[WEATHER])))
         self.assertEqual(
             json.loads(self.terminal().metadata["openai_tool_calls"]),
@@ -470,7 +470,7 @@ class ToolCallTests(AdapterCase):
         )
 
     def test_emptyToolsAreNotSent(self) -> None:
-        fake = self.useFake(tokens=1)
+        fake = self.use_fake(tokens=1)
         self.successResultOf(self.execute(chat_input(tools=[], tool_choice="auto")))
         self.assertNotIn("tools", fake.requests[0].body)
         self.assertNotIn("tool_choice", fake.requests[0].body)
@@ -478,7 +478,7 @@ class ToolCallTests(AdapterCase):
 
 class TextToolFallbackTests(AdapterCase):
     def test_retryWithoutToolsAndInstructionInSystemMessage(self) -> None:
-        fake = self.useFake(tokens=3, reject_tools=True)
+        fake = self.use_fake(tokens=3, reject_tools=True)
         messages = [
             {"role": "system", "content": "You are terse."},
             {"role": "user", "content": "weather in Paris?"},
@@ -506,7 +506,7 @@ class TextToolFallbackTests(AdapterCase):
         self.assertEqual(self.types().count("start"), 1)
 
     def test_systemMessagePrependedWhenMissing(self) -> None:
-        fake = self.useFake(tokens=1, reject_tools=True)
+        fake = self.use_fake(tokens=1, reject_tools=True)
         self.successResultOf(self.execute(chat_input(tools=[WEATHER], tool_choice="required")))
         retry = fake.requests[1].body
         self.assertEqual([m["role"] for m in retry["messages"]], ["system", "user"])
@@ -516,7 +516,7 @@ class TextToolFallbackTests(AdapterCase):
         self.assertIn("must call at least one tool", retry["messages"][0]["content"])
 
     def test_systemMessageWithContentParts(self) -> None:
-        fake = self.useFake(tokens=1, reject_tools=True)
+        fake = self.use_fake(tokens=1, reject_tools=True)
         system = {"role": "system", "content": [{"type": "text", "text": "Be kind."}]}
         user = {"role": "user", "content": "hi"}
         self.successResultOf(self.execute(chat_input([system, user], tools=[WEATHER])))
@@ -525,7 +525,7 @@ class TextToolFallbackTests(AdapterCase):
         self.assertEqual(parts[1]["text"], text_tool_instruction([WEATHER], None))
 
     def test_toolHistoryBecomesText(self) -> None:
-        fake = self.useFake(tokens=1, reject_tools=True)
+        fake = self.use_fake(tokens=1, reject_tools=True)
         call = {
             "id": "call_1",
             "type": "function",
@@ -547,7 +547,7 @@ class TextToolFallbackTests(AdapterCase):
         self.assertIn("sunny", retry[3]["content"])
 
     def test_toolChoiceNoneRetriesWithoutInstructionOrFlag(self) -> None:
-        fake = self.useFake(tokens=1, reject_tools=True)
+        fake = self.use_fake(tokens=1, reject_tools=True)
         self.successResultOf(self.execute(chat_input(tools=[WEATHER], tool_choice="none")))
         retry = fake.requests[1].body
         self.assertEqual([m["role"] for m in retry["messages"]], ["user"])
@@ -556,23 +556,23 @@ class TextToolFallbackTests(AdapterCase):
     def test_retriedOnlyOnce(self) -> None:
         rejection = json.dumps({"error": {"message": "tool use is not enabled"}}).encode()
         resource = Scripted(Reply(code=422, frames=(rejection,), content_type=b"application/json"))
-        self.useResource(resource)
+        self.use_resource(resource)
         d = self.execute(chat_input(tools=[WEATHER]))
         self.assertFailed(d, "upstream HTTP 422", "tool use is not enabled")
         self.assertEqual(len(resource.bodies), 2)
 
     def test_noRetryWithoutTools(self) -> None:
-        self.useFake(reject_tools=True)
+        self.use_fake(reject_tools=True)
         rejection = json.dumps({"error": {"message": "tools are weird"}}).encode()
         resource = Scripted(Reply(code=400, frames=(rejection,), content_type=b"application/json"))
-        self.useResource(resource)
+        self.use_resource(resource)
         self.assertFailed(self.execute(), "upstream HTTP 400", "tools are weird")
         self.assertEqual(len(resource.bodies), 1)
 
     def test_noRetryForOtherErrors(self) -> None:
         rejection = json.dumps({"error": {"message": "temperature out of range"}}).encode()
         resource = Scripted(Reply(code=400, frames=(rejection,), content_type=b"application/json"))
-        self.useResource(resource)
+        self.use_resource(resource)
         self.assertFailed(self.execute(chat_input(tools=[WEATHER])), "temperature out of range")
         self.assertEqual(len(resource.bodies), 1)
 
@@ -585,56 +585,56 @@ class TextToolFallbackTests(AdapterCase):
 
 class ErrorTests(AdapterCase):
     def test_upstream500(self) -> None:
-        self.useFake()
+        self.use_fake()
         d = self.execute(target="fail-500")
         self.assertFailed(d, "upstream HTTP 500", "injected upstream failure")
         self.assertEqual(self.types(), ["start", "error"])
 
     def test_errorBodyThatIsNotJSON(self) -> None:
         body = b"<html>" + b"x" * 2000 + b"</html>"
-        self.useResource(Scripted(Reply(code=502, frames=(body,), content_type=b"text/html")))
+        self.use_resource(Scripted(Reply(code=502, frames=(body,), content_type=b"text/html")))
         event = self.assertFailed(self.execute(), "upstream HTTP 502", "<html>")
         self.assertLess(len(event.error), 400)
 
     def test_olderVLLMErrorShape(self) -> None:
         body = json.dumps({"object": "error", "message": "model not found", "code": 404}).encode()
-        self.useResource(Scripted(Reply(code=404, frames=(body,))))
+        self.use_resource(Scripted(Reply(code=404, frames=(body,))))
         self.assertFailed(self.execute(), "upstream HTTP 404", "model not found")
 
     def test_echoedCredentialsAreRedacted(self) -> None:
         body = json.dumps({"error": {"message": f"bad key {SECRET}"}}).encode()
-        self.useResource(Scripted(Reply(code=401, frames=(body,))))
+        self.use_resource(Scripted(Reply(code=401, frames=(body,))))
         event = self.assertFailed(self.execute(), "upstream HTTP 401", "[redacted]")
         self.assertNotIn(SECRET, event.error)
 
     def test_badInput(self) -> None:
-        fake = self.useFake()
+        fake = self.use_fake()
         d = self.execute('{"messages": "nope"}')
         self.assertFailed(d, "invalid input", "messages")
         self.assertEqual(self.types(), ["start", "error"])
         self.assertEqual(fake.stats().total_requests, 0)
 
     def test_streamDroppedMidway(self) -> None:
-        fake = self.useFake(tokens=10)
+        fake = self.use_fake(tokens=10)
         d = self.execute(target="fail-midstream")
         self.assertFailed(d, "upstream stream ended early")
         self.assertEqual(self.text(), fake_text(3))
         self.assertEqual(fake.stats().dropped_streams, 1)
 
     def test_streamEndsCleanlyWithoutFinish(self) -> None:
-        self.useResource(Scripted(Reply(frames=(chunk({"content": "partial"}),))))
+        self.use_resource(Scripted(Reply(frames=(chunk({"content": "partial"}),))))
         d = self.execute()
         event = self.assertFailed(d, "upstream stream ended early")
         self.assertEqual(event.error, "upstream stream ended early")
         self.assertEqual(self.types(), ["start", "delta", "error"])
 
     def test_malformedChunk(self) -> None:
-        self.useResource(Scripted(Reply(frames=(sse("{nope"), DONE))))
+        self.use_resource(Scripted(Reply(frames=(sse("{nope"), DONE))))
         self.assertFailed(self.execute(), "malformed stream chunk")
 
     def test_errorInsideTheStream(self) -> None:
         frames = (chunk({"content": "a"}), sse({"error": {"message": "engine overloaded"}}))
-        self.useResource(Scripted(Reply(frames=frames)))
+        self.use_resource(Scripted(Reply(frames=frames)))
         self.assertFailed(self.execute(), "upstream stream error", "engine overloaded")
 
     def test_connectionRefused(self) -> None:
@@ -646,7 +646,7 @@ class ErrorTests(AdapterCase):
 
 class TimeoutTests(AdapterCase):
     def test_idleTimeout(self) -> None:
-        fake = self.useFake({"idle_timeout_ms": 1000}, tokens=4, delay_ms=5000)
+        fake = self.use_fake({"idle_timeout_ms": 1000}, tokens=4, delay_ms=5000)
         d = self.execute()
         self.advance(0.999)
         self.assertNoResult(d)
@@ -656,7 +656,7 @@ class TimeoutTests(AdapterCase):
         self.assertEqual((stats.client_disconnects, stats.active_streams), (1, 0))
 
     def test_idleTimerResetsOnEveryChunk(self) -> None:
-        self.useFake({"idle_timeout_ms": 1000}, tokens=5, delay_ms=900)
+        self.use_fake({"idle_timeout_ms": 1000}, tokens=5, delay_ms=900)
         d = self.execute()
         self.advance(0.9 * 5, steps=5)
         self.successResultOf(d)
@@ -664,14 +664,14 @@ class TimeoutTests(AdapterCase):
 
     def test_idleWhileWaitingForHeaders(self) -> None:
         hanging = Hanging()
-        self.useResource(hanging, idle_timeout_ms=2000)
+        self.use_resource(hanging, idle_timeout_ms=2000)
         d = self.execute()
         self.advance(2)
         self.assertFailed(d, "upstream idle for 2s")
         self.assertEqual(hanging.lost, 1)
 
     def test_defaultIdleTimeout(self) -> None:
-        self.useResource(Hanging())
+        self.use_resource(Hanging())
         d = self.execute()
         self.advance(119.9)
         self.assertNoResult(d)
@@ -679,7 +679,7 @@ class TimeoutTests(AdapterCase):
         self.assertFailed(d, "upstream idle for 120s")
 
     def test_requestTimeoutFromConfig(self) -> None:
-        fake = self.useFake({"request_timeout_ms": 2500}, tokens=4, delay_ms=1000)
+        fake = self.use_fake({"request_timeout_ms": 2500}, tokens=4, delay_ms=1000)
         d = self.execute()
         self.advance(2.5, steps=5)
         event = self.assertFailed(d, "request timed out after 2.5s")
@@ -688,13 +688,13 @@ class TimeoutTests(AdapterCase):
         self.assertEqual(fake.stats().client_disconnects, 1)
 
     def test_specTimeoutWins(self) -> None:
-        self.useFake({"request_timeout_ms": 60000}, tokens=4, delay_ms=1000)
+        self.use_fake({"request_timeout_ms": 60000}, tokens=4, delay_ms=1000)
         d = self.execute(timeout_sec=1.5)
         self.advance(1.5, steps=3)
         self.assertFailed(d, "request timed out after 1.5s")
 
     def test_noRequestTimeoutByDefault(self) -> None:
-        self.useFake(tokens=3, delay_ms=100_000)
+        self.use_fake(tokens=3, delay_ms=100_000)
         d = self.execute()
         self.advance(300, steps=3)
         self.successResultOf(d)
@@ -702,7 +702,7 @@ class TimeoutTests(AdapterCase):
 
 class CancelTests(AdapterCase):
     def test_cancelMidStream(self) -> None:
-        fake = self.useFake(tokens=6, delay_ms=1000)
+        fake = self.use_fake(tokens=6, delay_ms=1000)
         d = self.execute()
         self.advance(2, steps=2)
         self.assertEqual(self.types(), ["start", "delta", "delta"])
@@ -719,7 +719,7 @@ class CancelTests(AdapterCase):
 
     def test_cancelBeforeHeaders(self) -> None:
         hanging = Hanging()
-        self.useResource(hanging)
+        self.use_resource(hanging)
         d = self.execute()
         d.cancel()
         self.http.flush()
@@ -728,7 +728,7 @@ class CancelTests(AdapterCase):
         self.assertEqual(self.types(), ["start"])
 
     def test_cancelDuringFallbackRetry(self) -> None:
-        fake = self.useFake(tokens=4, delay_ms=1000, reject_tools=True)
+        fake = self.use_fake(tokens=4, delay_ms=1000, reject_tools=True)
         d = self.execute(chat_input(tools=[WEATHER]))
         self.advance(1)
         self.assertEqual(fake.stats().total_requests, 2)

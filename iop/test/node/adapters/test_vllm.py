@@ -31,13 +31,13 @@ class VLLMCase(AdapterCase):
     build: Callable[[AdapterSpec, AdapterContext], IProvider] = staticmethod(vllm.build)
     adapter_type = "vllm"
 
-    def usageFor(self, usage: dict[str, Any], reasoning: bool = False) -> Usage | None:
+    def usage_for(self, usage: dict[str, Any], reasoning: bool = False) -> Usage | None:
         self.events.clear()
         frames = [chunk({"role": "assistant", "content": ""})]
         if reasoning:
             frames.append(chunk({"reasoning": "thinking"}))
         frames += [chunk({"content": "answer"}, finish="stop"), usage_chunk(usage), DONE]
-        self.useResource(Scripted(Reply(frames=tuple(frames))))
+        self.use_resource(Scripted(Reply(frames=tuple(frames))))
         self.successResultOf(self.execute())
         complete = self.terminal()
         self.assertEqual(complete.type, EventType.COMPLETE)
@@ -55,7 +55,7 @@ class VLLMBuildTests(VLLMCase):
 
 class VLLMUsageTests(VLLMCase):
     def test_openAILocations(self) -> None:
-        usage = self.usageFor(
+        usage = self.usage_for(
             {
                 "prompt_tokens": 10,
                 "completion_tokens": 7,
@@ -68,12 +68,12 @@ class VLLMUsageTests(VLLMCase):
         self.assertEqual(usage, Usage(10, 7, reasoning_tokens=5, cached_input_tokens=8))
 
     def test_plainUsage(self) -> None:
-        usage = self.usageFor({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17})
+        usage = self.usage_for({"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17})
         self.assertEqual(usage, Usage(10, 7))
 
     def test_nullCachedTokensIsNotReported(self) -> None:
         # vLLM without --enable-prompt-tokens-details, or with nothing cached.
-        usage = self.usageFor(
+        usage = self.usage_for(
             {
                 "prompt_tokens": 10,
                 "completion_tokens": 7,
@@ -81,13 +81,13 @@ class VLLMUsageTests(VLLMCase):
             }
         )
         self.assertEqual(usage, Usage(10, 7))
-        usage = self.usageFor(
+        usage = self.usage_for(
             {"prompt_tokens": 10, "completion_tokens": 7, "prompt_tokens_details": None}
         )
         self.assertEqual(usage, Usage(10, 7))
 
     def test_zeroCachedTokensIsReported(self) -> None:
-        usage = self.usageFor(
+        usage = self.usage_for(
             {
                 "prompt_tokens": 10,
                 "completion_tokens": 7,
@@ -97,13 +97,13 @@ class VLLMUsageTests(VLLMCase):
         self.assertEqual(usage, Usage(10, 7, cached_input_tokens=0))
 
     def test_topLevelReasoningTokens(self) -> None:
-        usage = self.usageFor(
+        usage = self.usage_for(
             {"prompt_tokens": 4, "completion_tokens": 9, "reasoning_tokens": 6}, reasoning=True
         )
         self.assertEqual(usage, Usage(4, 9, reasoning_tokens=6))
 
     def test_zeroReasoningNextToReasoningTextIsNotReported(self) -> None:
-        usage = self.usageFor(
+        usage = self.usage_for(
             {
                 "prompt_tokens": 4,
                 "completion_tokens": 9,
@@ -114,7 +114,7 @@ class VLLMUsageTests(VLLMCase):
         self.assertEqual(usage, Usage(4, 9))
 
     def test_zeroReasoningWithoutReasoningTextIsReported(self) -> None:
-        usage = self.usageFor(
+        usage = self.usage_for(
             {
                 "prompt_tokens": 4,
                 "completion_tokens": 9,
@@ -130,7 +130,7 @@ class VLLMUsageTests(VLLMCase):
             chunk(finish="stop", usage={"prompt_tokens": 5, "completion_tokens": 2}),
             DONE,
         )
-        self.useResource(Scripted(Reply(frames=frames)))
+        self.use_resource(Scripted(Reply(frames=frames)))
         self.successResultOf(self.execute())
         self.assertEqual(self.terminal().usage, Usage(5, 2))
 
@@ -143,7 +143,7 @@ class VLLMUsageTests(VLLMCase):
 
 class VLLMBehaviourTests(VLLMCase):
     def test_endToEndWithTheFake(self) -> None:
-        self.useFake(tokens=3)
+        self.use_fake(tokens=3)
         messages = [{"role": "system", "content": "sys prompt"}, {"role": "user", "content": "q"}]
         self.successResultOf(self.execute(chat_input(messages), target="qwen-reasoner"))
         self.assertEqual(self.text(), "tok0 tok1 tok2")
@@ -165,7 +165,7 @@ class VLLMBehaviourTests(VLLMCase):
             Reply(code=400, frames=(rejection,), content_type=b"application/json"),
             Reply(frames=answer),
         )
-        self.useResource(resource)
+        self.use_resource(resource)
         self.successResultOf(self.execute(chat_input(tools=[WEATHER], tool_choice="auto")))
         self.assertEqual(len(resource.bodies), 2)
         self.assertNotIn("tools", resource.bodies[1])
@@ -175,7 +175,7 @@ class VLLMBehaviourTests(VLLMCase):
         body = json.dumps(
             {"object": "error", "message": "The model `x` does not exist.", "code": 404}
         ).encode()
-        self.useResource(Scripted(Reply(code=404, frames=(body,))))
+        self.use_resource(Scripted(Reply(code=404, frames=(body,))))
         self.assertFailed(self.execute(), "upstream HTTP 404", "does not exist")
 
 
