@@ -158,7 +158,7 @@ def markdown(results: dict[str, Any]) -> str:
         lines += [f"> {note}", ">"]
     if results.get("notes"):
         lines[-1] = ""
-    levelHeads = [f"c={lv}" for lv in levels]
+    level_heads = [f"c={lv}" for lv in levels]
 
     lines += ["## Ratios", ""]
     lines += [
@@ -171,7 +171,7 @@ def markdown(results: dict[str, Any]) -> str:
         [r["ratio"], r["metric"], *(_fmt(r["by_level"].get(str(lv))) for lv in levels)]
         for r in results.get("ratios", [])
     ]
-    lines += _table(["ratio", "metric", *levelHeads], rows)
+    lines += _table(["ratio", "metric", *level_heads], rows)
 
     lines += [
         "",
@@ -196,7 +196,7 @@ def markdown(results: dict[str, Any]) -> str:
             run = runs.get((target, level))
             cells.append(_fmt(gateway_cpu_ms(run), 3) if run is not None else "-")
         rows.append([target, *cells])
-    lines += _table(["target", *levelHeads], rows)
+    lines += _table(["target", *level_heads], rows)
 
     lines += ["", "## Added latency (ms) over the direct upstream at the same level", ""]
     rows = []

@@ -261,29 +261,29 @@ class _EdgeParser:
             return None
 
         identity = top.section("edge")
-        edgeId = DEFAULT_EDGE_ID
+        edge_id = DEFAULT_EDGE_ID
         if identity is not None:
-            edgeId = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
-            check_id(self.issues, identity.path_of("id"), edgeId)
+            edge_id = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
+            check_id(self.issues, identity.path_of("id"), edge_id)
             identity.finish()
 
         listen = top.section("listen", required=True)
-        nodeListen = ""
-        adminListen = DEFAULT_ADMIN_LISTEN
+        node_listen = ""
+        admin_listen = DEFAULT_ADMIN_LISTEN
         interface: str | None = None
         if listen is not None:
-            nodeListen = listen.string("nodes", required=True)
-            if nodeListen.strip():
-                interface = check_tcp_endpoint(self.issues, listen.path_of("nodes"), nodeListen)
-            adminListen = listen.string("admin", DEFAULT_ADMIN_LISTEN, nonempty=True)
-            if adminListen.startswith("tcp:"):
-                check_tcp_endpoint(self.issues, listen.path_of("admin"), adminListen)
+            node_listen = listen.string("nodes", required=True)
+            if node_listen.strip():
+                interface = check_tcp_endpoint(self.issues, listen.path_of("nodes"), node_listen)
+            admin_listen = listen.string("admin", DEFAULT_ADMIN_LISTEN, nonempty=True)
+            if admin_listen.startswith("tcp:"):
+                check_tcp_endpoint(self.issues, listen.path_of("admin"), admin_listen)
             listen.finish()
 
         transport = top.section("node_transport") or Section(self.issues, "node_transport", {})
         plaintext, tls = self._transport_security(transport, interface)
         heartbeat = self._heartbeat(transport)
-        maxFrame = transport.integer(
+        max_frame = transport.integer(
             "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
         )
         register_timeout = transport.number(
@@ -294,25 +294,25 @@ class _EdgeParser:
         profiles = self._profiles(top)
         nodes = self._nodes(top)
         models = self._models(top)
-        routes, clientApi = self._client_api(top, nodes, models)
+        routes, client_api = self._client_api(top, nodes, models)
         top.finish()
 
         if self.issues:
             return None
         return EdgeConfig(
-            id=edgeId,
-            node_listen=nodeListen,
-            admin_listen=adminListen,
+            id=edge_id,
+            node_listen=node_listen,
+            admin_listen=admin_listen,
             tls=tls,
             plaintext_nodes=plaintext,
             heartbeat=heartbeat,
-            max_frame_bytes=maxFrame,
+            max_frame_bytes=max_frame,
             register_timeout_sec=register_timeout,
             nodes=nodes,
             models=models,
             protocol_profiles=profiles,
             model_routes=routes,
-            client_api=clientApi,
+            client_api=client_api,
             source_path=source_path,
         )
 
@@ -322,10 +322,10 @@ class _EdgeParser:
         self, transport: Section, interface: str | None
     ) -> tuple[bool, ServerTLS | None]:
         plaintext = transport.boolean("plaintext", False)
-        tlsPresent = transport.has("tls")
-        tlsSection = transport.section("tls")
+        tls_present = transport.has("tls")
+        tls_section = transport.section("tls")
         if plaintext:
-            if tlsPresent:
+            if tls_present:
                 self.issues.add(transport.path_of("tls"), "must not be set when plaintext is true")
             # interface None: listen.nodes is missing or invalid, already reported.
             if interface is not None and not is_loopback_host(interface):
@@ -336,18 +336,18 @@ class _EdgeParser:
                     f"(interface=127.0.0.1, ::1 or localhost); {binds}",
                 )
             return True, None
-        if not tlsPresent:
+        if not tls_present:
             self.issues.add(
                 transport.path_of("tls"), "is required unless node_transport.plaintext is true"
             )
             return False, None
-        if tlsSection is None:
+        if tls_section is None:
             return False, None
-        cert = required_file(tlsSection, "cert_file", self.base_dir)
-        key = required_file(tlsSection, "key_file", self.base_dir)
-        clientCa = optional_file(tlsSection, "client_ca_file", self.base_dir)
-        tlsSection.finish()
-        return False, ServerTLS(cert_file=cert, key_file=key, client_ca_file=clientCa)
+        cert = required_file(tls_section, "cert_file", self.base_dir)
+        key = required_file(tls_section, "key_file", self.base_dir)
+        client_ca = optional_file(tls_section, "client_ca_file", self.base_dir)
+        tls_section.finish()
+        return False, ServerTLS(cert_file=cert, key_file=key, client_ca_file=client_ca)
 
     def _heartbeat(self, transport: Section) -> HeartbeatConfig:
         section = transport.section("heartbeat")
@@ -390,10 +390,10 @@ class _EdgeParser:
                 self.profile_names.add(name)
             driver = section.choice("driver", PROFILE_DRIVERS, required=True)
             operations: list[tuple[str, str]] = []
-            for opPath, opName, opValue in section.string_map("operations"):
-                if not opValue.startswith("/"):
-                    self.issues.add(opPath, "must be a request path starting with '/'")
-                operations.append((opName, opValue))
+            for op_path, op_name, op_value in section.string_map("operations"):
+                if not op_value.startswith("/"):
+                    self.issues.add(op_path, "must be a request path starting with '/'")
+                operations.append((op_name, op_value))
             capabilities = section.string_list("capabilities", unique=True)
             for i, capability in enumerate(capabilities):
                 if capability not in PROFILE_CAPABILITIES:
@@ -405,8 +405,8 @@ class _EdgeParser:
             extensions: list[tuple[str, bool]] = []
             ext = section.section("extensions")
             if ext is not None:
-                for extName in PROFILE_EXTENSIONS:
-                    extensions.append((extName, ext.boolean(extName, False)))
+                for ext_name in PROFILE_EXTENSIONS:
+                    extensions.append((ext_name, ext.boolean(ext_name, False)))
                 ext.finish()
             auth_header = section.string("auth_header")
             if auth_header and not _HEADER_NAME.match(auth_header):
@@ -449,7 +449,7 @@ class _EdgeParser:
             elif node_id:
                 ids[node_id] = path
             alias = section.string("alias")
-            agentKind = section.string("agent_kind")
+            agent_kind = section.string("agent_kind")
             concurrency = section.integer("concurrency", 0, minimum=0)
             token = edge_node_token(section, base_dir=self.base_dir, environ=self.environ)
             if token is not None:
@@ -469,7 +469,7 @@ class _EdgeParser:
                     id=node_id,
                     token=token if token is not None else NodeToken(b""),
                     alias=alias,
-                    agent_kind=agentKind,
+                    agent_kind=agent_kind,
                     concurrency=concurrency,
                     adapters=tuple(a.config for a in adapters),
                     providers=providers,
@@ -493,25 +493,25 @@ class _EdgeParser:
             legacy = as_section(self.issues, path, raw)
             if legacy is None:
                 return [unreadable]
-            for adapterType, value in legacy.data.items():
-                entryPath = legacy.path_of(adapterType)
-                if adapterType not in ADAPTER_TYPES:
+            for adapter_type, value in legacy.data.items():
+                entry_path = legacy.path_of(adapter_type)
+                if adapter_type not in ADAPTER_TYPES:
                     shown = ", ".join(sorted(ADAPTER_TYPES))
                     self.issues.add(
-                        entryPath, f"unknown adapter type {adapterType!r} (one of: {shown})"
+                        entry_path, f"unknown adapter type {adapter_type!r} (one of: {shown})"
                     )
                     result.append(unreadable)
                     continue
-                entry = Section(self.issues, entryPath, {})
+                entry = Section(self.issues, entry_path, {})
                 if value is not None:
-                    checked = as_section(self.issues, entryPath, value)
+                    checked = as_section(self.issues, entry_path, value)
                     if checked is None:
                         result.append(unreadable)
                         continue
                     entry = checked
                 before = len(self.issues)
                 config = self._adapter_fields(
-                    entry, adapterType, adapterType, rejected=_LEGACY_REJECTED
+                    entry, adapter_type, adapter_type, rejected=_LEGACY_REJECTED
                 )
                 result.append(_Adapter(config, ok=len(self.issues) == before))
             return result
@@ -520,8 +520,8 @@ class _EdgeParser:
         if items is None:
             return [unreadable]
         names: dict[str, str] = {}
-        for itemPath, item in items:
-            entry_ = as_section(self.issues, itemPath, item)
+        for item_path, item in items:
+            entry_ = as_section(self.issues, item_path, item)
             if entry_ is None:
                 result.append(unreadable)
                 continue
@@ -530,12 +530,12 @@ class _EdgeParser:
             name = entry_.string("name", type_, nonempty=True)
             if name in names:
                 self.issues.add(
-                    entry_.path_of("name") if entry_.has("name") else itemPath,
+                    entry_.path_of("name") if entry_.has("name") else item_path,
                     f"duplicate adapter instance name {name!r} on node {node_id!r} "
                     f"(also {names[name]}); give each instance a unique name",
                 )
             elif name:
-                names[name] = itemPath
+                names[name] = item_path
             config = self._adapter_fields(entry_, name, type_)
             result.append(_Adapter(config, ok=len(self.issues) == before))
         return result
@@ -548,13 +548,13 @@ class _EdgeParser:
         rejected: Mapping[str, str] | None = None,
     ) -> AdapterConfig:
         enabled = section.boolean("enabled", True)
-        baseUrl = section.string("base_url")
-        if baseUrl:
-            parts = urlsplit(baseUrl)
+        base_url = section.string("base_url")
+        if base_url:
+            parts = urlsplit(base_url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 hint = (
                     " (${...} references are only resolved in headers, env and tokens)"
-                    if "${" in baseUrl
+                    if "${" in base_url
                     else ""
                 )
                 self.issues.add(
@@ -579,7 +579,7 @@ class _EdgeParser:
             name=name,
             type=type_,
             enabled=enabled,
-            base_url=baseUrl,
+            base_url=base_url,
             headers=tuple(headers),
             request_timeout_ms=section.integer("request_timeout_ms", 0, minimum=0),
             idle_timeout_ms=section.integer("idle_timeout_ms", 0, minimum=0),
@@ -630,29 +630,29 @@ class _EdgeParser:
                 f"{self.providers[provider_id].path}); provider ids are unique across the "
                 "whole config",
             )
-        adapterRef = section.string("adapter", required=True)
+        adapter_ref = section.string("adapter", required=True)
         category = section.choice("category", PROVIDER_CATEGORIES, required=True)
-        explicitType = section.choice("type", ADAPTER_TYPES)
-        modelsBefore = len(self.issues)
+        explicit_type = section.choice("type", ADAPTER_TYPES)
+        models_before = len(self.issues)
         models = section.string_list("models", unique=True)
         if section.has("models"):
-            if not models and len(self.issues) == modelsBefore:
+            if not models and len(self.issues) == models_before:
                 self.issues.add(section.path_of("models"), "must list at least one model")
         else:
             section.require("models")
         for i, model in enumerate(models):
             if not model.strip():
                 self.issues.add(f"{section.path_of('models')}[{i}]", "must not be empty")
-        modelsOk = len(self.issues) == modelsBefore
+        models_ok = len(self.issues) == models_before
         enabled = section.boolean("enabled", True)
         priority = section.integer("priority", 0, minimum=0)
         capacity = section.integer("capacity", 1, minimum=1)
-        longThreshold = section.integer("long_context_threshold", 0, minimum=0)
-        longCapacity = section.integer("long_capacity", 0, minimum=0)
-        if longCapacity > capacity:
+        long_threshold = section.integer("long_context_threshold", 0, minimum=0)
+        long_capacity = section.integer("long_capacity", 0, minimum=0)
+        if long_capacity > capacity:
             self.issues.add(section.path_of("long_capacity"), f"must be <= capacity ({capacity})")
-        maxQueue = section.integer("max_queue", 0, minimum=0)
-        queueTimeout = section.number("queue_timeout_sec", 0.0, minimum=0)
+        max_queue = section.integer("max_queue", 0, minimum=0)
+        queue_timeout = section.number("queue_timeout_sec", 0.0, minimum=0)
         profile = section.string("profile")
         if profile and profile not in self.profile_names and self.profiles_complete:
             defined = ", ".join(sorted(self.profile_names)) or "none"
@@ -660,22 +660,22 @@ class _EdgeParser:
                 section.path_of("profile"),
                 f"unknown protocol profile {profile!r} (protocol_profiles defines: {defined})",
             )
-        usageAttribution = section.string("usage_attribution")
+        usage_attribution = section.string("usage_attribution")
         section.finish()
 
         if provider_id and provider_id not in self.providers:
-            self.providers[provider_id] = _ProviderInfo(section.path, models if modelsOk else None)
+            self.providers[provider_id] = _ProviderInfo(section.path, models if models_ok else None)
 
         instance = ""
-        type_ = explicitType
-        if adapterRef and enabled:
-            resolved = self._resolve_adapter(section, node_id, adapterRef, adapters)
+        type_ = explicit_type
+        if adapter_ref and enabled:
+            resolved = self._resolve_adapter(section, node_id, adapter_ref, adapters)
             if resolved is not None:
                 instance = resolved.name
-                if explicitType in ADAPTER_TYPES and explicitType != resolved.type:
+                if explicit_type in ADAPTER_TYPES and explicit_type != resolved.type:
                     self.issues.add(
                         section.path_of("type"),
-                        f"is {explicitType!r} but adapter {resolved.name!r} is of type "
+                        f"is {explicit_type!r} but adapter {resolved.name!r} is of type "
                         f"{resolved.type!r}",
                     )
                 type_ = resolved.type
@@ -685,18 +685,18 @@ class _EdgeParser:
                         f"category cli needs an enabled cli adapter, but {resolved.name!r} "
                         f"is of type {resolved.type!r}",
                     )
-        elif adapterRef and not explicitType:
+        elif adapter_ref and not explicit_type:
             # Disabled: the reference is not checked, but a type is inferred when possible.
-            type_ = _infer_type(adapterRef, adapters)
-        if not enabled and category == "cli" and explicitType and explicitType != "cli":
+            type_ = _infer_type(adapter_ref, adapters)
+        if not enabled and category == "cli" and explicit_type and explicit_type != "cli":
             self.issues.add(
                 section.path_of("category"),
-                f"category cli needs a cli adapter, but type is {explicitType!r}",
+                f"category cli needs a cli adapter, but type is {explicit_type!r}",
             )
 
         return ProviderConfig(
             id=provider_id,
-            adapter=adapterRef,
+            adapter=adapter_ref,
             category=category,
             adapter_instance=instance,
             type=type_,
@@ -704,12 +704,12 @@ class _EdgeParser:
             enabled=enabled,
             priority=priority,
             capacity=capacity,
-            long_context_threshold=longThreshold,
-            long_capacity=longCapacity,
-            max_queue=maxQueue,
-            queue_timeout_sec=queueTimeout,
+            long_context_threshold=long_threshold,
+            long_capacity=long_capacity,
+            max_queue=max_queue,
+            queue_timeout_sec=queue_timeout,
             profile=profile,
-            usage_attribution=usageAttribution,
+            usage_attribution=usage_attribution,
         )
 
     def _resolve_adapter(
@@ -733,14 +733,15 @@ class _EdgeParser:
                 )
                 return None
             return adapter.config
-        ofType = [a for a in adapters if a.config.type == ref and a.config.enabled]
-        if len(ofType) == 1:
-            return None if not ofType[0].ok else ofType[0].config
-        if len(ofType) > 1:
-            names = ", ".join(a.config.name for a in ofType)
+        of_type = [a for a in adapters if a.config.type == ref and a.config.enabled]
+        if len(of_type) == 1:
+            return None if not of_type[0].ok else of_type[0].config
+        if len(of_type) > 1:
+            names = ", ".join(a.config.name for a in of_type)
             self.issues.add(
                 path,
-                f"ambiguous: {len(ofType)} enabled instances of type {ref!r}; name one of: {names}",
+                f"ambiguous: {len(of_type)} enabled instances of type {ref!r}; "
+                f"name one of: {names}",
             )
             return None
         if any(not a.ok for a in adapters):
@@ -775,14 +776,14 @@ class _EdgeParser:
                 )
             elif model_id:
                 ids[model_id] = path
-            displayName = section.string("display_name")
+            display_name = section.string("display_name")
             refs = self._model_providers(section, model_id)
-            defaultMax = section.optional_integer("default_max_tokens", minimum=1)
-            minMax = section.optional_integer("min_max_tokens", minimum=1)
-            if defaultMax is not None and minMax is not None and minMax > defaultMax:
+            default_max = section.optional_integer("default_max_tokens", minimum=1)
+            min_max = section.optional_integer("min_max_tokens", minimum=1)
+            if default_max is not None and min_max is not None and min_max > default_max:
                 self.issues.add(
                     section.path_of("min_max_tokens"),
-                    f"must be <= default_max_tokens ({defaultMax})",
+                    f"must be <= default_max_tokens ({default_max})",
                 )
             thinking = section.optional_integer("default_thinking_token_budget", minimum=0)
             counter = section.string("token_counter")
@@ -796,9 +797,9 @@ class _EdgeParser:
                 ModelConfig(
                     id=model_id,
                     providers=refs,
-                    display_name=displayName,
-                    default_max_tokens=defaultMax,
-                    min_max_tokens=minMax,
+                    display_name=display_name,
+                    default_max_tokens=default_max,
+                    min_max_tokens=min_max,
                     default_thinking_token_budget=thinking,
                     token_counter=counter,
                 )
@@ -815,38 +816,38 @@ class _EdgeParser:
         interface: str | None = None
         if listen is not None:
             interface = check_tcp_endpoint(self.issues, openai.path_of("listen"), listen)
-        maxBody = openai.integer(
+        max_body = openai.integer(
             "max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES_LIMIT
         )
         routes = self._model_routes(openai, nodes, models)
         known = {m.id for m in models} | {r.model for r in routes}
         auth = True
         keys: list[ClientKey] = []
-        authSection = openai.section("auth")
-        if authSection is not None:
-            auth = authSection.boolean("enabled", True)
+        auth_section = openai.section("auth")
+        if auth_section is not None:
+            auth = auth_section.boolean("enabled", True)
             names: set[str] = set()
-            for path, item in authSection.items("keys") or ():
-                keySection = as_section(self.issues, path, item)
-                if keySection is None:
+            for path, item in auth_section.items("keys") or ():
+                key_section = as_section(self.issues, path, item)
+                if key_section is None:
                     continue
-                name = keySection.string("name", required=True, nonempty=True)
+                name = key_section.string("name", required=True, nonempty=True)
                 if name in names:
-                    self.issues.add(keySection.path_of("name"), f"duplicate key name {name!r}")
+                    self.issues.add(key_section.path_of("name"), f"duplicate key name {name!r}")
                 names.add(name)
                 digest = edge_node_token(
-                    keySection, base_dir=self.base_dir, environ=self.environ, name="key"
+                    key_section, base_dir=self.base_dir, environ=self.environ, name="key"
                 )
-                allowed = tuple(keySection.string_list("models"))
+                allowed = tuple(key_section.string_list("models"))
                 for i, model in enumerate(allowed):
                     if model not in known:
                         self.issues.add(
-                            f"{keySection.path_of('models')}[{i}]", f"unknown model {model!r}"
+                            f"{key_section.path_of('models')}[{i}]", f"unknown model {model!r}"
                         )
-                keySection.finish()
+                key_section.finish()
                 if digest is not None:
                     keys.append(ClientKey(name=name, digest=digest, models=allowed))
-            authSection.finish()
+            auth_section.finish()
         if listen is not None:
             if not auth and not (interface is not None and is_loopback_host(interface)):
                 self.issues.add(
@@ -857,7 +858,7 @@ class _EdgeParser:
                 self.issues.add("openai.auth.keys", "auth is on: configure at least one key")
         openai.finish()
         return routes, ClientAPIConfig(
-            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=maxBody
+            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=max_body
         )
 
     def _model_routes(
@@ -865,8 +866,8 @@ class _EdgeParser:
     ) -> tuple[ModelRoute, ...]:
         routes: list[ModelRoute] = []
         seen: dict[str, str] = {}
-        modelIds = {m.id for m in models}
-        byId = {n.id: n for n in nodes}
+        model_ids = {m.id for m in models}
+        by_id = {n.id: n for n in nodes}
         for path, item in openai.items("model_routes") or ():
             section = as_section(self.issues, path, item)
             if section is None:
@@ -882,13 +883,13 @@ class _EdgeParser:
                 )
             elif model:
                 seen[model] = path
-            if model and model in modelIds:
+            if model and model in model_ids:
                 self.issues.add(
                     section.path_of("model"),
                     f"{model!r} is also a models[] id; a model id routes one way only",
                 )
-            candidates = [byId[node_id]] if node_id in byId else []
-            if node_id is not None and node_id not in byId:
+            candidates = [by_id[node_id]] if node_id in by_id else []
+            if node_id is not None and node_id not in by_id:
                 self.issues.add(section.path_of("node"), f"unknown node {node_id!r}")
             elif node_id is None:
                 candidates = list(nodes)
@@ -912,8 +913,8 @@ class _EdgeParser:
         seen: set[str] = set()
         for path, item in items or ():
             provider_id = ""
-            explicitTarget: str | None = None
-            idPath = path
+            explicit_target: str | None = None
+            id_path = path
             if isinstance(item, str):
                 provider_id = item
             elif isinstance(item, Mapping):
@@ -921,9 +922,9 @@ class _EdgeParser:
                 if entry is None:
                     continue
                 provider_id = entry.string("id", required=True)
-                idPath = entry.path_of("id")
+                id_path = entry.path_of("id")
                 if entry.has("target"):
-                    explicitTarget = entry.string("target", required=True)
+                    explicit_target = entry.string("target", required=True)
                 else:
                     entry.raw("target")
                 entry.finish()
@@ -939,7 +940,7 @@ class _EdgeParser:
                     self.issues.add(path, "must not be empty")
                 continue
             if provider_id in seen:
-                self.issues.add(idPath, f"duplicate provider {provider_id!r} in this model")
+                self.issues.add(id_path, f"duplicate provider {provider_id!r} in this model")
                 continue
             seen.add(provider_id)
             info = self.providers.get(provider_id)
@@ -947,14 +948,14 @@ class _EdgeParser:
                 if not self.providers_complete:
                     continue
                 self.issues.add(
-                    idPath, f"unknown provider {provider_id!r} (not in any nodes[].providers)"
+                    id_path, f"unknown provider {provider_id!r} (not in any nodes[].providers)"
                 )
                 continue
             target = self._served_target(
-                path if explicitTarget is None else f"{path}.target",
+                path if explicit_target is None else f"{path}.target",
                 model_id,
                 provider_id,
-                explicitTarget,
+                explicit_target,
                 info,
             )
             if target is not None:

@@ -395,16 +395,18 @@ class _StrictLoader(yaml.SafeLoader):
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[object] = set()
-        for keyNode, _ in node.value:
-            if keyNode.tag == "tag:yaml.org,2002:merge" or not isinstance(keyNode, yaml.ScalarNode):
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
                 continue
-            key = self.construct_object(keyNode)
+            key = self.construct_object(key_node)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     "while constructing a mapping",
                     node.start_mark,
                     f"found duplicate key {key!r}",
-                    keyNode.start_mark,
+                    key_node.start_mark,
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)

@@ -71,14 +71,14 @@ def parse_node_config(
     token = node_daemon_token(top, base_dir=base_dir, environ=environ)
     reconnect = _reconnect(top)
     store = top.section("store")
-    storePath = DEFAULT_STORE_PATH
+    store_path = DEFAULT_STORE_PATH
     if store is not None:
-        storePath = store.string("path", DEFAULT_STORE_PATH, nonempty=True)
+        store_path = store.string("path", DEFAULT_STORE_PATH, nonempty=True)
         store.finish()
-    maxFrame = top.integer(
+    max_frame = top.integer(
         "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
     )
-    handshakeTimeout = top.number(
+    handshake_timeout = top.number(
         "handshake_timeout_sec", DEFAULT_HANDSHAKE_TIMEOUT_SEC, positive=True
     )
     top.finish(_EDGE_ONLY_KEYS)
@@ -91,9 +91,9 @@ def parse_node_config(
         tls=tls,
         plaintext=plaintext,
         reconnect=reconnect,
-        store_path=storePath,
-        max_frame_bytes=maxFrame,
-        handshake_timeout_sec=handshakeTimeout,
+        store_path=store_path,
+        max_frame_bytes=max_frame,
+        handshake_timeout_sec=handshake_timeout,
         source_path=source_path,
     )
 
@@ -108,12 +108,12 @@ def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None
     if "/" in host or any(ch.isspace() for ch in host):
         edge.issues.add(edge.path_of("host"), "must be a host name or IP address, not a URL")
     port = edge.integer("port", 0, minimum=1, maximum=65535, required=True)
-    serverName = edge.string("server_name", host, nonempty=True)
+    server_name = edge.string("server_name", host, nonempty=True)
     plaintext = edge.boolean("plaintext", False)
-    tlsKeys = [key for key in ("ca_file", "cert_file", "key_file") if edge.has(key)]
+    tls_keys = [key for key in ("ca_file", "cert_file", "key_file") if edge.has(key)]
     tls: ClientTLS | None = None
     if plaintext:
-        for key in tlsKeys:
+        for key in tls_keys:
             edge.raw(key)
             edge.issues.add(edge.path_of(key), "must not be set when plaintext is true")
         if host and not is_loopback_host(host):
@@ -126,16 +126,16 @@ def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None
         if not edge.has("ca_file"):
             edge.raw("ca_file")
             edge.issues.add(edge.path_of("ca_file"), "is required unless plaintext is true")
-            caFile = ""
+            ca_file = ""
         else:
-            caFile = required_file(edge, "ca_file", base_dir)
-        certFile = optional_file(edge, "cert_file", base_dir)
-        keyFile = optional_file(edge, "key_file", base_dir)
-        if (certFile is None) != (keyFile is None):
-            missing = "key_file" if keyFile is None else "cert_file"
+            ca_file = required_file(edge, "ca_file", base_dir)
+        cert_file = optional_file(edge, "cert_file", base_dir)
+        key_file = optional_file(edge, "key_file", base_dir)
+        if (cert_file is None) != (key_file is None):
+            missing = "key_file" if key_file is None else "cert_file"
             edge.issues.add(edge.path_of(missing), "cert_file and key_file must be given together")
         tls = ClientTLS(
-            ca_file=caFile, server_name=serverName.strip(), cert_file=certFile, key_file=keyFile
+            ca_file=ca_file, server_name=server_name.strip(), cert_file=cert_file, key_file=key_file
         )
     edge.finish()
     return host, port, plaintext, tls
@@ -145,9 +145,9 @@ def _reconnect(top: Section) -> ReconnectPolicy:
     section = top.section("reconnect")
     if section is None:
         return ReconnectPolicy()
-    maxAttempts = section.integer("max_attempts", DEFAULT_RECONNECT_MAX_ATTEMPTS, minimum=0)
+    max_attempts = section.integer("max_attempts", DEFAULT_RECONNECT_MAX_ATTEMPTS, minimum=0)
     # Always positive: unlimited retries need a pause, and a zero interval with a finite
     # limit would only burn the attempts in a busy loop.
     interval = section.number("interval_sec", DEFAULT_RECONNECT_INTERVAL_SEC, positive=True)
     section.finish()
-    return ReconnectPolicy(max_attempts=maxAttempts, interval_sec=interval)
+    return ReconnectPolicy(max_attempts=max_attempts, interval_sec=interval)

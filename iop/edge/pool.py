@@ -204,14 +204,14 @@ def select(
     ``size`` positions).
     """
     best: _Candidate | None = None
-    bestKey: tuple[int, int, int] | None = None
+    best_key: tuple[int, int, int] | None = None
     for c in candidates:
         res = c.resource
         if not res.has_room(res.is_long(prompt_tokens)):
             continue
         key = (res.in_flight, res.config.priority, (c.index - start) % size)
-        if bestKey is None or key < bestKey:
-            best, bestKey = c, key
+        if best_key is None or key < best_key:
+            best, best_key = c, key
     return best
 
 
@@ -362,17 +362,17 @@ class ProviderPool:
         res = self._resources.get(provider_id)
         if res is None or res.node_id != node_id or not res.live:
             return dict(_ZERO)
-        queued = longQueued = 0
+        queued = long_queued = 0
         for waiter in self._queue:
             if waiter.model_id in res.models:
                 queued += 1
                 if res.is_long(waiter.prompt_tokens):
-                    longQueued += 1
+                    long_queued += 1
         return {
             "in_flight": res.in_flight,
             "long_in_flight": res.long_in_flight,
             "queued": queued,
-            "long_queued": longQueued,
+            "long_queued": long_queued,
         }
 
     def snapshot(self) -> dict[str, Any]:

@@ -124,10 +124,10 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     node_factory: Any = edge.node_factory
     if config.tls is not None and not config.plaintext_nodes:
         try:
-            contextFactory = server_context_factory(config.tls)
+            context_factory = server_context_factory(config.tls)
         except TLSConfigError as e:
             raise usage.UsageError(str(e)) from None
-        node_factory = TLSMemoryBIOFactory(contextFactory, False, edge.node_factory)
+        node_factory = TLSMemoryBIOFactory(context_factory, False, edge.node_factory)
     nodes = StreamServerEndpointService(serverFromString(reactor, config.node_listen), node_factory)
     nodes._raiseSynchronously = True
     nodes.setName("nodes")

@@ -93,13 +93,13 @@ class SSEParser:
                 if cr + 1 == length:
                     # "\r" at the very end: it may be the first half of "\r\n".
                     break
-                end, nextStart = cr, cr + 2 if buffer[cr + 1 : cr + 2] == b"\n" else cr + 1
+                end, next_start = cr, cr + 2 if buffer[cr + 1 : cr + 2] == b"\n" else cr + 1
             else:
-                end, nextStart = lf, lf + 1
+                end, next_start = lf, lf + 1
             event = self._line(buffer[start:end])
             if event is not None:
                 events.append(event)
-            start = nextStart
+            start = next_start
         self._buffer = buffer[start:]
         if len(self._buffer) > self._max_event_bytes:
             raise SSEError(f"SSE line longer than {self._max_event_bytes} bytes")

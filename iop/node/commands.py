@@ -290,14 +290,14 @@ def session_transport_status(
     """
 
     def status() -> Mapping[str, object]:
-        readyAt = session.ready_at
+        ready_at = session.ready_at
         document: dict[str, object] = {
             "node_id": session.node_id,
             "alias": session.config.alias,
             "config_revision": session.config.config_revision,
             "state": "closed" if session.closed else "ready",
-            "connected_since_unix_ms": None if readyAt is None else int(readyAt * 1000),
-            "connected_for_sec": None if readyAt is None else clock.seconds() - readyAt,
+            "connected_since_unix_ms": None if ready_at is None else int(ready_at * 1000),
+            "connected_for_sec": None if ready_at is None else clock.seconds() - ready_at,
             "heartbeat_interval_sec": session.heartbeat_interval,
             "heartbeat_timeout_sec": session.heartbeat_timeout,
         }

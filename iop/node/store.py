@@ -111,14 +111,14 @@ class RunRecord:
 
 
 def _record(row: tuple[object, ...]) -> RunRecord:
-    (run_id, adapter, target, sessionId, background, status, created, started, finished, error) = (
+    (run_id, adapter, target, session_id, background, status, created, started, finished, error) = (
         row
     )
     return RunRecord(
         run_id=str(run_id),
         adapter=str(adapter),
         target=str(target),
-        session_id=str(sessionId),
+        session_id=str(session_id),
         background=bool(background),
         status=RunStatus(str(status)),
         created_at=float(created),  # type: ignore[arg-type]
@@ -165,10 +165,10 @@ class ThreadExecutor:
             return
         self._started = True
         self._pool.start()
-        addTrigger = getattr(self._reactor, "addSystemEventTrigger", None)
-        if addTrigger is not None:
+        add_trigger = getattr(self._reactor, "addSystemEventTrigger", None)
+        if add_trigger is not None:
             # A safety net: never keep the process alive after the reactor stops.
-            addTrigger("during", "shutdown", self.stop)
+            add_trigger("during", "shutdown", self.stop)
 
     def submit(self, job: Callable[[], T]) -> Deferred[T]:
         if not self._started or self._stopped:

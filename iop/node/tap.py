@@ -230,7 +230,7 @@ def makeService(
         http_pool = HTTPConnectionPool(reactor, persistent=True)
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
         http = HTTPClient(Agent(reactor, pool=http_pool))
-    adapterContext = AdapterContext(reactor=reactor, http=http)
+    adapter_context = AdapterContext(reactor=reactor, http=http)
     supervisor: NodeSupervisor | None = None
 
     def transport_info() -> Mapping[str, object]:
@@ -246,7 +246,7 @@ def makeService(
 
     factory = EdgeConnectionFactory(
         reactor,
-        SessionBuilder(adapterContext, setup=make_session_setup(store, reactor, transport_info)),
+        SessionBuilder(adapter_context, setup=make_session_setup(store, reactor, transport_info)),
         max_frame_bytes=config.max_frame_bytes,
     )
     supervisor = NodeSupervisor(

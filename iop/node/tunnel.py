@@ -186,8 +186,8 @@ def filter_response_headers(
         for token in value.decode("latin-1").split(",")
     }
     out: list[tuple[str, str]] = []
-    for rawName, values in headers.getAllRawHeaders():
-        name = rawName.decode("latin-1")
+    for raw_name, values in headers.getAllRawHeaders():
+        name = raw_name.decode("latin-1")
         lowered = name.lower()
         if lowered in HOP_BY_HOP_HEADERS or lowered in named:
             continue

@@ -72,12 +72,12 @@ class EdgeNodeOverTLSTests(SynchronousTestCase):
             Factory.forProtocol(build_node),
             clock=self.clock,
         )
-        _, serverTLS, pump = iosim.connectedServerAndClient(
+        _, server_tls, pump = iosim.connectedServerAndClient(
             lambda: server.buildProtocol(None),
             lambda: client.buildProtocol(None),
             clock=self.clock,
         )
-        return nodes[0], serverTLS.wrappedProtocol, pump
+        return nodes[0], server_tls.wrappedProtocol, pump
 
     def test_register_and_ready_over_tls(self) -> None:
         node, edge, pump = self.connect("edge.iop.internal")

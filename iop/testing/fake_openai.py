@@ -294,7 +294,7 @@ class FakeOpenAI:
 
     def _answer(self, model: str, body: dict[str, Any]) -> _Answer:
         messages: list[dict[str, Any]] = body["messages"]
-        promptTokens = sum(word_count(m.get("content")) for m in messages)
+        prompt_tokens = sum(word_count(m.get("content")) for m in messages)
         limit = body.get("max_completion_tokens") or body.get("max_tokens")
         count = self.settings.tokens
         finish = "stop"
@@ -304,7 +304,7 @@ class FakeOpenAI:
             fake_tokens(reasoning_token_count(count), "think") if REASONING_MARKER in model else []
         )
         tools = body.get("tools")
-        toolCall: dict[str, Any] | None = None
+        tool_call: dict[str, Any] | None = None
         arguments: list[str] = []
         content: list[str] = []
         if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
@@ -312,20 +312,20 @@ class FakeOpenAI:
             function = first.get("function")
             name = function.get("name") if isinstance(function, dict) else None
             name = name if isinstance(name, str) and name else "tool"
-            argumentText = json.dumps(fake_arguments(first))
-            arguments = split_arguments(argumentText)
-            toolCall = {
+            argument_text = json.dumps(fake_arguments(first))
+            arguments = split_arguments(argument_text)
+            tool_call = {
                 "id": f"call_fake_{next(self._ids)}",
                 "type": "function",
-                "function": {"name": name, "arguments": argumentText},
+                "function": {"name": name, "arguments": argument_text},
             }
             finish = "tool_calls"
         else:
             content = fake_tokens(count)
         usage: dict[str, Any] = {
-            "prompt_tokens": promptTokens,
+            "prompt_tokens": prompt_tokens,
             "completion_tokens": len(reasoning) + len(content) + len(arguments),
-            "total_tokens": promptTokens + len(reasoning) + len(content) + len(arguments),
+            "total_tokens": prompt_tokens + len(reasoning) + len(content) + len(arguments),
         }
         if messages and messages[0].get("role") == "system":
             usage["prompt_tokens_details"] = {
@@ -333,7 +333,7 @@ class FakeOpenAI:
             }
         if reasoning:
             usage["completion_tokens_details"] = {"reasoning_tokens": len(reasoning)}
-        return _Answer(model, reasoning, content, toolCall, arguments, finish, usage)
+        return _Answer(model, reasoning, content, tool_call, arguments, finish, usage)
 
     def _envelope(self, answer: _Answer, kind: str) -> dict[str, Any]:
         return {
@@ -368,9 +368,9 @@ class FakeOpenAI:
                 "function": {"name": call["function"]["name"], "arguments": ""},
             }
             steps.append((frame({"tool_calls": [head]}), 0))
-            for argumentPiece in answer.arguments:
-                argDelta = {"index": 0, "function": {"arguments": argumentPiece}}
-                steps.append((frame({"tool_calls": [argDelta]}), 1))
+            for argument_piece in answer.arguments:
+                arg_delta = {"index": 0, "function": {"arguments": argument_piece}}
+                steps.append((frame({"tool_calls": [arg_delta]}), 1))
         steps.append((frame({}, answer.finish_reason), 0))
         if include_usage:
             chunk = {**base, "choices": [], "usage": answer.usage}
@@ -425,34 +425,34 @@ class FakeOpenAI:
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         inputs = body["input"]
         if isinstance(inputs, str):
-            promptTokens = len(inputs.split())
+            prompt_tokens = len(inputs.split())
         else:
-            promptTokens = sum(
+            prompt_tokens = sum(
                 word_count(item.get("content")) for item in inputs if isinstance(item, dict)
             )
         tokens, cut = self._text_answer(body.get("max_output_tokens"))
         number = next(self._ids)
-        responseId, itemId = f"resp_fake_{number}", f"msg_fake_{number}"
+        response_id, item_id = f"resp_fake_{number}", f"msg_fake_{number}"
         text = "".join(tokens)
         part = {"type": "output_text", "text": text, "annotations": []}
         item = {
             "type": "message",
-            "id": itemId,
+            "id": item_id,
             "status": "incomplete" if cut else "completed",
             "role": "assistant",
             "content": [part],
         }
         usage = {
-            "input_tokens": promptTokens,
+            "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": len(tokens),
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": promptTokens + len(tokens),
+            "total_tokens": prompt_tokens + len(tokens),
         }
 
         def response(status: str, output: list[Any], final: bool) -> dict[str, Any]:
             return {
-                "id": responseId,
+                "id": response_id,
                 "object": "response",
                 "created_at": int(self.clock.seconds()),
                 "status": status,
@@ -493,7 +493,7 @@ class FakeOpenAI:
             (
                 {
                     "type": "response.content_part.added",
-                    "item_id": itemId,
+                    "item_id": item_id,
                     "output_index": 0,
                     "content_index": 0,
                     "part": {**part, "text": ""},
@@ -501,7 +501,7 @@ class FakeOpenAI:
                 0,
             ),
         ]
-        located = {"item_id": itemId, "output_index": 0, "content_index": 0}
+        located = {"item_id": item_id, "output_index": 0, "content_index": 0}
         for token in tokens:
             events.append(
                 (
@@ -557,8 +557,8 @@ class FakeOpenAI:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return self._anthropic_reject(request, 400, "messages: field required")
-        maxTokens = body.get("max_tokens")
-        if needs_max_tokens and (not isinstance(maxTokens, int) or maxTokens < 1):
+        max_tokens = body.get("max_tokens")
+        if needs_max_tokens and (not isinstance(max_tokens, int) or max_tokens < 1):
             return self._anthropic_reject(request, 400, "max_tokens: field required")
         return body
 
@@ -585,18 +585,18 @@ class FakeOpenAI:
             return body
         model = body.get("model") if isinstance(body.get("model"), str) else ""
         tokens, cut = self._text_answer(body["max_tokens"])
-        promptTokens = self._anthropic_prompt_tokens(body)
-        stopReason = "max_tokens" if cut else "end_turn"
-        messageId = f"msg_fake_{next(self._ids)}"
+        prompt_tokens = self._anthropic_prompt_tokens(body)
+        stop_reason = "max_tokens" if cut else "end_turn"
+        message_id = f"msg_fake_{next(self._ids)}"
         message: dict[str, Any] = {
-            "id": messageId,
+            "id": message_id,
             "type": "message",
             "role": "assistant",
             "model": model,
             "content": [{"type": "text", "text": "".join(tokens)}],
-            "stop_reason": stopReason,
+            "stop_reason": stop_reason,
             "stop_sequence": None,
-            "usage": {"input_tokens": promptTokens, "output_tokens": len(tokens)},
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": len(tokens)},
         }
         if body.get("stream") is not True:
             data = json.dumps(message).encode()
@@ -610,7 +610,7 @@ class FakeOpenAI:
             **message,
             "content": [],
             "stop_reason": None,
-            "usage": {"input_tokens": promptTokens, "output_tokens": 0},
+            "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
         }
         events: list[tuple[dict[str, Any], int]] = [
             ({"type": "message_start", "message": started}, 0),
@@ -631,7 +631,7 @@ class FakeOpenAI:
             (
                 {
                     "type": "message_delta",
-                    "delta": {"stop_reason": stopReason, "stop_sequence": None},
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": None},
                     "usage": {"output_tokens": len(tokens)},
                 },
                 0,

@@ -43,10 +43,10 @@ class EnvelopeProtocol(Int32StringReceiver):
         # Frames are small and latency-bound (a token per frame): without TCP_NODELAY, Nagle's
         # algorithm and the peer's delayed ACK hold some of them back by ~40 ms. Through TLS the
         # wrapper forwards the call to the TCP transport; in-memory transports may lack it.
-        setNoDelay = getattr(transport, "setTcpNoDelay", None)
-        if setNoDelay is not None:
+        set_no_delay = getattr(transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
             try:
-                setNoDelay(True)
+                set_no_delay(True)
             except Exception:
                 pass
         super().makeConnection(transport)

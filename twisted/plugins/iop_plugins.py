@@ -1,8 +1,8 @@
 from twisted.application.service import ServiceMaker
 
-iopEdge = ServiceMaker(
+iop_edge = ServiceMaker(
     "IOP Edge", "iop.edge.tap", "IOP edge gateway: node listener and admin", "iop-edge"
 )
-iopNode = ServiceMaker(
+iop_node = ServiceMaker(
     "IOP Node", "iop.node.tap", "IOP node: dials its Edge and runs providers", "iop-node"
 )

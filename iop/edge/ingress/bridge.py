@@ -250,8 +250,8 @@ def _tool_result(
     block: Mapping[str, Any], where: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A tool message and the images the result carried."""
-    callId = block.get("tool_use_id")
-    if not isinstance(callId, str) or not callId:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str) or not call_id:
         raise BridgeError(f"{where}: a tool_result needs a 'tool_use_id' string")
     content = block.get("content", "")
     texts: list[str] = []
@@ -260,26 +260,28 @@ def _tool_result(
         texts.append(content)
     elif isinstance(content, list):
         for i, part in enumerate(content):
-            partWhere = f"{where}.content[{i}]"
+            part_where = f"{where}.content[{i}]"
             kind = part.get("type") if isinstance(part, dict) else None
             if kind == "text":
-                texts.append(_text_of(part, partWhere))
+                texts.append(_text_of(part, part_where))
             elif kind == "image":
-                images.append(_image_part(part, partWhere))
+                images.append(_image_part(part, part_where))
                 texts.append("[image]")
             elif kind == "document":
-                texts.append(_document_text(part, partWhere))
+                texts.append(_document_text(part, part_where))
             else:
-                raise BridgeError(f"{partWhere}: {kind!r} blocks are not supported in tool results")
+                raise BridgeError(
+                    f"{part_where}: {kind!r} blocks are not supported in tool results"
+                )
     else:
         raise BridgeError(f"{where}: tool_result content must be a string or a list of blocks")
     text = "\n".join(texts)
-    isError = block.get("is_error")
-    if isError is not None and not isinstance(isError, bool):
+    is_error = block.get("is_error")
+    if is_error is not None and not isinstance(is_error, bool):
         raise BridgeError(f"{where}: 'is_error' must be a boolean")
-    if isError:
+    if is_error:
         text = f"Error: {text}" if text else "Error"
-    return {"role": "tool", "tool_call_id": callId, "content": text}, images
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, images
 
 
 def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
@@ -288,32 +290,32 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(content, list):
         raise BridgeError(f"{where}.content: must be a string or a list of content blocks")
     tools: list[dict[str, Any]] = []
-    toolImages: list[dict[str, Any]] = []
+    tool_images: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for i, block in enumerate(content):
-        blockWhere = f"{where}.content[{i}]"
+        block_where = f"{where}.content[{i}]"
         kind = block.get("type") if isinstance(block, dict) else None
         if not isinstance(block, dict):
-            raise BridgeError(f"{blockWhere}: must be a content block object")
+            raise BridgeError(f"{block_where}: must be a content block object")
         if kind == "text":
-            parts.append({"type": "text", "text": _text_of(block, blockWhere)})
+            parts.append({"type": "text", "text": _text_of(block, block_where)})
         elif kind == "image":
-            parts.append(_image_part(block, blockWhere))
+            parts.append(_image_part(block, block_where))
         elif kind == "document":
-            parts.append({"type": "text", "text": _document_text(block, blockWhere)})
+            parts.append({"type": "text", "text": _document_text(block, block_where)})
         elif kind == "tool_result":
-            message, images = _tool_result(block, blockWhere)
+            message, images = _tool_result(block, block_where)
             tools.append(message)
-            toolImages.extend(images)
+            tool_images.extend(images)
         else:
-            raise BridgeError(f"{blockWhere}: {kind!r} blocks are not supported in user messages")
+            raise BridgeError(f"{block_where}: {kind!r} blocks are not supported in user messages")
     out = list(tools)
-    allParts = toolImages + parts
-    if allParts:
-        if all(part["type"] == "text" for part in allParts):
-            out.append({"role": "user", "content": _BLOCK_JOIN.join(p["text"] for p in allParts)})
+    all_parts = tool_images + parts
+    if all_parts:
+        if all(part["type"] == "text" for part in all_parts):
+            out.append({"role": "user", "content": _BLOCK_JOIN.join(p["text"] for p in all_parts)})
         else:
-            out.append({"role": "user", "content": allParts})
+            out.append({"role": "user", "content": all_parts})
     elif not tools:
         out.append({"role": "user", "content": ""})
     return out
@@ -327,23 +329,23 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any] | None:
     texts: list[str] = []
     calls: list[dict[str, Any]] = []
     for i, block in enumerate(content):
-        blockWhere = f"{where}.content[{i}]"
+        block_where = f"{where}.content[{i}]"
         if not isinstance(block, dict):
-            raise BridgeError(f"{blockWhere}: must be a content block object")
+            raise BridgeError(f"{block_where}: must be a content block object")
         kind = block.get("type")
         if kind == "text":
-            texts.append(_text_of(block, blockWhere))
+            texts.append(_text_of(block, block_where))
         elif kind == "tool_use":
-            callId, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
-            if not isinstance(callId, str) or not callId:
-                raise BridgeError(f"{blockWhere}: a tool_use block needs an 'id' string")
+            call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+            if not isinstance(call_id, str) or not call_id:
+                raise BridgeError(f"{block_where}: a tool_use block needs an 'id' string")
             if not isinstance(name, str) or not name:
-                raise BridgeError(f"{blockWhere}: a tool_use block needs a 'name' string")
+                raise BridgeError(f"{block_where}: a tool_use block needs a 'name' string")
             if not isinstance(arguments, dict):
-                raise BridgeError(f"{blockWhere}: a tool_use block's 'input' must be an object")
+                raise BridgeError(f"{block_where}: a tool_use block's 'input' must be an object")
             calls.append(
                 {
-                    "id": callId,
+                    "id": call_id,
                     "type": "function",
                     "function": {
                         "name": name,
@@ -355,7 +357,7 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any] | None:
             continue
         else:
             raise BridgeError(
-                f"{blockWhere}: {kind!r} blocks are not supported in assistant messages"
+                f"{block_where}: {kind!r} blocks are not supported in assistant messages"
             )
     if not texts and not calls:
         return None
@@ -457,18 +459,18 @@ def messages_to_chat(
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BridgeError("model: required string")
-    maxTokens = body.get("max_tokens")
-    if not _is_int(maxTokens) or maxTokens < 1:
+    max_tokens = body.get("max_tokens")
+    if not _is_int(max_tokens) or max_tokens < 1:
         raise BridgeError("max_tokens: required positive integer")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BridgeError("messages: required non-empty list")
 
-    chatMessages: list[dict[str, Any]] = []
+    chat_messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
         system = _system_text(body["system"])
         if system:
-            chatMessages.append({"role": "system", "content": system})
+            chat_messages.append({"role": "system", "content": system})
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -477,17 +479,17 @@ def messages_to_chat(
         if "content" not in message:
             raise BridgeError(f"{where}: 'content' is required")
         if role == "user":
-            chatMessages.extend(_user_messages(message["content"], where))
+            chat_messages.extend(_user_messages(message["content"], where))
         elif role == "assistant":
             converted = _assistant_message(message["content"], where)
             if converted is not None:
-                chatMessages.append(converted)
+                chat_messages.append(converted)
         else:
             raise BridgeError(
                 f"{where}.role: must be 'user' or 'assistant' (system goes in 'system')"
             )
 
-    chat: dict[str, Any] = {"model": target, "messages": chatMessages, "max_tokens": maxTokens}
+    chat: dict[str, Any] = {"model": target, "messages": chat_messages, "max_tokens": max_tokens}
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None:
@@ -629,10 +631,10 @@ def _tool_use_block(call: Any) -> dict[str, Any] | None:
     function = call.get("function")
     source = function if isinstance(function, dict) else call
     name = source.get("name")
-    callId = call.get("id")
+    call_id = call.get("id")
     return {
         "type": "tool_use",
-        "id": callId if isinstance(callId, str) and callId else new_tool_use_id(),
+        "id": call_id if isinstance(call_id, str) and call_id else new_tool_use_id(),
         "name": name if isinstance(name, str) else "",
         "input": _tool_input(source.get("arguments")),
     }
@@ -671,22 +673,22 @@ def chat_completion_to_message(
         if block is not None:
             content.append(block)
 
-    hasCalls = any(block["type"] == "tool_use" for block in content)
+    has_calls = any(block["type"] == "tool_use" for block in content)
     finish = choice.get("finish_reason")
-    stopReason = stop_reason_for(finish, tool_calls=hasCalls)
-    stopSequence = None
+    stop_reason = stop_reason_for(finish, tool_calls=has_calls)
+    stop_sequence = None
     if isinstance(refusal, str) and refusal and not message.get("content"):
-        stopReason = "refusal"
-    elif finish == "stop" and not hasCalls and isinstance(choice.get("stop_reason"), str):
-        stopReason, stopSequence = "stop_sequence", choice["stop_reason"]
+        stop_reason = "refusal"
+    elif finish == "stop" and not has_calls and isinstance(choice.get("stop_reason"), str):
+        stop_reason, stop_sequence = "stop_sequence", choice["stop_reason"]
     return {
         "id": new_message_id(),
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": stopReason,
-        "stop_sequence": stopSequence,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": _Usage.from_openai(completion.get("usage")).as_message_usage(),
     }
 
@@ -1003,14 +1005,14 @@ class ChatStreamToMessages:
             call = self._calls[index]
             if call.state == "pending":
                 self._open_call(index, call, out)
-        hasCalls = self._stream.has_tool_use()
-        stopReason = stop_reason_for(self._finish_reason, tool_calls=hasCalls)
-        stopSequence = None
-        if self._refused and not hasCalls:
-            stopReason = "refusal"
-        elif self._finish_reason == "stop" and not hasCalls and self._stop_string is not None:
-            stopReason, stopSequence = "stop_sequence", self._stop_string
-        self._stream.finish(stopReason, stopSequence, self._usage, out)
+        has_calls = self._stream.has_tool_use()
+        stop_reason = stop_reason_for(self._finish_reason, tool_calls=has_calls)
+        stop_sequence = None
+        if self._refused and not has_calls:
+            stop_reason = "refusal"
+        elif self._finish_reason == "stop" and not has_calls and self._stop_string is not None:
+            stop_reason, stop_sequence = "stop_sequence", self._stop_string
+        self._stream.finish(stop_reason, stop_sequence, self._usage, out)
         return out
 
     def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
@@ -1139,9 +1141,9 @@ class RunEventsToMessages:
                 continue
             self._stream.open_tool(None, block["id"], block["name"], out)
             self._stream.tool_json(json.dumps(block["input"], ensure_ascii=False), out)
-        hasCalls = self._stream.has_tool_use()
-        stopReason = stop_reason_for(metadata.get("finish_reason"), tool_calls=hasCalls)
-        self._stream.finish(stopReason, None, _Usage.from_runtime(event.usage), out)
+        has_calls = self._stream.has_tool_use()
+        stop_reason = stop_reason_for(metadata.get("finish_reason"), tool_calls=has_calls)
+        self._stream.finish(stop_reason, None, _Usage.from_runtime(event.usage), out)
 
     def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
         """The run is lost (say, its node went away): one ``error`` event."""

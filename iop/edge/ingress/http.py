@@ -65,28 +65,28 @@ def render_error(request: IRequest, surface: str, error: ApiError) -> bytes:
 
 class LimitedRequest(Request):
     """
-    A ``twisted.web`` request that stores at most ``maxBodyBytes`` of its body: past the limit
-    it keeps nothing and sets ``bodyTooLarge`` (the handler answers 413). Memory and temporary
+    A ``twisted.web`` request that stores at most ``max_body_bytes`` of its body: past the limit
+    it keeps nothing and sets ``body_too_large`` (the handler answers 413). Memory and temporary
     files stay bounded whatever a client sends.
     """
 
-    maxBodyBytes: int = 10 * 1024 * 1024
-    bodyTooLarge: bool = False
+    max_body_bytes: int = 10 * 1024 * 1024
+    body_too_large: bool = False
     _body_received: int = 0
 
     def gotLength(self, length: int | None) -> None:
-        if length is not None and length > self.maxBodyBytes:
-            self.bodyTooLarge = True
+        if length is not None and length > self.max_body_bytes:
+            self.body_too_large = True
             super().gotLength(0)
             return
         super().gotLength(length)
 
     def handleContentChunk(self, data: bytes) -> None:
-        if self.bodyTooLarge:
+        if self.body_too_large:
             return
         self._body_received += len(data)
-        if self._body_received > self.maxBodyBytes:
-            self.bodyTooLarge = True
+        if self._body_received > self.max_body_bytes:
+            self.body_too_large = True
             if self.content is not None:
                 self.content.seek(0)
                 self.content.truncate()
@@ -97,12 +97,12 @@ class LimitedRequest(Request):
 class ClientSite(Site):
     """The client listener's ``Site``: every request is a :class:`LimitedRequest`."""
 
-    def __init__(self, resource: IResource, maxBodyBytes: int) -> None:
-        limit = maxBodyBytes
+    def __init__(self, resource: IResource, max_body_bytes: int) -> None:
+        limit = max_body_bytes
 
         @provider(INonQueuedRequestFactory)
         class _Request(LimitedRequest):
-            maxBodyBytes = limit
+            max_body_bytes = limit
 
         super().__init__(resource, requestFactory=_Request)
         self.displayTracebacks = False
@@ -148,7 +148,7 @@ def read_json(request: IRequest, limit: int) -> dict[str, Any]:
     The request body as a JSON object that re-serializes as JSON: 413 past ``limit`` bytes,
     400 for anything else that is not such an object (see the module docstring).
     """
-    if getattr(request, "bodyTooLarge", False):
+    if getattr(request, "body_too_large", False):
         raise ApiError(413, f"request body is larger than {limit} bytes", code="request_too_large")
     content = getattr(request, "content", None)
     data = content.read(limit + 1) if content is not None else b""

@@ -177,9 +177,9 @@ def _tool_call(call: Any) -> dict[str, Any] | None:
         arguments = "{}"
     elif not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    callId = call.get("id")
+    call_id = call.get("id")
     return {
-        "id": callId if isinstance(callId, str) and callId else new_call_id(),
+        "id": call_id if isinstance(call_id, str) and call_id else new_call_id(),
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }

@@ -78,10 +78,10 @@ def _calls(candidate: Any) -> list[dict[str, Any]] | None:
         arguments = _arguments(source.get("arguments", source.get("input")))
         if arguments is None:
             return None
-        callId = item.get("id")
+        call_id = item.get("id")
         calls.append(
             {
-                "id": callId if isinstance(callId, str) and callId else new_call_id(),
+                "id": call_id if isinstance(call_id, str) and call_id else new_call_id(),
                 "type": "function",
                 "function": {"name": name.strip(), "arguments": arguments},
             }

@@ -147,9 +147,9 @@ def _tool_history_as_text(message: dict[str, Any]) -> dict[str, Any]:
     """Native tool-call history rewritten as text, for a backend without tool support."""
     role = message.get("role")
     if role == "tool":
-        callId = message.get("tool_call_id") or ""
+        call_id = message.get("tool_call_id") or ""
         result = content_text(message.get("content"))
-        return {"role": "user", "content": f"Tool result for call {callId}:\n{result}"}
+        return {"role": "user", "content": f"Tool result for call {call_id}:\n{result}"}
     calls = message.get("tool_calls")
     if role == "assistant" and isinstance(calls, list) and calls:
         replayed = []
@@ -483,9 +483,9 @@ class _Run:
         metadata: dict[str, str] = {}
         if answer.finish_reason:
             metadata["finish_reason"] = answer.finish_reason
-        toolCalls = answer.tool_calls_json()
-        if toolCalls is not None:
-            metadata["openai_tool_calls"] = toolCalls
+        tool_calls = answer.tool_calls_json()
+        if tool_calls is not None:
+            metadata["openai_tool_calls"] = tool_calls
         if fallback:
             metadata["openai_text_tool_fallback"] = "true"
         usage = (

@@ -206,18 +206,18 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertEqual(dict(profile.extensions), {"thinking": True, "reasoning": False})
         self.assertEqual(profile.auth_header, "Authorization")
 
-        nodeA, nodeB = config.nodes
-        self.assertEqual(nodeA.id, "node-a")
-        self.assertTrue(nodeA.token.matches(TOKEN_A))
-        self.assertFalse(nodeA.token.matches(TOKEN_B))
-        self.assertTrue(nodeB.token.matches(TOKEN_B))  # token file, whitespace stripped
-        self.assertEqual([a.name for a in nodeA.adapters], ["fake-openai", "coder"])
-        fake = nodeA.adapters[0]
+        node_a, node_b = config.nodes
+        self.assertEqual(node_a.id, "node-a")
+        self.assertTrue(node_a.token.matches(TOKEN_A))
+        self.assertFalse(node_a.token.matches(TOKEN_B))
+        self.assertTrue(node_b.token.matches(TOKEN_B))  # token file, whitespace stripped
+        self.assertEqual([a.name for a in node_a.adapters], ["fake-openai", "coder"])
+        fake = node_a.adapters[0]
         self.assertEqual(fake.headers, (("Authorization", f"Bearer {UPSTREAM_KEY}"),))
         self.assertEqual(fake.max_concurrency, 1)
         self.assertTrue(fake.enabled)
 
-        chat, cli = nodeA.providers
+        chat, cli = node_a.providers
         self.assertEqual(
             (chat.id, chat.adapter, chat.adapter_instance, chat.type, chat.category),
             ("a-chat", "fake-openai", "fake-openai", "openai_compat", "api"),
@@ -235,7 +235,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
                 ("pool", [("a-chat", "m1"), ("b-chat", "m2")]),
             ],
         )
-        self.assertIs(config.node("node-b"), nodeB)
+        self.assertIs(config.node("node-b"), node_b)
 
     def test_minimal(self) -> None:
         """Only the required keys: defaults fill in the rest."""
@@ -313,9 +313,9 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertEqual(config.tls.client_ca_file, os.path.join(self.base, "pki", "ca.crt"))
         self.assertEqual((config.heartbeat.interval_sec, config.heartbeat.timeout_sec), (1.5, 4))
         self.assertEqual((config.max_frame_bytes, config.register_timeout_sec), (1024, 2.5))
-        nodeA = config.nodes[0]
-        self.assertEqual((nodeA.alias, nodeA.agent_kind, nodeA.concurrency), ("A", "gpu", 3))
-        coder = nodeA.adapters[1]
+        node_a = config.nodes[0]
+        self.assertEqual((node_a.alias, node_a.agent_kind, node_a.concurrency), ("A", "gpu", 3))
+        coder = node_a.adapters[1]
         self.assertEqual(coder.args, ("--port", "8080", "true"))
         self.assertEqual(coder.env, (("KEY", UPSTREAM_KEY), ("PLAIN", "a${literal}")))
         self.assertEqual(coder.settings, (("num_ctx", "4096"), ("name", "x")))
@@ -328,7 +328,7 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
             ("/srv/work", "plan", ("--resume",), "stream-json"),
         )
         self.assertEqual((coder.prompt_placement, coder.context_size), ("stdin", 8192))
-        chat = nodeA.providers[0]
+        chat = node_a.providers[0]
         self.assertEqual(
             (
                 chat.priority,

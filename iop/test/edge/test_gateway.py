@@ -27,7 +27,7 @@ class GatewayTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         base = edge_config()
-        nodeA = dataclasses.replace(
+        node_a = dataclasses.replace(
             base.nodes[0],
             adapters=(
                 *base.nodes[0].adapters,
@@ -36,7 +36,7 @@ class GatewayTests(SynchronousTestCase):
         )
         self.config = dataclasses.replace(
             base,
-            nodes=(nodeA, base.nodes[1]),
+            nodes=(node_a, base.nodes[1]),
             model_routes=(ModelRoute("direct", "llama", "llama3.2"),),
         )
         self.pool = ProviderPool(self.config, self.clock)

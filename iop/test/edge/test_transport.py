@@ -152,13 +152,13 @@ class EdgeTransportTests(SynchronousTestCase):
 
     def test_heartbeat_timeout_fences_only_current_generation(self) -> None:
         """A silent ready node is fenced after the wait; a live one is untouched."""
-        silent, _, silentPump = self.handshake("node-a")
-        live, _, livePump = self.handshake("node-b")
+        silent, _, silent_pump = self.handshake("node-a")
+        live, _, live_pump = self.handshake("node-b")
         for _ in range(3):
             self.clock.advance(2)
             live.send_envelope(pb.Envelope(heartbeat=pb.Heartbeat(sequence=1)))
-            livePump.flush()
-            silentPump.flush(advanceClock=False)
+            live_pump.flush()
+            silent_pump.flush(advanceClock=False)
         self.assertTrue(silent.lost)
         self.assertEqual(self.registry.state("node-a"), "disconnected")
         self.assertTrue(self.registry.is_ready("node-b"))
@@ -189,11 +189,11 @@ class EdgeTransportTests(SynchronousTestCase):
         self.assertEqual(self.registry.state("node-a"), "disconnected")
 
     def test_malformed_frame_closes_one_connection_only(self) -> None:
-        bad, _, badPump = self.handshake("node-a")
-        good, _, goodPump = self.handshake("node-b")
+        bad, _, bad_pump = self.handshake("node-a")
+        good, _, good_pump = self.handshake("node-b")
         bad.transport.write(struct.pack("!I", 64 * 1024 + 1))  # type: ignore[union-attr]
-        badPump.flush()
-        goodPump.flush()
+        bad_pump.flush()
+        good_pump.flush()
         self.assertTrue(bad.lost)
         self.assertEqual(self.registry.state("node-a"), "disconnected")
         self.assertFalse(good.lost)
@@ -357,18 +357,18 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
 
     def check(self, provider_type: str, wire: str) -> None:
         self.build(provider_type)
-        busy, busyPump = self.connect("node-b")
+        busy, busy_pump = self.connect("node-b")
         busy.ready("node-b")
-        busyPump.flush()
+        busy_pump.flush()
         self.submit(0)  # holds node-b's only slot
         for index in (1, 2, 3):
             self.submit(index)
-        busyPump.flush()
+        busy_pump.flush()
         self.assertEqual([(i, n) for i, n, _ in self.served], [(0, "node-b")])
 
-        late, latePump = self.connect("node-a")
+        late, late_pump = self.connect("node-a")
         late.ready("node-a")
-        latePump.flush()
+        late_pump.flush()
         kinds = late.kinds()
         request = "provider_tunnel_request" if wire == "tunnel" else "run_request"
         self.assertEqual(kinds, ["register_response", "node_ready_response", request])
@@ -379,13 +379,13 @@ class ReadyPumpsQueueTests(SynchronousTestCase):
         for expected in (1, 2, 3):
             index, node_id, run_id = self.served[-1]
             self.assertEqual((index, node_id), (expected, "node-a"))
-            self.finish(late, latePump, run_id, wire)
+            self.finish(late, late_pump, run_id, wire)
         self.assertEqual([i for i, _, _ in self.served], [0, 1, 2, 3])
         self.assertEqual(self.requests(late), [r for _, n, r in self.served if n == "node-a"])
         self.assertEqual(len(set(self.requests(late))), 3)
         self.assertEqual(self.requests(busy), [self.served[0][2]])
 
-        self.finish(busy, busyPump, self.served[0][2], wire)
+        self.finish(busy, busy_pump, self.served[0][2], wire)
         self.assertEqual(self.in_flight(), 0)
         self.assertEqual(self.edge.pool.snapshot()["waiters"], [])
         self.assertFalse(late.lost or busy.lost)

@@ -175,10 +175,10 @@ class AdapterRegistryTests(SynchronousTestCase):
     def test_resolveNeedsExactlyOneEnabled(self) -> None:
         ambiguous = from_payload(payload(adapter("a", "vllm"), adapter("b", "vllm")))
         self.assertRaises(UnknownAdapter, ambiguous.resolve, "vllm")
-        oneEnabled = from_payload(
+        one_enabled = from_payload(
             payload(adapter("a", "vllm", enabled=False), adapter("b", "vllm"))
         )
-        self.assertEqual(oneEnabled.resolve("vllm").name, "b")
+        self.assertEqual(one_enabled.resolve("vllm").name, "b")
 
     def test_specIsACopy(self) -> None:
         source = payload(adapter("a", "vllm"))

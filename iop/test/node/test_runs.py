@@ -173,10 +173,10 @@ def adapter_config(provider: ScriptedProvider, enabled: bool = True) -> pb.Adapt
 
 def factories_for(*providers: ScriptedProvider) -> dict[str, Callable[..., Any]]:
     """Factories (for every known type) that return the given providers by instance name."""
-    byName = {p.name: p for p in providers}
+    by_name = {p.name: p for p in providers}
 
     def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
-        return byName[spec.name]
+        return by_name[spec.name]
 
     return {t: build for t in ("openai_compat", "vllm", "ollama", "cli")}
 

@@ -159,7 +159,7 @@ class HandshakeTests(TransportTestCase):
             (pb.REGISTER_REJECT_OTHER, RetryableError),
             (pb.REGISTER_REJECT_UNSPECIFIED, RetryableError),
         ]
-        for code, errorClass in cases:
+        for code, error_class in cases:
             transport, protocol, lost = self.connect()
             seen: list[bool] = []
 
@@ -172,7 +172,7 @@ class HandshakeTests(TransportTestCase):
             d = protocol.handshake(TOKEN, self.clock, 10)
             d.addErrback(note)
             self.deliver(rejected(code, "nope"), protocol)
-            failure = self.failureResultOf(d, errorClass)
+            failure = self.failureResultOf(d, error_class)
             self.assertEqual(seen, [True], "transport aborted before the errback")
             self.assertIn("nope", failure.getErrorMessage())
             self.assertIn(pb.RegisterRejectCode.Name(code), failure.getErrorMessage())

@@ -906,9 +906,9 @@ class HeaderTests(TunnelCase):
         self.assertEqual(dropped, ["user-agent"])
 
     def test_credentialsNeverInFramesErrorsOrLogs(self) -> None:
-        secretBare = SECRET.split()[1]
+        secret_bare = SECRET.split()[1]
         echo = Scripted(
-            [f'{{"error": "bad key {secretBare}"}}'.encode()],
+            [f'{{"error": "bad key {secret_bare}"}}'.encode()],
             code=401,
             content_type=b"application/json",
             extra_headers={b"x-echo": SECRET.encode()},
@@ -925,9 +925,9 @@ class HeaderTests(TunnelCase):
         [error] = self.frames("t2")
         self.assertIn("[redacted]", error.error)
         frames = b"".join(f.SerializeToString() for f in self.frames(None) if f.kind != pb.BODY)
-        self.assertNotIn(secretBare.encode(), frames)
+        self.assertNotIn(secret_bare.encode(), frames)
         for event in self.events:
-            self.assertNotIn(secretBare, repr(event))
+            self.assertNotIn(secret_bare, repr(event))
             self.assertNotIn("client-supplied-secret", repr(event))
         self.assertIn(
             "[redacted]",

@@ -128,14 +128,14 @@ class FramingTests(SynchronousTestCase):
     def test_connections_are_independent(self) -> None:
         """A bad frame on one connection leaves another untouched."""
         bad, good = Recorder(), Recorder()
-        badTransport, goodTransport = StringTransport(), StringTransport()
+        bad_transport, good_transport = StringTransport(), StringTransport()
         aborted: list[bool] = []
-        badTransport.abortConnection = lambda: aborted.append(True)  # type: ignore[method-assign]
-        bad.makeConnection(badTransport)
-        good.makeConnection(goodTransport)
+        bad_transport.abortConnection = lambda: aborted.append(True)  # type: ignore[method-assign]
+        bad.makeConnection(bad_transport)
+        good.makeConnection(good_transport)
         bad.dataReceived(struct.pack("!I", DEFAULT_MAX_FRAME_BYTES + 1))
         envelope = pb.Envelope(heartbeat=pb.Heartbeat(sequence=1))
         good.dataReceived(frame(envelope))
         self.assertEqual(aborted, [True])
         self.assertEqual(good.received, [envelope])
-        self.assertFalse(goodTransport.disconnecting)
+        self.assertFalse(good_transport.disconnecting)

@@ -224,18 +224,18 @@ class Ingress:
         headers: dict[str, str] | None = None,
         raw: bytes | None = None,
     ) -> Deferred[Any]:
-        allHeaders = {"content-type": "application/json", **(headers or {})}
-        if key is not None and "x-api-key" not in allHeaders:
-            allHeaders["authorization"] = f"Bearer {key}"
+        all_headers = {"content-type": "application/json", **(headers or {})}
+        if key is not None and "x-api-key" not in all_headers:
+            all_headers["authorization"] = f"Bearer {key}"
         data = raw if raw is not None else json.dumps(body).encode()
-        d: Deferred[Any] = self.http.post(BASE + path, data=data, headers=allHeaders)
+        d: Deferred[Any] = self.http.post(BASE + path, data=data, headers=all_headers)
         return d
 
     def get(self, path: str, key: str | None = KEY, **headers: str) -> Deferred[Any]:
-        allHeaders = {k.replace("_", "-"): v for k, v in headers.items()}
+        all_headers = {k.replace("_", "-"): v for k, v in headers.items()}
         if key is not None:
-            allHeaders["authorization"] = f"Bearer {key}"
-        d: Deferred[Any] = self.http.get(BASE + path, headers=allHeaders)
+            all_headers["authorization"] = f"Bearer {key}"
+        d: Deferred[Any] = self.http.get(BASE + path, headers=all_headers)
         return d
 
     def flush(self) -> None:

@@ -164,8 +164,8 @@ class ConfigInStepTests(SynchronousTestCase):
         api = config.client_api
         self.assertEqual(api.listen, "tcp:8080:interface=0.0.0.0")
         self.assertEqual(api.max_body_bytes, 10 * 1024 * 1024)
-        teamA = api.key_for("example-client-key-team-a")
-        assert teamA is not None
-        self.assertEqual(teamA.models, ("qwen-coder", "local-llama"))
+        team_a = api.key_for("example-client-key-team-a")
+        assert team_a is not None
+        self.assertEqual(team_a.models, ("qwen-coder", "local-llama"))
         ops = api.key_for("example-client-key-ops")
         assert ops is not None and ops.allows("anything")

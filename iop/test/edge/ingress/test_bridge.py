@@ -127,26 +127,26 @@ def check_order(test: SynchronousTestCase, events: list[Event]) -> None:
         test.assertEqual(names.count("message_stop"), 1)
     test.assertEqual(names[0], "message_start")
     test.assertEqual(names.count("message_start"), 1)
-    openIndex: int | None = None
-    openKind = ""
-    nextIndex = 0
+    open_index: int | None = None
+    open_kind = ""
+    next_index = 0
     kinds = {"text": "text_delta", "thinking": "thinking_delta", "tool_use": "input_json_delta"}
     for name, data in events[1:]:
         if name == "content_block_start":
-            test.assertIsNone(openIndex, "a block opened while another was open")
-            test.assertEqual(data["index"], nextIndex)
-            openIndex, openKind = data["index"], data["content_block"]["type"]
-            nextIndex += 1
+            test.assertIsNone(open_index, "a block opened while another was open")
+            test.assertEqual(data["index"], next_index)
+            open_index, open_kind = data["index"], data["content_block"]["type"]
+            next_index += 1
         elif name == "content_block_delta":
-            test.assertEqual(data["index"], openIndex)
-            test.assertEqual(data["delta"]["type"], kinds[openKind])
+            test.assertEqual(data["index"], open_index)
+            test.assertEqual(data["delta"]["type"], kinds[open_kind])
         elif name == "content_block_stop":
-            test.assertEqual(data["index"], openIndex)
-            openIndex = None
+            test.assertEqual(data["index"], open_index)
+            open_index = None
         elif name in ("message_delta", "message_stop"):
-            test.assertIsNone(openIndex, "the message ended with a block open")
+            test.assertIsNone(open_index, "the message ended with a block open")
     if not failed:
-        test.assertIsNone(openIndex)
+        test.assertIsNone(open_index)
 
 
 class StreamChecks(SynchronousTestCase):

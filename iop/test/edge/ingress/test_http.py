@@ -30,7 +30,7 @@ class ClientSiteTests(SynchronousTestCase):
     def too_large(self) -> bool:
         request = self.edge.resource.requests[-1]
         self.assertIsInstance(request, LimitedRequest)
-        return bool(getattr(request, "bodyTooLarge", False))
+        return bool(getattr(request, "body_too_large", False))
 
     def head(self, extra: str) -> bytes:
         return (
@@ -61,7 +61,7 @@ class ClientSiteTests(SynchronousTestCase):
     def test_app_site(self) -> None:
         site = Ingress().app.site()
         self.assertIsInstance(site, ClientSite)
-        self.assertEqual(site.requestFactory.maxBodyBytes, BODY_LIMIT)  # type: ignore[attr-defined]
+        self.assertEqual(site.requestFactory.max_body_bytes, BODY_LIMIT)  # type: ignore[attr-defined]
 
 
 class FakeRequest:
@@ -69,7 +69,7 @@ class FakeRequest:
 
     def __init__(self, data: bytes, too_large: bool = False) -> None:
         self.content = io.BytesIO(data)
-        self.bodyTooLarge = too_large
+        self.body_too_large = too_large
 
 
 class ReadJsonTests(SynchronousTestCase):

@@ -73,12 +73,12 @@ class MessagesEstimateTests(SynchronousTestCase):
             + text_tokens('{"properties":{"city":{"type":"string"}},"type":"object"}'),
         )
         image = {"type": "image", "source": {"type": "base64", "media_type": "image/png"}}
-        withImage = messages_body(
+        with_image = messages_body(
             messages=[
                 {"role": "user", "content": [image, {"type": "text", "text": "Hello, world"}]}
             ]
         )
-        self.assertEqual(count_tokens(withImage) - base, IMAGE_TOKENS)
+        self.assertEqual(count_tokens(with_image) - base, IMAGE_TOKENS)
 
     def test_toolUseAndResult(self) -> None:
         small = messages_body(
@@ -190,8 +190,8 @@ class OpenAIEstimateTests(SynchronousTestCase):
         self.assertGreater(estimate, IMAGE_TOKENS + 3 * MESSAGE_OVERHEAD + TOOL_OVERHEAD)
 
     def test_responses(self) -> None:
-        asString = estimate_prompt_tokens_openai({"instructions": "abcd", "input": "abcdefgh"})
-        self.assertEqual(asString, REQUEST_OVERHEAD + 1 + MESSAGE_OVERHEAD + 2)
+        as_string = estimate_prompt_tokens_openai({"instructions": "abcd", "input": "abcdefgh"})
+        self.assertEqual(as_string, REQUEST_OVERHEAD + 1 + MESSAGE_OVERHEAD + 2)
         items = estimate_prompt_tokens_openai(
             {
                 "input": [

@@ -912,9 +912,9 @@ class LaunchTests(SynchronousTestCase):
         with self.assertRaises(LaunchError) as caught:
             missing.plan(ExecutionSpec(run_id="r", target="t", input="hi"), fake_which, ENVIRON)
         self.assertEqual(str(caught.exception), "command 'missing' not found")
-        noResume = CLISettings.from_spec(config(resume_args=[], workspace=self.workspace))
+        no_resume = CLISettings.from_spec(config(resume_args=[], workspace=self.workspace))
         with self.assertRaises(LaunchError) as caught:
-            noResume.plan(
+            no_resume.plan(
                 ExecutionSpec(run_id="r", target="t", input="hi", session_id="s1"),
                 fake_which,
                 ENVIRON,

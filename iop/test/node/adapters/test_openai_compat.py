@@ -196,9 +196,9 @@ class AdapterCase(SynchronousTestCase):
         )
 
     def execute(
-        self, input: str = "hello world", target: str = "demo-model", **specFields: Any
+        self, input: str = "hello world", target: str = "demo-model", **spec_fields: Any
     ) -> Deferred[None]:
-        spec = ExecutionSpec(run_id="run-1", target=target, input=input, **specFields)
+        spec = ExecutionSpec(run_id="run-1", target=target, input=input, **spec_fields)
         d = self.provider.execute(spec, self.events.append)
         self.http.flush()
         return d
