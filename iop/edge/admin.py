@@ -40,7 +40,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
-from iop.edge.commands import NodeCommander
+from iop.edge.commands import NodeCommander, SessionTermination
 from iop.edge.errors import CommandFailed, DispatchError, NodeUnavailable, NoRoute
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import ApiError
@@ -56,7 +56,6 @@ from iop.edge.ingress.relay import (
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
-from iop.wire import runtime_pb2 as pb
 
 
 def _json(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -209,7 +208,7 @@ class AdminApp:
         except NodeUnavailable as e:
             return _error(request, 503, str(e))
 
-        def answered(response: pb.CancelResponse) -> bytes:
+        def answered(response: SessionTermination) -> bytes:
             if not response.ok:
                 return _error(request, 404, response.reason or "no such session")
             return _json(request, {"session_id": session_id, "terminated": True})

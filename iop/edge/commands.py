@@ -39,6 +39,14 @@ COMMAND_TYPES: Mapping[str, int] = {
 }
 
 
+@dataclass(frozen=True)
+class SessionTermination:
+    """A node's answer to a session termination: ``ok``, or why not."""
+
+    ok: bool
+    reason: str = ""
+
+
 @dataclass
 class _Pending:
     node_id: str
@@ -92,7 +100,7 @@ class NodeCommander:
 
     def terminate_session(
         self, node_id: str, adapter: str, target: str, session_id: str
-    ) -> Deferred[pb.CancelResponse]:
+    ) -> Deferred[SessionTermination]:
         connection, generation = self._ready(node_id)
         key = f"session:{adapter}:{session_id}"
         if key in self._pending:
@@ -106,7 +114,7 @@ class NodeCommander:
                 )
             ),
         )
-        return d
+        return d.addCallback(lambda response: SessionTermination(response.ok, response.reason))
 
     # -- inbound -----------------------------------------------------------------------------
 

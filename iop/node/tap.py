@@ -4,12 +4,9 @@
 
 The node's service opens its local run store (:class:`~iop.node.store.RunStore`, at
 ``store.path``) and, once it is open, starts its :class:`~iop.node.supervisor.NodeSupervisor`. A
-store that cannot be opened is fatal (exit 1). Every session the supervisor establishes gets, in
-the handshake's "install handlers" step, a :class:`~iop.node.runs.RunManager` (``run_request``),
-a :class:`~iop.node.tunnel.TunnelManager` (``provider_tunnel_request``), one ``cancel_request``
-handler routing to whichever owns the run id, and a :class:`~iop.node.commands.NodeCommandHandler`
-(``node_command_request``); when the session is lost its runs are cancelled and its tunnels
-aborted. At shutdown the supervisor stops first, then the store closes.
+store that cannot be opened is fatal (exit 1). Every session the supervisor establishes is
+equipped with its request handlers by :func:`iop.node.handlers.make_session_setup`. At shutdown
+the supervisor stops first, then the store closes.
 
 When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
 the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
@@ -28,7 +25,7 @@ from treq.client import HTTPClient
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IReactorFromThreads, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorFromThreads, IStreamClientEndpoint
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
@@ -36,16 +33,13 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
 from iop.config.model import NodeDaemonConfig
-from iop.node.commands import NodeCommandHandler, session_transport_status
-from iop.node.runs import RunManager
-from iop.node.session import NodeSession, SessionBuilder, SessionSetup
+from iop.node.handlers import make_session_setup
+from iop.node.session import SessionBuilder
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
 from iop.node.transport import EdgeConnectionFactory
-from iop.node.tunnel import TunnelManager
 from iop.runtime.interfaces import AdapterContext, TreqClient
 from iop.security.tls import TLSConfigError, client_connection_creator
-from iop.wire import runtime_pb2 as pb
 
 # Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
 # request beyond the second concurrent one would dial, and then close, its own TCP connection.
@@ -100,49 +94,6 @@ class _ProcessExit:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(self.code)
-
-
-def make_session_setup(
-    store: RunStore,
-    clock: IReactorTime,
-    transport_info: Callable[[], Mapping[str, object]] | None = None,
-) -> SessionSetup:
-    """
-    The handshake hook that equips each new session: a :class:`RunManager` for runs, a
-    :class:`TunnelManager` for provider tunnels and a :class:`NodeCommandHandler` for node
-    commands, all on the session's adapter registry (so runs and tunnels share each adapter's
-    capacity gate). The session has one cancel handler: a ``CANCEL_RUN`` naming an open tunnel
-    goes to the tunnel manager, every other cancel to the run manager. When the session closes,
-    its active runs are cancelled (and recorded as such) and its tunnels aborted.
-    """
-
-    def setup(session: NodeSession) -> None:
-        runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
-        tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
-
-        def cancel_received(envelope: pb.Envelope) -> None:
-            request = envelope.cancel_request
-            if request.kind == pb.CANCEL_RUN and tunnels.is_active(request.run_id):
-                tunnels.cancel_request_received(envelope)
-            else:
-                runs.cancel_request_received(envelope)
-
-        commands = NodeCommandHandler(
-            session.registry,
-            runs,
-            session.send,
-            clock,
-            session_transport_status(session, clock, transport_info),
-            node_id=session.node_id,
-        )
-        session.install("run_request", runs.run_request_received)
-        session.install("cancel_request", cancel_received)
-        session.install("provider_tunnel_request", tunnels.tunnel_request_received)
-        session.install("node_command_request", commands.command_received)
-        session.when_closed().addCallback(lambda _: runs.connection_lost())
-        session.when_closed().addCallback(lambda _: tunnels.connection_lost())
-
-    return setup
 
 
 class NodeService(Service):

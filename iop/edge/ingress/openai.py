@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -198,13 +197,13 @@ class RunEventsToChunks:
         self,
         *,
         model: str,
+        created: int,
         include_usage: bool = False,
         hold_back: bool = False,
         completion_id: str | None = None,
-        created: int | None = None,
     ) -> None:
         self.id = completion_id or f"chatcmpl-{uuid.uuid4().hex}"
-        self.created = int(time.time()) if created is None else created
+        self.created = created
         self.model = model
         self._include_usage = include_usage
         self._hold_back = hold_back

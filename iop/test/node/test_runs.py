@@ -21,10 +21,10 @@ from zope.interface import implementer
 
 from iop.node.adapters.registry import AdapterRegistry
 from iop.node.errors import RetryableError
+from iop.node.handlers import make_session_setup
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionBuilder
 from iop.node.store import RunStatus, RunStore, SynchronousExecutor
-from iop.node.tap import make_session_setup
 from iop.node.transport import EdgeConnectionFactory
 from iop.runtime import (
     AdapterContext,

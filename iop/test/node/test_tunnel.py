@@ -21,9 +21,9 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
+from iop.node.handlers import make_session_setup
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession
-from iop.node.tap import make_session_setup
 from iop.node.tunnel import (
     BODY_FRAME_BYTES,
     TunnelManager,

@@ -472,7 +472,7 @@ class ConverterTests(IngressCase):
         self.assertEqual(converter.feed(RuntimeEvent.text("late")), [])
 
     def test_cancelled_is_an_error(self) -> None:
-        converter = RunEventsToChunks(model="m")
+        converter = RunEventsToChunks(model="m", created=7)
         [chunk] = converter.feed(RuntimeEvent.cancelled("timeout"))
         self.assertIn("cancelled", chunk["error"]["message"])
 

@@ -1,0 +1,68 @@
+# -*- test-case-name: iop.test.node.test_runs -*-
+"""
+What a ready session serves: the handshake hook that installs a new session's request handlers.
+
+Each session gets a :class:`~iop.node.runs.RunManager` (``run_request``), a
+:class:`~iop.node.tunnel.TunnelManager` (``provider_tunnel_request``), one ``cancel_request``
+handler routing to whichever owns the run id, and a :class:`~iop.node.commands.NodeCommandHandler`
+(``node_command_request``); when the session is lost its runs are cancelled and its tunnels
+aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from twisted.internet.interfaces import IReactorTime
+
+from iop.node.commands import NodeCommandHandler, session_transport_status
+from iop.node.runs import RunManager
+from iop.node.session import NodeSession, SessionSetup
+from iop.node.store import RunStore
+from iop.node.tunnel import TunnelManager
+from iop.wire import runtime_pb2 as pb
+
+__all__ = ["make_session_setup"]
+
+
+def make_session_setup(
+    store: RunStore,
+    clock: IReactorTime,
+    transport_info: Callable[[], Mapping[str, object]] | None = None,
+) -> SessionSetup:
+    """
+    The handshake hook that equips each new session: a :class:`RunManager` for runs, a
+    :class:`TunnelManager` for provider tunnels and a :class:`NodeCommandHandler` for node
+    commands, all on the session's adapter registry (so runs and tunnels share each adapter's
+    capacity gate). The session has one cancel handler: a ``CANCEL_RUN`` naming an open tunnel
+    goes to the tunnel manager, every other cancel to the run manager. When the session closes,
+    its active runs are cancelled (and recorded as such) and its tunnels aborted.
+    """
+
+    def setup(session: NodeSession) -> None:
+        runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
+        tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
+
+        def cancel_received(envelope: pb.Envelope) -> None:
+            request = envelope.cancel_request
+            if request.kind == pb.CANCEL_RUN and tunnels.is_active(request.run_id):
+                tunnels.cancel_request_received(envelope)
+            else:
+                runs.cancel_request_received(envelope)
+
+        commands = NodeCommandHandler(
+            session.registry,
+            runs,
+            session.send,
+            clock,
+            session_transport_status(session, clock, transport_info),
+            node_id=session.node_id,
+        )
+        session.install("run_request", runs.run_request_received)
+        session.install("cancel_request", cancel_received)
+        session.install("provider_tunnel_request", tunnels.tunnel_request_received)
+        session.install("node_command_request", commands.command_received)
+        session.when_closed().addCallback(lambda _: runs.connection_lost())
+        session.when_closed().addCallback(lambda _: tunnels.connection_lost())
+
+    return setup
