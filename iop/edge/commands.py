@@ -21,9 +21,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.edge.errors import CommandFailed, NodeUnavailable, NoRoute
-from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import Send, send_envelope
 from iop.wire import runtime_pb2 as pb
 
 COMMAND_TIMEOUT_SEC = 30.0

@@ -19,7 +19,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from iop.edge.errors import DispatchError
-from iop.edge.interfaces import INodeConnection
+from iop.edge.interfaces import INodeConnection, Send
+from iop.wire import runtime_pb2 as pb
 
 T = TypeVar("T")
 
@@ -104,6 +105,26 @@ class InFlightTable(Generic[T]):
         entry.last_sequence = sequence
         return entry
 
+    def request_cancel(
+        self, key: str, reason: str, send: Send, end: Callable[[InFlight[T]], None]
+    ) -> None:
+        """
+        Ask the node to cancel ``key`` (``CancelRequest(CANCEL_RUN)``). ``end(entry)`` ends it
+        here: at once when the request cannot be sent, else after the cancel grace unless the
+        node has ended it by then.
+        """
+        entry = self._entries[key]
+        request = pb.CancelRequest(kind=pb.CANCEL_RUN, run_id=key, reason=reason)
+        try:
+            send(entry.connection, pb.Envelope(cancel_request=request))
+        except Exception:
+            self.log.failure(
+                "sending cancel for {what} {run_id} failed", what=self._what, run_id=key
+            )
+            end(entry)
+            return
+        self.start_grace(key, end)
+
     def start_grace(self, key: str, expired: Callable[[InFlight[T]], None]) -> None:
         """After the cancel grace, ``expired(entry)`` unless ``key`` has ended by then."""
 
@@ -111,6 +132,12 @@ class InFlightTable(Generic[T]):
             entry = self._entries.get(key)
             if entry is not None:
                 entry.cancel_timer = None
+                self.log.warn(
+                    "node {node_id} did not confirm cancel of {what} {run_id}; ending it here",
+                    node_id=entry.node_id,
+                    what=self._what,
+                    run_id=key,
+                )
                 expired(entry)
 
         entry = self._entries[key]

@@ -6,6 +6,8 @@ that use it, and what the registry tells the services that must follow a node's 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from zope.interface import Attribute, Interface
 
 from iop.wire import runtime_pb2 as pb
@@ -36,4 +38,13 @@ class INodeLifecycleObserver(Interface):
         """``node_id``'s ready generation ``generation`` is gone: return its resources."""
 
 
-__all__ = ["INodeConnection", "INodeLifecycleObserver"]
+# How a service sends to a node connection (tests inject a recorder or a failing send).
+Send = Callable[[INodeConnection, pb.Envelope], None]
+
+
+def send_envelope(connection: INodeConnection, envelope: pb.Envelope) -> None:
+    """The default :data:`Send`: the connection's own."""
+    connection.send_envelope(envelope)
+
+
+__all__ = ["INodeConnection", "INodeLifecycleObserver", "Send", "send_envelope"]

@@ -28,8 +28,8 @@ from zope.interface import implementer
 
 from iop.config.model import EdgeConfig
 from iop.edge.errors import NodeUnavailable
-from iop.edge.inflight import InFlight, InFlightTable
-from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.inflight import InFlightTable
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
 from iop.edge.routes import RouteResolver
 from iop.runtime.events import RuntimeEvent
@@ -38,14 +38,6 @@ from iop.wire.convert import event_from_proto
 
 # How long a cancelled run waits for the node's own terminal before ending locally.
 CANCEL_GRACE_SEC = 10.0
-
-Send = Callable[[INodeConnection, pb.Envelope], None]
-
-
-def send_envelope(connection: INodeConnection, envelope: pb.Envelope) -> None:
-    """The default ``send``: the connection's own."""
-    connection.send_envelope(envelope)
-
 
 EventCallback = Callable[[RuntimeEvent], None]
 
@@ -202,29 +194,12 @@ class RunDispatcher:
         if active is None or active.item.cancel_requested:
             return False
         active.item.cancel_requested = True
-        try:
-            self._send(
-                active.connection,
-                pb.Envelope(
-                    cancel_request=pb.CancelRequest(
-                        kind=pb.CANCEL_RUN, run_id=run_id, reason=reason
-                    )
-                ),
-            )
-        except Exception:
-            self.log.failure("sending cancel for run {run_id} failed", run_id=run_id)
-            self._finish(run_id, RuntimeEvent.cancelled(reason))
-            return True
-
-        def expired(entry: InFlight[RunHandle]) -> None:
-            self.log.warn(
-                "node {node_id} did not confirm cancel of run {run_id}; ending it here",
-                node_id=entry.node_id,
-                run_id=run_id,
-            )
-            self._finish(run_id, RuntimeEvent.cancelled(reason))
-
-        self._runs.start_grace(run_id, expired)
+        self._runs.request_cancel(
+            run_id,
+            reason,
+            self._send,
+            lambda _: self._finish(run_id, RuntimeEvent.cancelled(reason)),
+        )
         return True
 
     # -- inbound from nodes ------------------------------------------------------------------
@@ -271,5 +246,4 @@ __all__ = [
     "CANCEL_GRACE_SEC",
     "RunDispatcher",
     "RunHandle",
-    "send_envelope",
 ]

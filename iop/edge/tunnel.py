@@ -37,10 +37,9 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.edge.errors import NodeUnavailable, TunnelFailed
-from iop.edge.inflight import InFlight, InFlightTable
-from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.inflight import InFlightTable
+from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import Send, send_envelope
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import Usage
 from iop.wire import runtime_pb2 as pb
@@ -391,35 +390,19 @@ class TunnelDispatcher:
         if active is None or active.item.cancel_reason is not None:
             return False
         active.item._cancelling(reason)
-        try:
-            self._send(
-                active.connection,
-                pb.Envelope(
-                    cancel_request=pb.CancelRequest(
-                        kind=pb.CANCEL_RUN, run_id=run_id, reason=reason
-                    )
-                ),
-            )
-        except Exception:
-            self.log.failure("sending cancel for tunnel {run_id} failed", run_id=run_id)
-            self._finish(run_id, reason)
-            return True
         self.log.info(
             "cancelling tunnel {run_id} on node {node_id}: {reason}",
             run_id=run_id,
             node_id=active.node_id,
             reason=reason,
         )
-        self._tunnels.start_grace(run_id, self._cancel_expired)
-        return True
-
-    def _cancel_expired(self, active: InFlight[TunnelStream]) -> None:
-        self.log.warn(
-            "node {node_id} did not end cancelled tunnel {run_id}; ending it here",
-            node_id=active.node_id,
-            run_id=active.key,
+        self._tunnels.request_cancel(
+            run_id,
+            reason,
+            self._send,
+            lambda entry: self._finish(run_id, entry.item.cancel_reason or reason),
         )
-        self._finish(active.key, active.item.cancel_reason or "cancelled")
+        return True
 
     # -- inbound from nodes ------------------------------------------------------------------
 

@@ -124,6 +124,10 @@ class ClientApp:
             code = exc.code or 500
             method = request.method.decode("latin-1", errors="replace")
             path = request.path.decode("latin-1", errors="replace")  # type: ignore[attr-defined]
+            if 300 <= code < 400:
+                # The router's redirect to a canonical path (``//`` merged): an API names its
+                # routes exactly, so a path that is not one of them is not found.
+                code = 404
             message = (
                 f"no route for {method} {path}"
                 if code in (404, 405)

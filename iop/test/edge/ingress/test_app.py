@@ -53,6 +53,16 @@ class CatalogTests(IngressCase):
         self.assertEqual((code, one["display_name"]), (200, "Native Claude"))
 
 
+class RoutingTests(IngressCase):
+    def test_unknown_route_is_404_in_the_surface_shape(self) -> None:
+        self.assertOpenAIError(self.edge.get("/v1/nope"), 404, "no route for GET /v1/nope")
+
+    def test_a_path_the_router_would_redirect_is_404_not_a_redirect(self) -> None:
+        # ``%2F`` decodes to ``//``: the router's answer is a redirect to the merged path, which
+        # an API does not give (a client would retry elsewhere, or fail on a Location-less 308).
+        self.assertOpenAIError(self.edge.get("/v1/models/%2F0"), 404, "no route for GET")
+
+
 class UsageEventTests(SynchronousTestCase):
     def test_finished_request_publishes_usage(self) -> None:
         reactor = MemoryReactorClock()
