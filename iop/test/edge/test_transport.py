@@ -181,6 +181,19 @@ class EdgeTransportTests(SynchronousTestCase):
         self.assertTrue(node.lost)
         self.assertEqual(self.registry.state("node-a"), "disconnected")
 
+    def test_messages_after_ready_reach_their_handler_until_the_connection_goes(self) -> None:
+        seen: list[str] = []
+        self.factory.handlers["run_event"] = lambda conn, env: seen.append(env.run_event.run_id)
+        node, edge, pump = self.handshake()
+        node.send_envelope(pb.Envelope(run_event=pb.RunEvent(run_id="r1", type="delta")))
+        pump.flush()
+        self.assertEqual(seen, ["r1"])
+        edge.transport.loseConnection()  # type: ignore[union-attr]
+        pump.flush()
+        # Whatever is still delivered to a closed connection goes to the machine: ignored.
+        edge.envelope_received(pb.Envelope(run_event=pb.RunEvent(run_id="r2", type="delta")))
+        self.assertEqual(seen, ["r1"])
+
     def test_edge_only_message_from_node_closes(self) -> None:
         node, _, pump = self.handshake()
         node.send_envelope(pb.Envelope(run_request=pb.RunRequest(run_id="r")))
