@@ -98,6 +98,7 @@ from iop.formats.errors import error_message
 from iop.formats.sse import format_event
 from iop.formats.usage import openai_chat_usage, token_count
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.security.redact import redact_secrets
 
 __all__ = [
     "PING",
@@ -833,6 +834,8 @@ class _MessageStream:
         if self.done:
             return
         self.done = True
+        # The message often carries an upstream's or a node's text: IOP's own error event.
+        message = redact_secrets(message)
         self.failed = message
         out.append(("error", anthropic_error(message, error_type)))
 

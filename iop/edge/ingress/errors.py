@@ -13,6 +13,10 @@ the node says, by the code :attr:`~iop.runtime.codes.ErrorCode.PROVIDER_AT_CAPAC
 own capacity gate was full). :func:`run_error` does the same for a run that failed before any
 output; upstream HTTP errors keep their status (:func:`upstream_error`). Rendering is
 :func:`iop.edge.ingress.http.render_error`.
+
+An :class:`ApiError`'s message is text IOP writes itself, often carrying an upstream's or a
+node's error text: it goes through :func:`iop.security.redact.redact_secrets`, so a credential an
+upstream echoes never reaches a client in IOP's own error.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from iop.edge.errors import (
 from iop.formats.errors import error_message
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import EventType, RuntimeEvent
+from iop.security.redact import redact_secrets
 
 __all__ = [
     "ANTHROPIC",
@@ -83,8 +88,8 @@ def error_types(status: int) -> tuple[str, str]:
 class ApiError(Exception):
     """
     A request that ends with an HTTP error. ``message`` is shown to the client (never a secret,
-    node address or token); ``code`` and ``param`` fill the OpenAI shape; ``headers`` are added
-    to the response (``retry-after``).
+    node address or token: it is redacted here, whatever the caller passed); ``code`` and
+    ``param`` fill the OpenAI shape; ``headers`` are added to the response (``retry-after``).
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class ApiError(Exception):
         param: str | None = None,
         headers: Sequence[tuple[str, str]] = (),
     ) -> None:
+        message = redact_secrets(message)
         super().__init__(message)
         self.status = status
         self.message = message

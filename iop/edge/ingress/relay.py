@@ -48,6 +48,7 @@ from iop.edge.ingress.http import json_bytes
 from iop.edge.runs import RunHandle
 from iop.edge.tunnel import TunnelOutcome, TunnelStream
 from iop.runtime.events import EventType, RuntimeEvent
+from iop.security.redact import redact_secrets
 
 __all__ = [
     "CLIENT_GONE",
@@ -495,7 +496,7 @@ async def relay(
                     "{run_id} failed after its response started: {error}",
                     run_id=source.run_id,
                     node_id=source.node_id,
-                    error=e.error,
+                    error=redact_secrets(e.error),
                 )
                 exchange.abort()
             return b""

@@ -188,6 +188,60 @@ class BridgeTunnelTests(IngressCase):
             self.edge.frames(self.edge.tunnel_request().run_id, start(400), body(upstream), END)
             self.assertAnthropicError(d, 400, "invalid_request_error", "context too long")
 
+    def test_upstream_error_echoing_a_credential_is_redacted(self) -> None:
+        # An upstream 401 that echoes the credential it got: IOP's own Anthropic error (whole
+        # and streamed) carries the upstream's message, never the credential.
+        secret = "sk-upstream-0123456789abcdefXYZ"
+        echoes = [
+            json.dumps(
+                {"error": {"message": f"bad header Authorization: Bearer {secret}", "type": "x"}}
+            ).encode(),
+            f"unauthorized: x-api-key: {secret}".encode(),
+            json.dumps({"detail": {"api_key": secret}}).encode(),
+        ]
+        for stream in (False, True):
+            for upstream in echoes:
+                d = self.edge.post("/v1/messages", {**MESSAGES, "stream": stream})
+                self.edge.flush()
+                run_id = self.edge.tunnel_request().run_id
+                self.edge.frames(run_id, start(401), body(upstream), END)
+                code, _, data = self.answer(d)
+                self.assertEqual(code, 401)
+                self.assertNotIn(secret.encode(), data)
+                answer = json.loads(data)
+                self.assertEqual(answer["error"]["type"], "authentication_error")
+                self.assertIn("[redacted]", answer["error"]["message"])
+        self.assertEqual(self.edge.in_flight("p-bare"), 0)
+
+    def test_failure_mid_stream_echoing_a_credential_is_redacted(self) -> None:
+        d = self.edge.post("/v1/messages", {**MESSAGES, "stream": True})
+        self.edge.flush()
+        run_id = self.edge.tunnel_request().run_id
+        self.edge.frames(
+            run_id,
+            start(200, "text/event-stream"),
+            body(sse([chunk({"content": "par"})])),
+            error("upstream said: Authorization: Bearer abcdefghijklmnop"),
+        )
+        events = events_of(self.answer(d)[2])
+        self.assertEqual(events[-1][0], "error")
+        self.assertEqual(
+            events[-1][1]["error"]["message"],
+            "the provider's stream failed: upstream said: Authorization: Bearer [redacted]",
+        )
+
+    def test_run_error_echoing_a_credential_is_redacted(self) -> None:
+        for stream in (False, True):
+            d = self.edge.post("/v1/messages", {**MESSAGES, "model": "llama", "stream": stream})
+            self.edge.flush()
+            self.edge.events(
+                self.edge.run_request().run_id,
+                RuntimeEvent.failed('upstream HTTP 401: {"api_key": "key-0123456789"}'),
+            )
+            _, _, data = self.answer(d)
+            self.assertNotIn(b"key-0123456789", data)
+            self.assertIn(b"[redacted]", data)
+
     def test_failure_mid_stream_is_an_error_event(self) -> None:
         d = self.edge.post("/v1/messages", {**MESSAGES, "stream": True})
         self.edge.flush()

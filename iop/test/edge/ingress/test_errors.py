@@ -8,8 +8,9 @@ import json
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import Overloaded, QueueTimeout, TunnelFailed, Unavailable, UnknownModel
-from iop.edge.ingress.errors import ApiError, client_error, upstream_error
+from iop.edge.ingress.errors import ApiError, client_error, run_error, upstream_error
 from iop.runtime.codes import ErrorCode
+from iop.runtime.events import RuntimeEvent
 from iop.test.edge.ingress.harness import (
     BODY_LIMIT,
     CHAT,
@@ -191,3 +192,41 @@ class MappingTests(SynchronousTestCase):
         self.assertEqual(upstream_error(500, b'{"error": "flat"}').message, "flat")
         self.assertEqual(upstream_error(502, b"gateway down").message, "gateway down")
         self.assertIn("HTTP 500", upstream_error(500, b"").message)
+
+    def test_messages_iop_writes_are_redacted(self) -> None:
+        secret = "sk-0123456789abcdefghijk"
+        echoed = f'{{"error": {{"message": "bad key Authorization: Bearer {secret}"}}}}'
+        error_ = upstream_error(401, echoed.encode())
+        self.assertEqual(error_.message, "bad key Authorization: Bearer [redacted]")
+        self.assertNotIn(secret, error_.message)
+        self.assertNotIn(secret, upstream_error(401, f"x-api-key: {secret}".encode()).message)
+        failed = run_error(RuntimeEvent.failed(f"upstream HTTP 401: api_key={secret}"))
+        self.assertEqual(failed.message, "upstream HTTP 401: api_key=[redacted]")
+        mapped = client_error(TunnelFailed(f'upstream echoed {{"api_key": "{secret}"}}'))
+        assert mapped is not None
+        self.assertNotIn(secret, json.dumps(mapped.openai_body()))
+        self.assertNotIn(secret, json.dumps(ApiError(400, secret).anthropic_body()))
+
+
+class RedactedAnswerTests(IngressCase):
+    def test_tunnel_failing_before_start_is_redacted(self) -> None:
+        d = self.edge.post("/v1/chat/completions", CHAT)
+        self.edge.flush()
+        self.edge.frames(
+            self.edge.tunnel_request().run_id, error("refused: Authorization: Bearer abcdefghijk")
+        )
+        error_ = self.assertOpenAIError(d, 502, "Bearer [redacted]")
+        self.assertNotIn("abcdefghijk", error_["message"])
+
+    def test_run_failing_mid_stream_is_redacted(self) -> None:
+        d = self.edge.post("/v1/chat/completions", {**CHAT, "model": "llama", "stream": True})
+        self.edge.flush()
+        self.edge.events(
+            self.edge.run_request().run_id,
+            RuntimeEvent.start(),
+            RuntimeEvent.text("h"),
+            RuntimeEvent.failed("echo x-api-key: abcdefghijk"),
+        )
+        _, _, data = self.answer(d)
+        self.assertIn(b"x-api-key: [redacted]", data)
+        self.assertNotIn(b"abcdefghijk", data)
