@@ -24,6 +24,10 @@ Thinking blocks reach the client only when the profile allows them over the brid
 normalized run's thinking budget is the request's ``budget_tokens`` when thinking is enabled,
 0 when it is disabled, else the model's ``default_thinking_token_budget``.
 
+Before a provider is chosen, every body is checked by :mod:`iop.edge.ingress.validate` (the
+fields the Edge reads, their types and bounds, the shape of messages, system, tools and
+thinking); unknown fields pass through untouched.
+
 ``max_tokens`` is required by the Messages API; a model with ``default_max_tokens`` fills it in
 when the request has none, and ``min_max_tokens`` is a floor.
 
@@ -95,6 +99,7 @@ from iop.edge.ingress.relay import (
     with_placement,
 )
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
+from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
 from iop.edge.tunnel import TunnelOutcome
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import RuntimeEvent
@@ -208,6 +213,7 @@ class AnthropicSurface:
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be a list")
         has_tools = bool(tools)
+        check_anthropic_messages(body)
         self._require(model)
         policy = self._gateway.model(model)
         limit = max_tokens_for(positive_int(body, "max_tokens"), policy)
@@ -323,6 +329,7 @@ class AnthropicSurface:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise bad_request("'messages' is required and must be a non-empty list")
+        check_anthropic_count_tokens(body)
         self._require(model)
         policy = self._gateway.model(model)
         if policy is not None and policy.token_counter:

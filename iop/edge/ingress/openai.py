@@ -30,6 +30,10 @@ The OpenAI-compatible client surface.
   ``openai_responses`` (tunnel operation ``responses``), passed through like a chat tunnel, with
   the policy applied to ``max_output_tokens``; anything else is 400 ``unsupported``.
 
+Before a provider is chosen, every body is checked by :mod:`iop.edge.ingress.validate` (the
+fields the Edge reads, their types and bounds, the shape of messages and tools); unknown fields
+pass through untouched.
+
 A model whose candidate providers cannot all serve an operation is refused with 400 before any
 provider is chosen: the pool picks by load, never by capability, so a mixed pool would answer
 differently from one request to the next.
@@ -79,6 +83,7 @@ from iop.edge.ingress.tools import (
     parse_text_tool_calls,
     tool_call_marker_state,
 )
+from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
 from iop.runtime.chat_input import InputError, parse_chat_input
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
@@ -461,6 +466,7 @@ class OpenAISurface:
         authorize(key, model)
         stream = optional_bool(body, "stream")
         include_usage = _stream_options(body)
+        check_openai_chat(body)
         try:
             chat = parse_chat_input(json_bytes(body).decode())
         except InputError as e:
@@ -581,6 +587,7 @@ class OpenAISurface:
         if inputs is not None and not isinstance(inputs, str | list):
             raise bad_request("'input' must be a string or a list of items", param="input")
         requested = positive_int(body, "max_output_tokens")
+        check_openai_responses(body)
         self._require(model)
         self._check_candidates(model, lambda profile: check_responses(profile, stream=stream))
 
