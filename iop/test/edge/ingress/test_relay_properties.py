@@ -8,8 +8,9 @@ route of both surfaces, to models on the tunnel wire and the run wire, pooled an
 scripted node then answers each run or tunnel in a way drawn too (a clean answer, garbage, a
 failure before or after the start, the node's capacity gate, an upstream error status) or the
 client goes away. After the response: no status 500, and every counter is back to zero — pool
-in-flight, long in-flight and queued, active tunnels and runs, pending timers — and the
-response has ended.
+in-flight, long in-flight and queued, active tunnels and runs, pending timers — the
+response has ended, and every tunnel body and JSON run input the node received is strict JSON
+(no ``NaN``/``Infinity``, valid UTF-8).
 """
 
 from __future__ import annotations
@@ -196,6 +197,16 @@ CHUNKS = sse(
     ]
 )
 
+
+def strict_loads(data: bytes | str) -> Any:
+    """JSON as RFC 8259 has it: no NaN/Infinity (Python's decoder accepts them by default)."""
+
+    def refuse(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(data, parse_constant=refuse)
+
+
 TUNNEL_ANSWERS = ["ok", "garbage", "cut", "fail", "busy", "status", "gone", "gone_silent"]
 RUN_ANSWERS = ["ok", "fail", "busy", "fail_mid", "cancelled", "gone", "gone_silent"]
 
@@ -208,6 +219,9 @@ class Scenario:
         self.draw = draw
         self.edge = Ingress()
         self.gone = False
+        # The response and its whole body (or the failure that cut it), once checked.
+        self.response: Any = None
+        self.result: Any = None
 
     def answer_tunnel(self, request: Any) -> None:
         edge, run_id = self.edge, request.run_id
@@ -296,6 +310,14 @@ class Scenario:
 
     def check(self, d: Deferred[Any]) -> None:
         case, edge = self.case, self.edge
+        # Whatever the client sent, what reached the node is JSON (RFC 8259, UTF-8).
+        for envelope in edge.sent:
+            if envelope.HasField("provider_tunnel_request"):
+                strict_loads(envelope.provider_tunnel_request.body.decode("utf-8"))
+            elif envelope.HasField("run_request"):
+                raw = envelope.run_request.input
+                if raw.lstrip().startswith("{"):
+                    strict_loads(raw)
         for provider in PROVIDERS:
             counters = edge.pool.counters("node-a", provider)
             case.assertEqual(
@@ -308,13 +330,14 @@ class Scenario:
         case.assertEqual(edge.clock.getDelayedCalls(), [])
         if self.gone:
             return
-        response = case.successResultOf(d)
+        response = self.response = case.successResultOf(d)
         case.assertNotEqual(response.code, 500)
         ended: list[Any] = []
         response.content().addBoth(ended.append)
         edge.flush()
         # The body ended: cleanly, or cut after a stream started (never left hanging).
         [result] = ended
+        self.result = result
         if response.code >= 400:
             case.assertIsInstance(result, bytes)
             case.assertIn("error", json.loads(result))

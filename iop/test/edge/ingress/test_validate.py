@@ -26,6 +26,7 @@ from iop.edge.ingress.validate import (
     check_openai_responses,
 )
 from iop.test.edge.ingress.harness import IngressCase, Recording
+from iop.test.edge.ingress.test_relay_properties import strict_loads
 
 USER = [{"role": "user", "content": "hi"}]
 # A valid body per route, to models that serve them over a tunnel (nothing answers: a request
@@ -38,15 +39,6 @@ ROUTES: dict[str, dict[str, Any]] = {
 }
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/responses")
 PROVIDERS = ["p-chat", "p-native", "p-resp", "p-plain", "p-bare", "p-llama"]
-
-
-def strict_loads(data: bytes | str) -> Any:
-    """JSON as RFC 8259 has it: no NaN/Infinity (Python's decoder accepts them by default)."""
-
-    def refuse(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    return json.loads(data, parse_constant=refuse)
 
 
 class Case(IngressCase):
