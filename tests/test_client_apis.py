@@ -21,9 +21,12 @@ cli       direct route to the agent   normalized run
 from __future__ import annotations
 
 import http.client
+import http.server
 import json
 import sys
-from typing import Any
+import threading
+from collections.abc import Iterator
+from typing import Any, ClassVar
 
 import anthropic
 import openai
@@ -470,3 +473,189 @@ def test_anthropic_client_dropping_mid_stream(cluster: Cluster) -> None:
     )
     assert took < 1.0
     wait_until(lambda: cluster.provider("p-chat")["in_flight"] == 0, 5, "in_flight back to 0")
+
+
+# -- hostile bodies, and credentials an upstream echoes -----------------------------------------
+
+UPSTREAM_SECRET = "sk-upstream-credential-0123456789abcdef"
+
+
+class _EchoingUpstream(http.server.BaseHTTPRequestHandler):
+    """An upstream that refuses every request with 401, echoing the credential it was sent."""
+
+    received: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        type(self).received.append(self.rfile.read(length))
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"invalid header Authorization: {self.headers['authorization']}",
+                    "type": "invalid_request_error",
+                }
+            }
+        ).encode()
+        self.send_response(401)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def echoing() -> Iterator[tuple[type[_EchoingUpstream], int]]:
+    """An :class:`_EchoingUpstream` in this process: its handler class and port."""
+    handler = type("Echo", (_EchoingUpstream,), {"received": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield handler, server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def start_echoing(
+    cluster: Cluster, echoing: tuple[type[_EchoingUpstream], int]
+) -> type[_EchoingUpstream]:
+    handler, port = echoing
+    cluster.write_edge_config(
+        protocol_profiles=PROFILES,
+        nodes=[
+            {
+                "id": "node-a",
+                "token": "${IOP_TEST_NODE_TOKEN}",
+                "adapters": [
+                    {
+                        "name": "echo",
+                        "type": "openai_compat",
+                        "base_url": f"http://127.0.0.1:{port}/v1",
+                        "headers": {"Authorization": f"Bearer {UPSTREAM_SECRET}"},
+                    }
+                ],
+                "providers": [
+                    {
+                        "id": "p-echo",
+                        "adapter": "echo",
+                        "category": "api",
+                        "models": ["echo-model"],
+                        "profile": "openai-chat",
+                    },
+                    {
+                        "id": "p-echo-native",
+                        "adapter": "echo",
+                        "category": "api",
+                        "models": ["echo-model"],
+                        "profile": "anthropic-native",
+                    },
+                ],
+            }
+        ],
+        models=[
+            {"id": "echo", "providers": ["p-echo"]},
+            {"id": "echo-native", "providers": ["p-echo-native"]},
+        ],
+        openai=cluster.client_api(),
+    )
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    return handler
+
+
+def _post_raw(cluster: Cluster, path: str, data: bytes) -> tuple[int, Any]:
+    connection = http.client.HTTPConnection("127.0.0.1", cluster.client_port, timeout=30)
+    connection.request(
+        "POST",
+        path,
+        body=data,
+        headers={"authorization": f"Bearer {CLIENT_KEY}", "content-type": "application/json"},
+    )
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    connection.close()
+    return response.status, answer
+
+
+def test_bodies_the_edge_cannot_send_on_are_400_on_every_route(
+    cluster: Cluster, echoing: tuple[type[_EchoingUpstream], int]
+) -> None:
+    upstream = start_echoing(cluster, echoing)
+    user = '{"role": "user", "content": X}'
+    routes = {
+        "/v1/chat/completions": '{"model": "echo", "messages": [' + user + "]}",
+        "/v1/responses": '{"model": "echo", "input": X}',
+        "/v1/messages": '{"model": "echo", "max_tokens": 5, "messages": [' + user + "]}",
+        "/v1/messages/count_tokens": '{"model": "echo-native", "messages": [' + user + "]}",
+    }
+    poisons = ['"\\ud800"', "NaN", "Infinity", "-Infinity", "1e999", "[" * 100_000 + "]" * 100_000]
+    for path, template in routes.items():
+        for poison in poisons:
+            status, answer = _post_raw(cluster, path, template.replace("X", poison).encode())
+            assert status == 400, (path, poison[:10], answer)
+            if path.startswith("/v1/messages"):
+                assert answer["type"] == "error"
+                assert answer["error"]["type"] == "invalid_request_error"
+            else:
+                assert answer["error"]["type"] == "invalid_request_error"
+        status, answer = _post_raw(
+            cluster, path, template.replace("X", '"hi"').replace('"echo', '"\\udfffecho').encode()
+        )
+        assert status == 400, (path, answer)
+    assert upstream.received == []
+    assert cluster.provider("p-echo")["in_flight"] == 0
+
+
+def test_wrong_fields_are_400_with_the_sdks(
+    cluster: Cluster, echoing: tuple[type[_EchoingUpstream], int]
+) -> None:
+    upstream = start_echoing(cluster, echoing)
+    client = openai_client(cluster)
+    wrong: list[dict[str, Any]] = [
+        {"max_tokens": 10**30},
+        {"n": 0},
+        {"temperature": "hot"},
+        {"stop": [1]},
+    ]
+    for extra in wrong:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="echo", messages=HELLO, **extra)
+        assert refused.value.param == next(iter(extra)), extra
+    content: Any = [{"role": "user", "content": 5}]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="echo", messages=content)
+    assert refused.value.param == "messages[0].content"
+    with pytest.raises(anthropic.BadRequestError) as bad:
+        anthropic_client(cluster).messages.create(model="echo", max_tokens=10**30, messages=ASK)
+    assert "max_tokens" in str(bad.value)
+    with pytest.raises(anthropic.BadRequestError):
+        anthropic_client(cluster).messages.create(
+            model="echo",
+            max_tokens=5,
+            messages=ASK,
+            tools=[{"name": "f"}, "not a tool"],  # type: ignore[list-item]
+        )
+    assert upstream.received == []
+
+
+def test_an_echoed_credential_never_reaches_the_client_in_iop_errors(
+    cluster: Cluster, echoing: tuple[type[_EchoingUpstream], int]
+) -> None:
+    upstream = start_echoing(cluster, echoing)
+    client = anthropic_client(cluster)
+    with pytest.raises(anthropic.AuthenticationError) as whole:
+        client.messages.create(model="echo", max_tokens=5, messages=ASK)
+    assert UPSTREAM_SECRET not in str(whole.value.body)
+    assert "Bearer [redacted]" in whole.value.message
+    with pytest.raises(anthropic.AuthenticationError) as streamed:
+        with client.messages.stream(model="echo", max_tokens=5, messages=ASK) as stream:
+            for _ in stream:
+                pass
+    assert UPSTREAM_SECRET not in str(streamed.value.body)
+    assert "[redacted]" in streamed.value.message
+    # The upstream did get the requests (and the credential): the redaction is the Edge's.
+    assert len(upstream.received) == 2
+    for daemon in cluster.daemons:
+        assert UPSTREAM_SECRET not in daemon.output(), daemon.name
