@@ -550,7 +550,7 @@ class NodeWireFuzz(SynchronousTestCase):
                 self.assertIsInstance(outcome.value, NodeError, outcome.getTraceback())
 
     @settings(
-        max_examples=300,
+        max_examples=200,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

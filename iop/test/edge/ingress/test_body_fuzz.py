@@ -247,7 +247,7 @@ class BodyScenario(Scenario):
 
 class BodyFuzzProperties(SynchronousTestCase):
     @settings(
-        max_examples=400,
+        max_examples=300,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
