@@ -15,8 +15,10 @@ Every route:
 - ``model``: a non-empty string; ``stream``: a boolean (or absent/``null``).
 - Output limits (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``) and a thinking
   ``budget_tokens``: integers from 1 to 2**32-1 (what a run carries on the wire).
-- Sampling numbers (``temperature``, ``top_p``, ``presence_penalty``, ``frequency_penalty``):
-  numbers (never booleans); ``top_k``, ``seed``: integers (``seed`` within 64 bits).
+- Sampling parameters (``temperature``, ``top_p``; on Chat Completions also
+  ``presence_penalty``, ``frequency_penalty``): numbers, never booleans (and finite, as every
+  number). ``seed`` (Chat Completions) an integer within 64 bits; ``top_k`` (Messages) an
+  integer from 0 to 2**32-1.
 - ``tools``: a list of objects; ``metadata``: an object.
 
 ``POST /v1/chat/completions``: ``messages`` a non-empty list of objects, each with a string
@@ -93,12 +95,9 @@ def _bool(body: dict[str, Any], name: str, fail: Fail) -> None:
         raise fail(name, "a boolean")
 
 
-def _string(body: dict[str, Any], name: str, fail: Fail, *, non_empty: bool = False) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if not isinstance(value, str) or (non_empty and not value):
-        raise fail(name, "a non-empty string" if non_empty else "a string")
+def _string(body: dict[str, Any], name: str, fail: Fail) -> None:
+    if _present(body, name) and not isinstance(body[name], str):
+        raise fail(name, "a string")
 
 
 def _object(body: dict[str, Any], name: str, fail: Fail) -> None:
@@ -177,8 +176,8 @@ def _under(prefix: str, fail: Fail) -> Fail:
 
 
 def _common(body: dict[str, Any], fail: Fail) -> None:
-    _string(body, "model", fail, non_empty=True)
-    if not isinstance(body.get("model"), str):
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
         raise fail("model", "a non-empty string")
     _bool(body, "stream", fail)
     _list_of_objects(body, "tools", fail)
