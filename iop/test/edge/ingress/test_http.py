@@ -3,17 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any
 
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.test.requesthelper import DummyChannel
 
 from iop.edge.ingress.errors import ApiError
 from iop.edge.ingress.http import ClientSite, LimitedRequest, json_bytes, read_json
-from iop.test.edge.ingress.harness import BODY_LIMIT, KEY, Ingress
+from iop.test.edge.ingress.harness import BODY_LIMIT, KEY, Ingress, ingress_config
 
 
 class ClientSiteTests(SynchronousTestCase):
@@ -146,3 +147,34 @@ class ReadJsonTests(SynchronousTestCase):
     def test_what_it_returns_serializes(self) -> None:
         body = self.read(b'{"a": "\\u0000\\u2028\\\\ud800", "b": [true, null, 0.1]}')
         self.assertEqual(json.loads(json_bytes(body)), body)
+
+
+class ListenerWiringTests(SynchronousTestCase):
+    """``twistd iop-edge`` listens for clients with the configured backlog and the site's limits."""
+
+    def listen(self, listen: str, **limits: Any) -> tuple[Any, Any]:
+        from iop.edge import tap as edge_tap
+
+        config = ingress_config()
+        options = edge_tap.Options()
+        options.edge_config = dataclasses.replace(
+            config, client_api=dataclasses.replace(config.client_api, listen=listen, **limits)
+        )
+        reactor = MemoryReactorClock()
+        service: Any = edge_tap.makeService(options, reactor=reactor)
+        service.startService()
+        self.addCleanup(service.stopService)
+        port, factory, backlog, interface = reactor.tcpServers[-1]
+        self.assertEqual((port, interface), (8081, "127.0.0.1"))
+        self.assertIsInstance(factory, ClientSite)
+        self.assertIs(factory.reactor, reactor)
+        return factory, backlog
+
+    def test_default_backlog(self) -> None:
+        site, backlog = self.listen("tcp:8081:interface=127.0.0.1", max_connections=7)
+        self.assertEqual(backlog, 1024)
+        self.assertEqual(site.connections.max_total, 7)
+
+    def test_backlog_option_and_endpoint(self) -> None:
+        self.assertEqual(self.listen("tcp:8081:interface=127.0.0.1", listen_backlog=99)[1], 99)
+        self.assertEqual(self.listen("tcp:8081:interface=127.0.0.1:backlog=7")[1], 7)
