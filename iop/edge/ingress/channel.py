@@ -25,8 +25,9 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
 - **connections**: at most ``max_connections`` at once and ``max_connections_per_peer`` from one
   address (:class:`ConnectionCounter`): one more is answered 503 and closed.
 
-Every deadline runs on the site's clock (``callLater``). A connection that does not go away
-after its answer is aborted :data:`ABORT_AFTER_SEC` later.
+Every deadline runs on the site's clock (``callLater``). A refusal is a lingering close: the
+answer and a FIN are sent, what the client still sends is read and dropped, and a client that
+has not closed :data:`ABORT_AFTER_SEC` later is aborted.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ __all__ = ["ABORT_AFTER_SEC", "ClientChannel", "ConnectionCounter", "peer_key"]
 _CLOSED = Failure(ConnectionDone())
 
 # Seconds a connection may take to go away after the Edge answered and closed it.
-ABORT_AFTER_SEC = 5.0
+ABORT_AFTER_SEC = 2.0
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _DIGITS = re.compile(rb"[0-9]+\Z")
@@ -382,7 +383,16 @@ class ClientChannel(HTTPChannel):
         transport = self.transport
         assert transport is not None
         transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        self.loseConnection()
+        lose_write = getattr(transport, "loseWriteConnection", None)
+        if lose_write is None:
+            self.loseConnection()
+        else:
+            # A lingering close: send the answer and a FIN, and read (dropping it) whatever the
+            # client still sends until it closes. Closing with its bytes unread would send a
+            # reset, and the client could lose the answer before reading it.
+            self._networkProducer.unregisterProducer()  # type: ignore[attr-defined]
+            lose_write()
+            transport.resumeProducing()  # type: ignore[attr-defined]
         self._abort = self.callLater(ABORT_AFTER_SEC, self._abort_now)
 
     def _abort_now(self) -> None:

@@ -7,12 +7,17 @@ smuggle a request, sizes, methods, deadlines on the clock, connection caps, JSON
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.ingress.channel import ABORT_AFTER_SEC, ConnectionCounter
 from iop.test.edge.ingress.harness import BODY_LIMIT, KEY
-from iop.test.edge.ingress.wire import Connection, Response, Wire
+from iop.test.edge.ingress.wire import Connection, Response, Wire, parse_responses
 
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
 MODELS = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n"
@@ -370,3 +375,47 @@ class ConnectionCapTests(ChannelCase):
         self.assertIsNotNone(counter.acquire("c"))
         counter.release("a")
         self.assertEqual(counter.by_peer, {"b": 1})
+
+
+class HalfClosable(StringTransport):
+    """A transport that can send its FIN and keep reading, as TCP's can."""
+
+    write_closed = False
+    reading = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
+
+    def resumeProducing(self) -> None:
+        self.reading = True
+
+
+class LingeringCloseTests(ChannelCase):
+    def connect(self) -> tuple[object, HalfClosable]:
+        transport = HalfClosable(peerAddress=IPv4Address("TCP", "192.0.2.1", 40000))
+        channel: Any = self.wire.site.buildProtocol(transport.getPeer())
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def test_answer_fin_then_read_until_the_client_closes(self) -> None:
+        channel: Any
+        channel, transport = self.connect()
+        channel.dataReceived(b"GET / HTTP/1.1\r\nbad\r\n\r\nmore bytes the client sent")
+        self.assertTrue(transport.write_closed)
+        self.assertTrue(transport.reading)
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual(parse_responses(transport.value()).responses[0].status, 400)
+        channel.dataReceived(b"still more")  # read and dropped
+        channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+        self.assertEqual(self.wire.site.connections.total, 0)
+
+    def test_a_client_that_never_closes_is_aborted(self) -> None:
+        channel: Any
+        channel, transport = self.connect()
+        self.wire.clock.advance(10)  # the head deadline
+        self.assertTrue(transport.write_closed)
+        self.wire.clock.advance(ABORT_AFTER_SEC)
+        self.assertTrue(transport.disconnected)
+        channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.wire.clock.getDelayedCalls(), [])

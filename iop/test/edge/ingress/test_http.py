@@ -165,10 +165,11 @@ class ListenerWiringTests(SynchronousTestCase):
         service.startService()
         self.addCleanup(service.stopService)
         port, factory, backlog, interface = reactor.tcpServers[-1]
+        site: Any = factory
         self.assertEqual((port, interface), (8081, "127.0.0.1"))
-        self.assertIsInstance(factory, ClientSite)
-        self.assertIs(factory.reactor, reactor)
-        return factory, backlog
+        self.assertIsInstance(site, ClientSite)
+        self.assertIs(site.reactor, reactor)
+        return site, backlog
 
     def test_default_backlog(self) -> None:
         site, backlog = self.listen("tcp:8081:interface=127.0.0.1", max_connections=7)
