@@ -239,7 +239,9 @@ class ClientChannel(HTTPChannel):
                 return self._bad("Content-Length must be a non-negative decimal integer")
             if self._transfer_encoding:
                 return self._bad("Transfer-Encoding and Content-Length together")
-            if int(value) > self.config.max_body_bytes:
+            digits = value.lstrip(b"0")
+            # Longer than any limit (and int() refuses over 4300 digits): too large unread.
+            if len(digits) > 18 or int(digits or b"0") > self.config.max_body_bytes:
                 return self._too_large()
         return bool(super().headerReceived(line))
 
