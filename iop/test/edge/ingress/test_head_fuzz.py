@@ -179,6 +179,31 @@ def json_or_none(data: bytes) -> Any:
         return None
 
 
+@st.composite
+def framed(draw: Any) -> bytes:
+    """A well-formed request whose framing lines (and body) are drawn: the layer a smuggler uses."""
+    method = draw(st.sampled_from(["POST", "POST", "GET", "HEAD"]))
+    path = draw(st.sampled_from(PATHS[:8]))
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.1", "HTTP/1.0"]))
+    _, data = draw(body())
+    assert isinstance(data, bytes)
+    lengths = [
+        f"Content-Length: {v}".encode()
+        for v in draw(st.lists(st.sampled_from([*LENGTH_VALUES, str(len(data))]), max_size=2))
+    ]
+    codings = [
+        f"Transfer-Encoding: {v}".encode()
+        for v in draw(st.lists(st.sampled_from(CODING_VALUES), max_size=2))
+    ]
+    base = [b"Host: edge", f"Authorization: Bearer {KEY}".encode()]
+    if draw(st.booleans()):
+        base.append(b"Expect: 100-continue")
+    lines = draw(st.permutations([*base, *lengths, *codings]))
+    head = b"\r\n".join([f"{method} {path} {version}".encode(), *lines]) + b"\r\n\r\n"
+    behind: bytes = draw(st.sampled_from([b"", b"GET /v1/models HTTP/1.1\r\n\r\n"]))
+    return head + data + behind
+
+
 class HeadFuzz(SynchronousTestCase):
     def run_bytes(self, data: bytes, pieces: list[int]) -> None:
         wire = Wire()
@@ -216,6 +241,9 @@ class HeadFuzz(SynchronousTestCase):
         self.assertTrue(connection.closed, connection.transport.value()[-200:])
         parsed = parse_responses(connection.transport.value())
         self.assertEqual(parsed.rest, b"", parsed)
+        # Nothing is answered after a response that closes the connection.
+        closing = [r.header("connection") == "close" for r in parsed.responses]
+        self.assertNotIn(True, closing[:-1], parsed)
         for response in parsed.responses:
             self.assertNotEqual(response.status, 500, response)
             self.assertFalse(300 <= response.status < 400, response)  # the API never redirects
@@ -240,6 +268,15 @@ class HeadFuzz(SynchronousTestCase):
     )
     @given(mutated(), st.lists(st.integers(1, 40), max_size=4))
     def test_any_head_gets_an_answer_or_a_close(self, data: bytes, pieces: list[int]) -> None:
+        self.run_bytes(data, pieces)
+
+    @settings(
+        max_examples=200,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(framed(), st.lists(st.integers(1, 40), max_size=3))
+    def test_any_framing_gets_an_answer_or_a_close(self, data: bytes, pieces: list[int]) -> None:
         self.run_bytes(data, pieces)
 
     def test_known_cases(self) -> None:
