@@ -14,6 +14,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 from iop.config.errors import (
@@ -27,10 +28,17 @@ from iop.config.errors import (
 )
 from iop.config.model import (
     ADAPTER_TYPES,
+    DEFAULT_CLIENT_IDLE_TIMEOUT_SEC,
     DEFAULT_HEARTBEAT_INTERVAL_SEC,
     DEFAULT_HEARTBEAT_TIMEOUT_SEC,
+    DEFAULT_LISTEN_BACKLOG,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_REQUEST_BODY_MIN_RATE,
+    DEFAULT_REQUEST_BODY_TIMEOUT_SEC,
+    DEFAULT_REQUEST_HEAD_TIMEOUT_SEC,
     PROFILE_DRIVERS,
     PROVIDER_CATEGORIES,
     TOKEN_COUNTERS,
@@ -819,6 +827,7 @@ class _EdgeParser:
         max_body = openai.integer(
             "max_body_bytes", DEFAULT_MAX_BODY_BYTES, minimum=1024, maximum=MAX_FRAME_BYTES_LIMIT
         )
+        limits = self._client_limits(openai, listen)
         routes = self._model_routes(openai, nodes, models)
         known = {m.id for m in models} | {r.model for r in routes}
         auth = True
@@ -858,8 +867,51 @@ class _EdgeParser:
                 self.issues.add("openai.auth.keys", "auth is on: configure at least one key")
         openai.finish()
         return routes, ClientAPIConfig(
-            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=max_body
+            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=max_body, **limits
         )
+
+    def _client_limits(self, openai: Section, listen: str | None) -> dict[str, Any]:
+        """The client listener's deadlines, connection caps and listen backlog."""
+        limits: dict[str, Any] = {
+            "request_head_timeout_sec": openai.number(
+                "request_head_timeout_sec", DEFAULT_REQUEST_HEAD_TIMEOUT_SEC, positive=True
+            ),
+            "request_body_timeout_sec": openai.number(
+                "request_body_timeout_sec", DEFAULT_REQUEST_BODY_TIMEOUT_SEC, positive=True
+            ),
+            "request_body_min_rate": openai.integer(
+                "request_body_min_rate", DEFAULT_REQUEST_BODY_MIN_RATE, minimum=1
+            ),
+            "idle_timeout_sec": openai.number(
+                "idle_timeout_sec", DEFAULT_CLIENT_IDLE_TIMEOUT_SEC, positive=True
+            ),
+        }
+        total = openai.integer(
+            "max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1, maximum=1_000_000
+        )
+        per_peer_given = openai.has("max_connections_per_peer")
+        per_peer = openai.integer(
+            "max_connections_per_peer",
+            min(DEFAULT_MAX_CONNECTIONS_PER_PEER, total),
+            minimum=1,
+            maximum=1_000_000,
+        )
+        if per_peer_given and per_peer > total:
+            self.issues.add(
+                openai.path_of("max_connections_per_peer"),
+                f"must be <= max_connections ({total})",
+            )
+        backlog_given = openai.has("listen_backlog")
+        backlog = openai.integer("listen_backlog", DEFAULT_LISTEN_BACKLOG, minimum=1, maximum=65535)
+        if backlog_given and listen is not None and re.search(r"(?:^|:)backlog=", listen):
+            self.issues.add(
+                openai.path_of("listen_backlog"),
+                "openai.listen already sets backlog=: give the backlog in one place",
+            )
+        limits.update(
+            max_connections=total, max_connections_per_peer=per_peer, listen_backlog=backlog
+        )
+        return limits
 
     def _model_routes(
         self, openai: Section, nodes: tuple[NodeConfig, ...], models: tuple[ModelConfig, ...]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -236,6 +237,14 @@ class ClientKey:
 
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
+# The client listener's defaults (``openai:``): see etc/iop/edge.yaml for the reasoning.
+DEFAULT_REQUEST_HEAD_TIMEOUT_SEC = 10.0
+DEFAULT_REQUEST_BODY_TIMEOUT_SEC = 10.0
+DEFAULT_REQUEST_BODY_MIN_RATE = 1024
+DEFAULT_CLIENT_IDLE_TIMEOUT_SEC = 60.0
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_CONNECTIONS_PER_PEER = 1024
+DEFAULT_LISTEN_BACKLOG = 1024
 
 
 @dataclass(frozen=True)
@@ -243,12 +252,34 @@ class ClientAPIConfig:
     """
     ``openai:``: the client HTTP listener serving the OpenAI- and Anthropic-compatible APIs.
     ``listen`` None = no client listener. ``auth`` False only on a loopback listener.
+
+    The listener's limits: a request head must arrive whole within ``request_head_timeout_sec``
+    of the connection opening (or of its first byte, on a kept-alive connection); a body gets
+    ``request_body_timeout_sec`` plus one second per ``request_body_min_rate`` bytes received;
+    a connection with nothing to do is closed after ``idle_timeout_sec``. At most
+    ``max_connections`` client connections at once, ``max_connections_per_peer`` from one
+    address (503 past either). ``listen_backlog`` is the listen queue unless ``listen`` sets
+    ``backlog=`` itself (:attr:`listen_endpoint`).
     """
 
     listen: str | None = None
     auth: bool = True
     keys: tuple[ClientKey, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    request_head_timeout_sec: float = DEFAULT_REQUEST_HEAD_TIMEOUT_SEC
+    request_body_timeout_sec: float = DEFAULT_REQUEST_BODY_TIMEOUT_SEC
+    request_body_min_rate: int = DEFAULT_REQUEST_BODY_MIN_RATE
+    idle_timeout_sec: float = DEFAULT_CLIENT_IDLE_TIMEOUT_SEC
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    listen_backlog: int = DEFAULT_LISTEN_BACKLOG
+
+    @property
+    def listen_endpoint(self) -> str | None:
+        """``listen`` with ``backlog=listen_backlog`` added when it does not set one."""
+        if self.listen is None or re.search(r"(?:^|:)backlog=", self.listen):
+            return self.listen
+        return f"{self.listen}:backlog={self.listen_backlog}"
 
     def key_for(self, presented: str) -> ClientKey | None:
         """Constant-time over all keys: every digest is compared, whatever matches."""

@@ -142,7 +142,7 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
 
     if config.client_api.listen:
         clients = StreamServerEndpointService(
-            serverFromString(reactor, config.client_api.listen), edge.clients.site()
+            serverFromString(reactor, config.client_api.listen_endpoint), edge.clients.site()
         )
         clients._raiseSynchronously = True
         clients.setName("clients")

@@ -28,11 +28,11 @@ from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.web.iweb import IRequest
-from twisted.web.resource import IResource
+from twisted.web.resource import IResource, Resource
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.anthropic import AnthropicSurface
-from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError
+from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, bad_request
 from iop.edge.ingress.http import ClientSite, header, render_error
 from iop.edge.ingress.openai import OpenAISurface
 from iop.edge.ingress.relay import Exchange, Gateway
@@ -58,6 +58,7 @@ class ClientApp:
 
     def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
         self._config = config
+        self._clock = clock
         self.openai = OpenAISurface(gateway, config, clock)
         self.anthropic = AnthropicSurface(gateway, config, clock)
 
@@ -116,7 +117,7 @@ class ClientApp:
 
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
-        from werkzeug.exceptions import HTTPException
+        from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
         exc = failure.value
         surface = surface_of(request)
@@ -124,6 +125,9 @@ class ClientApp:
             code = exc.code or 500
             method = request.method.decode("latin-1", errors="replace")
             path = request.path.decode("latin-1", errors="replace")  # type: ignore[attr-defined]
+            if isinstance(exc, MethodNotAllowed) and exc.valid_methods:
+                # RFC 9110 §15.5.6: a 405 names the methods the resource has.
+                request.setHeader(b"allow", ", ".join(sorted(exc.valid_methods)).encode())
             if 300 <= code < 400:
                 # The router's redirect to a canonical path (``//`` merged): an API names its
                 # routes exactly, so a path that is not one of them is not found.
@@ -138,8 +142,44 @@ class ClientApp:
         return render_error(request, surface, ApiError(500, "internal error"))
 
     def resource(self) -> IResource:
-        return self.app.resource()  # type: ignore[no-any-return]
+        return _TextURL(self.app.resource())
+
+    def allowed_methods(self, path: str) -> list[str]:
+        """The methods the app serves at ``path`` (none: no route there)."""
+        return sorted(self.app.url_map.bind("").allowed_methods(path))
+
+    def methods(self) -> set[str]:
+        """Every method some route serves."""
+        return {m for rule in self.app.url_map.iter_rules() for m in rule.methods or ()}
 
     def site(self) -> ClientSite:
-        """The ``Site`` for the client listener, enforcing ``openai.max_body_bytes``."""
-        return ClientSite(self.resource(), self._config.max_body_bytes)
+        """The ``Site`` for the client listener, enforcing ``openai:``'s limits."""
+        return ClientSite(
+            self.resource(),
+            self._config,
+            self._clock,
+            methods=self.methods(),
+            allowed_methods=self.allowed_methods,
+        )
+
+
+class _TextURL(Resource):
+    """
+    The app's resource, behind a check that the host and path decode as UTF-8: Klein refuses
+    them otherwise with a text body and a logged traceback; this answers the surface's 400.
+    """
+
+    isLeaf = True
+
+    def __init__(self, inner: IResource) -> None:
+        super().__init__()
+        self._inner = inner
+
+    def render(self, request: IRequest) -> Any:
+        try:
+            request.getRequestHostname().decode("utf-8")
+            b"/".join(request.prepath + request.postpath).decode("utf-8")  # type: ignore[attr-defined]
+        except UnicodeDecodeError:
+            message = "the request's host or path is not UTF-8"
+            return render_error(request, surface_of(request), bad_request(message))
+        return self._inner.render(request)

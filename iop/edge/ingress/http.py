@@ -2,8 +2,10 @@
 """
 The client listener's HTTP plumbing: the body limit, the ``Site``, JSON in and out.
 
-:class:`ClientSite` serves the app with :class:`LimitedRequest`, which stops storing a request
-body past ``openai.max_body_bytes`` (a ``Content-Length`` over the limit is not stored at all).
+:class:`ClientSite` serves the app over :class:`~iop.edge.ingress.channel.ClientChannel`
+connections (framing, deadlines, connection caps: that module) with :class:`LimitedRequest`,
+which stops storing a request body past ``openai.max_body_bytes`` (the channel refuses a
+declared length over the limit before it is read).
 :func:`read_json` is the one place a request body becomes data: ``413`` past the limit; ``400``
 for a body that is not a JSON object, or that is JSON the Edge could not send on as JSON — a
 lone UTF-16 surrogate escape (``"\\ud800"``), ``NaN``/``Infinity`` or a number too large for a
@@ -16,13 +18,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import INonQueuedRequestFactory, IRequest
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
 from zope.interface import provider
 
+from iop.config.model import ClientAPIConfig
+from iop.edge.ingress.channel import ClientChannel, ConnectionCounter
 from iop.edge.ingress.errors import ApiError, bad_request
 
 __all__ = [
@@ -95,34 +101,49 @@ class LimitedRequest(Request):
 
 
 class ClientSite(Site):
-    """The client listener's ``Site``: every request is a :class:`LimitedRequest`."""
+    """
+    The client listener's ``Site``: every connection is a
+    :class:`~iop.edge.ingress.channel.ClientChannel` held to ``config``'s limits and counted by
+    :attr:`connections`; every request is a :class:`LimitedRequest`. ``allowed_methods(path)``
+    names the methods the app serves at a path (for ``Allow``); ``methods`` is all of them.
+    """
 
-    def __init__(self, resource: IResource, max_body_bytes: int) -> None:
-        limit = max_body_bytes
+    protocol = ClientChannel  # type: ignore[assignment]  # an HTTPChannel, not the H2 switch
+
+    def __init__(
+        self,
+        resource: IResource,
+        config: ClientAPIConfig,
+        reactor: IReactorTime,
+        *,
+        methods: Iterable[str] = ("GET", "HEAD", "POST"),
+        allowed_methods: Callable[[str], Sequence[str]] = lambda path: (),
+    ) -> None:
+        limit = config.max_body_bytes
 
         @provider(INonQueuedRequestFactory)
         class _Request(LimitedRequest):
             max_body_bytes = limit
 
-        super().__init__(resource, requestFactory=_Request)
+        super().__init__(
+            resource, requestFactory=_Request, timeout=config.idle_timeout_sec, reactor=reactor
+        )
         self.displayTracebacks = False
+        self.config = config
+        self.connections = ConnectionCounter(
+            config.max_connections, config.max_connections_per_peer
+        )
+        self._methods = frozenset(m.encode("ascii") for m in methods)
+        self._allowed_methods = allowed_methods
 
     def buildProtocol(self, addr: Any) -> Any:
-        protocol = super().buildProtocol(addr)
-        protocol.makeConnection = _no_delay_first(protocol.makeConnection)
-        return protocol
-
-
-def _no_delay_first(make_connection: Any) -> Any:
-    """Streams are many small writes: send each at once (TCP_NODELAY) rather than wait on ACKs."""
-
-    def no_delay_make_connection(transport: Any) -> None:
-        set_no_delay = getattr(transport, "setTcpNoDelay", None)
-        if set_no_delay is not None:
-            set_no_delay(True)
-        make_connection(transport)
-
-    return no_delay_make_connection
+        channel = super().buildProtocol(addr)
+        channel.config = self.config
+        channel.clock = self.reactor
+        channel.counter = self.connections
+        channel.methods = self._methods
+        channel.allowed_methods = self._allowed_methods
+        return channel
 
 
 # -- JSON in -----------------------------------------------------------------------------------

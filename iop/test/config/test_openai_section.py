@@ -167,3 +167,81 @@ class ClientAPITests(SynchronousTestCase):
         data["models"][0]["token_counter"] = "exact"
         e = self.assertRaises(ConfigError, parse_edge_config, data, base_dir=".", environ=ENV)
         self.assertIn("models[0].token_counter: ", str(e))
+
+
+class ClientLimitTests(SynchronousTestCase):
+    """``openai:``'s deadlines, connection caps and listen backlog."""
+
+    OPEN = {"listen": "tcp:8080:interface=127.0.0.1", "auth": {"enabled": False}}
+
+    def test_defaults(self) -> None:
+        api = parse_openai(dict(self.OPEN)).client_api
+        self.assertEqual(
+            (
+                api.request_head_timeout_sec,
+                api.request_body_timeout_sec,
+                api.request_body_min_rate,
+                api.idle_timeout_sec,
+                api.max_connections,
+                api.max_connections_per_peer,
+                api.listen_backlog,
+            ),
+            (10.0, 10.0, 1024, 60.0, 4096, 1024, 1024),
+        )
+        self.assertEqual(api.listen_endpoint, "tcp:8080:interface=127.0.0.1:backlog=1024")
+        self.assertIsNone(parse_openai({}).client_api.listen_endpoint)
+
+    def test_set(self) -> None:
+        api = parse_openai(
+            {
+                **self.OPEN,
+                "request_head_timeout_sec": 2,
+                "request_body_timeout_sec": 0.5,
+                "request_body_min_rate": 1,
+                "idle_timeout_sec": 5,
+                "max_connections": 10,
+                "max_connections_per_peer": 10,
+                "listen_backlog": 4096,
+            }
+        ).client_api
+        self.assertEqual(
+            (api.request_head_timeout_sec, api.request_body_timeout_sec, api.idle_timeout_sec),
+            (2.0, 0.5, 5.0),
+        )
+        self.assertEqual((api.max_connections, api.max_connections_per_peer), (10, 10))
+        self.assertEqual(api.listen_endpoint, "tcp:8080:interface=127.0.0.1:backlog=4096")
+
+    def test_a_small_total_caps_the_default_per_peer(self) -> None:
+        api = parse_openai({**self.OPEN, "max_connections": 100}).client_api
+        self.assertEqual(api.max_connections_per_peer, 100)
+
+    def test_backlog_in_the_endpoint(self) -> None:
+        listen = "tcp:8080:interface=127.0.0.1:backlog=77"
+        api = parse_openai({**self.OPEN, "listen": listen}).client_api
+        self.assertEqual(api.listen_endpoint, listen)
+
+    def test_rules(self) -> None:
+        cases: list[tuple[dict[str, Any], str, str]] = [
+            ({"request_head_timeout_sec": 0}, "openai.request_head_timeout_sec", "> 0"),
+            ({"request_body_timeout_sec": "10"}, "openai.request_body_timeout_sec", "number"),
+            ({"request_body_min_rate": 0}, "openai.request_body_min_rate", ">= 1"),
+            ({"idle_timeout_sec": -1}, "openai.idle_timeout_sec", "> 0"),
+            ({"max_connections": 0}, "openai.max_connections", ""),
+            ({"max_connections_per_peer": 1.5}, "openai.max_connections_per_peer", ""),
+            (
+                {"max_connections": 10, "max_connections_per_peer": 11},
+                "openai.max_connections_per_peer",
+                "<= max_connections (10)",
+            ),
+            ({"listen_backlog": 0}, "openai.listen_backlog", ""),
+            ({"listen_backlog": 70000}, "openai.listen_backlog", ""),
+            (
+                {"listen": "tcp:8080:interface=127.0.0.1:backlog=5", "listen_backlog": 9},
+                "openai.listen_backlog",
+                "one place",
+            ),
+        ]
+        for extra, path, fragment in cases:
+            e = self.assertRaises(ConfigError, parse_openai, {**self.OPEN, **extra})
+            self.assertIn(f"{path}: ", str(e), extra)
+            self.assertIn(fragment, str(e), extra)

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 from typing import Any
 
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.test.requesthelper import DummyChannel
 
 from iop.edge.ingress.errors import ApiError
 from iop.edge.ingress.http import ClientSite, LimitedRequest, json_bytes, read_json
-from iop.test.edge.ingress.harness import BODY_LIMIT, KEY, Ingress
+from iop.test.edge.ingress.harness import BODY_LIMIT, KEY, Ingress, ingress_config
 
 
 class ClientSiteTests(SynchronousTestCase):
@@ -20,17 +22,12 @@ class ClientSiteTests(SynchronousTestCase):
 
     def exchange(self, raw: bytes) -> bytes:
         self.edge = Ingress()
-        site = ClientSite(self.edge.resource, BODY_LIMIT)
+        site = ClientSite(self.edge.resource, self.edge.config.client_api, self.edge.clock)
         channel = site.buildProtocol(None)
         transport = StringTransport()
         channel.makeConnection(transport)
         channel.dataReceived(raw)
         return transport.value()  # type: ignore[no-any-return]
-
-    def too_large(self) -> bool:
-        request = self.edge.resource.requests[-1]
-        self.assertIsInstance(request, LimitedRequest)
-        return bool(getattr(request, "body_too_large", False))
 
     def head(self, extra: str) -> bytes:
         return (
@@ -39,29 +36,46 @@ class ClientSiteTests(SynchronousTestCase):
         ).encode()
 
     def test_declared_length_over_limit(self) -> None:
-        data = b"x" * (BODY_LIMIT + 1)
-        out = self.exchange(self.head(f"Content-Length: {len(data)}\r\n") + data)
+        # Refused from the head alone (it used to be read and dropped first): the app never
+        # sees the request.
+        out = self.exchange(self.head(f"Content-Length: {BODY_LIMIT + 1}\r\n"))
         self.assertTrue(out.startswith(b"HTTP/1.1 413 "), out[:100])
         self.assertIn(b"request_too_large", out)
-        self.assertTrue(self.too_large())
+        self.assertEqual(self.edge.resource.requests, [])
 
     def test_chunked_body_over_limit(self) -> None:
         chunk = b"x" * 4096
         chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(3))
         out = self.exchange(self.head("Transfer-Encoding: chunked\r\n") + chunks + b"0\r\n\r\n")
         self.assertTrue(out.startswith(b"HTTP/1.1 413 "), out[:100])
-        self.assertTrue(self.too_large())
+        self.assertEqual(self.edge.resource.requests, [])
 
     def test_within_limit_reaches_the_app(self) -> None:
         data = json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]})
         out = self.exchange(self.head(f"Content-Length: {len(data)}\r\n") + data.encode())
         self.assertTrue(out.startswith(b"HTTP/1.1 404 "), out[:100])
-        self.assertFalse(self.too_large())
+        [request] = self.edge.resource.requests
+        self.assertIsInstance(request, LimitedRequest)
+        self.assertFalse(request.body_too_large)  # type: ignore[attr-defined]
+
+    def test_request_over_limit(self) -> None:
+        # The request's own limit, behind the channel's.
+        request = LimitedRequest(DummyChannel())
+        request.gotLength(LimitedRequest.max_body_bytes + 1)
+        self.assertTrue(request.body_too_large)
+        request = LimitedRequest(DummyChannel())
+        request.gotLength(None)
+        request.handleContentChunk(b"x" * (LimitedRequest.max_body_bytes + 1))
+        self.assertTrue(request.body_too_large)
 
     def test_app_site(self) -> None:
-        site = Ingress().app.site()
+        edge = Ingress()
+        site = edge.app.site()
         self.assertIsInstance(site, ClientSite)
         self.assertEqual(site.requestFactory.max_body_bytes, BODY_LIMIT)  # type: ignore[attr-defined]
+        self.assertIs(site.config, edge.config.client_api)
+        self.assertIs(site.reactor, edge.clock)
+        self.assertEqual(site.timeOut, edge.config.client_api.idle_timeout_sec)
 
 
 class FakeRequest:
@@ -133,3 +147,35 @@ class ReadJsonTests(SynchronousTestCase):
     def test_what_it_returns_serializes(self) -> None:
         body = self.read(b'{"a": "\\u0000\\u2028\\\\ud800", "b": [true, null, 0.1]}')
         self.assertEqual(json.loads(json_bytes(body)), body)
+
+
+class ListenerWiringTests(SynchronousTestCase):
+    """``twistd iop-edge`` listens for clients with the configured backlog and the site's limits."""
+
+    def listen(self, listen: str, **limits: Any) -> tuple[Any, Any]:
+        from iop.edge import tap as edge_tap
+
+        config = ingress_config()
+        options = edge_tap.Options()
+        options.edge_config = dataclasses.replace(
+            config, client_api=dataclasses.replace(config.client_api, listen=listen, **limits)
+        )
+        reactor = MemoryReactorClock()
+        service: Any = edge_tap.makeService(options, reactor=reactor)
+        service.startService()
+        self.addCleanup(service.stopService)
+        port, factory, backlog, interface = reactor.tcpServers[-1]
+        site: Any = factory
+        self.assertEqual((port, interface), (8081, "127.0.0.1"))
+        self.assertIsInstance(site, ClientSite)
+        self.assertIs(site.reactor, reactor)
+        return site, backlog
+
+    def test_default_backlog(self) -> None:
+        site, backlog = self.listen("tcp:8081:interface=127.0.0.1", max_connections=7)
+        self.assertEqual(backlog, 1024)
+        self.assertEqual(site.connections.max_total, 7)
+
+    def test_backlog_option_and_endpoint(self) -> None:
+        self.assertEqual(self.listen("tcp:8081:interface=127.0.0.1", listen_backlog=99)[1], 99)
+        self.assertEqual(self.listen("tcp:8081:interface=127.0.0.1:backlog=7")[1], 7)

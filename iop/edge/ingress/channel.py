@@ -1,0 +1,442 @@
+# -*- test-case-name: iop.test.edge.ingress.test_channel -*-
+"""
+The client listener's HTTP/1.1 connection: ``twisted.web``'s ``HTTPChannel`` held to what a
+gateway facing the internet needs.
+
+``HTTPChannel`` parses; :class:`ClientChannel` refuses what it must not let through, answers
+each refusal with the surface's JSON error (OpenAI shape, Anthropic shape when the path starts
+with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes the connection:
+
+- **framing (RFC 9112 §6)**: a ``Transfer-Encoding`` other than exactly ``chunked``, two
+  ``Transfer-Encoding`` lines, ``Transfer-Encoding`` with ``Content-Length``, a transfer coding
+  on HTTP/1.0, two ``Content-Length`` lines or one that is not a plain decimal: 400, so no
+  request can hide in another's body. A ``Content-Length`` or a sum of chunk sizes over
+  ``openai.max_body_bytes``: 413 at once, before the bytes are read;
+- **sizes**: a request line over the head limit (16 KiB): 414; a header line, all the headers or
+  their count over the limit: 431; any other malformed head or chunk framing: 400;
+- **targets and methods**: a request target that is not a path (``*``, ``host:port``): 400; the
+  absolute form (``http://host/path``) is served as its path; a method the API does not serve
+  (``get`` is not ``GET``): 405 with ``Allow``;
+- **time**: the head must arrive whole within ``request_head_timeout_sec`` of the connection
+  opening (of its first byte on a kept-alive connection); a body gets
+  ``request_body_timeout_sec`` plus one second per ``request_body_min_rate`` bytes received
+  (the model of Apache's ``mod_reqtimeout``: a client sending at the minimum rate never times
+  out, one trickling bytes does): 408 past either; ``idle_timeout_sec`` without a byte closes;
+- **connections**: at most ``max_connections`` at once and ``max_connections_per_peer`` from one
+  address (:class:`ConnectionCounter`): one more is answered 503 and closed.
+
+Every deadline runs on the site's clock (``callLater``). A refusal is a lingering close: the
+answer and a FIN are sent, what the client still sends is read and dropped, and a client that
+has not closed :data:`ABORT_AFTER_SEC` later is aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.http import (
+    RESPONSES,
+    HTTPChannel,
+    _ChunkedTransferDecoder,
+)
+
+from iop.config.model import ClientAPIConfig
+from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError
+
+__all__ = ["ABORT_AFTER_SEC", "ClientChannel", "ConnectionCounter", "peer_key"]
+
+_CLOSED = Failure(ConnectionDone())
+
+# Seconds a connection may take to go away after the Edge answered and closed it.
+ABORT_AFTER_SEC = 2.0
+
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+_DIGITS = re.compile(rb"[0-9]+\Z")
+
+# Where a connection is in its current request.
+_IDLE = "idle"  # between requests on a kept-alive connection
+_HEAD = "head"  # reading a request head (from the connection opening, or its first byte)
+_BODY = "body"  # reading a request body
+_HANDLING = "handling"  # the app has the request
+
+
+def peer_key(address: Any) -> str:
+    """What the per-peer cap counts by: the IP address (any other address kind counts as one)."""
+    if isinstance(address, IPv4Address | IPv6Address):
+        return address.host
+    return type(address).__name__
+
+
+class ConnectionCounter:
+    """Open client connections, in total and per peer address, against their caps."""
+
+    def __init__(self, max_total: int, max_per_peer: int) -> None:
+        self.max_total = max_total
+        self.max_per_peer = max_per_peer
+        self.total = 0
+        self.by_peer: dict[str, int] = {}
+
+    def acquire(self, peer: str) -> str | None:
+        """Count one more connection from ``peer``; or, over a cap, say which (not counted)."""
+        if self.total >= self.max_total:
+            return f"the Edge has {self.total} client connections, its limit"
+        count = self.by_peer.get(peer, 0)
+        if count >= self.max_per_peer:
+            return f"too many connections from this address ({count}, the limit)"
+        self.total += 1
+        self.by_peer[peer] = count + 1
+        return None
+
+    def release(self, peer: str) -> None:
+        self.total -= 1
+        left = self.by_peer[peer] - 1
+        if left:
+            self.by_peer[peer] = left
+        else:
+            del self.by_peer[peer]
+
+
+class _BodyTooLarge(Exception):
+    """The chunk sizes announced so far add up to more than the body limit."""
+
+
+class _LimitedChunkedDecoder(_ChunkedTransferDecoder):
+    """Twisted's chunked decoder, refusing a chunk whose size takes the body past ``limit``."""
+
+    def __init__(
+        self,
+        limit: int,
+        data_callback: Callable[[bytes], None],
+        finish_callback: Callable[[bytes], None],
+    ) -> None:
+        super().__init__(data_callback, finish_callback)
+        self._limit = limit
+        self._announced = 0
+
+    def _dataReceived_CHUNK_LENGTH(self) -> bool:
+        done = super()._dataReceived_CHUNK_LENGTH()
+        if done and self.state == "BODY":
+            self._announced += self.length
+            if self._announced > self._limit:
+                raise _BodyTooLarge()
+        return done
+
+
+class ClientChannel(HTTPChannel):
+    """
+    One client connection (see the module docstring). The
+    :class:`~iop.edge.ingress.http.ClientSite` sets :attr:`config`, :attr:`clock`,
+    :attr:`counter`, :attr:`methods` and :attr:`allowed_methods` on each.
+    """
+
+    config: ClientAPIConfig = ClientAPIConfig()
+    clock: IReactorTime
+    counter: ConnectionCounter | None = None
+    # Every method the app serves, and those it serves at a path ([] = no route there).
+    methods: frozenset[bytes] = frozenset({b"GET", b"HEAD", b"POST"})
+    allowed_methods: Callable[[str], Sequence[str]] = staticmethod(lambda path: ())
+
+    _peer: str | None = None
+    _phase = _HEAD
+    _in_head = False
+    _closing = False
+    _anthropic = False
+    _transfer_encoding = False
+    _content_length = False
+    _body_start = 0.0
+    _body_received = 0
+    _deadline: IDelayedCall | None = None
+    _abort: IDelayedCall | None = None
+
+    # -- connection ----------------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        set_no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            # Streams are many small writes: send each at once rather than wait on ACKs.
+            set_no_delay(True)
+        super().connectionMade()
+        if self.counter is not None:
+            peer = peer_key(self.transport.getPeer())  # type: ignore[union-attr]
+            refused = self.counter.acquire(peer)
+            if refused is not None:
+                self._answer_and_close(
+                    503, refused, code="too_many_connections", headers=[("Retry-After", "1")]
+                )
+                return
+            self._peer = peer
+        self._start_head()
+
+    def connectionLost(self, reason: Failure = _CLOSED) -> None:
+        self._cancel_deadline()
+        if self._abort is not None and self._abort.active():
+            self._abort.cancel()
+        self._abort = None
+        if self._peer is not None and self.counter is not None:
+            self.counter.release(self._peer)
+            self._peer = None
+        super().connectionLost(reason)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if self._phase == _IDLE and data:
+            self._start_head()
+        super().dataReceived(data)
+
+    # -- the head ------------------------------------------------------------------------------
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._closing:
+            return
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._head_too_large()
+            return
+        if not self._in_head and line:
+            self._in_head = True
+        elif line[:18].lower() == b"anthropic-version:":
+            # Seen here, not in headerReceived: Twisted holds each header line until the next
+            # (continuations), and an answer to that next line is due in this shape already.
+            self._anthropic = True
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        self._head_too_large()
+
+    def headerReceived(self, line: bytes) -> bool:
+        if self._closing:
+            return False
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.match(name):
+            return self._bad("malformed header field")
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self._answer_and_close(431, f"more than {self.maxHeaders} header fields")
+            return False
+        key = name.lower()
+        value = value.strip(b" \t")
+        if key == b"transfer-encoding":
+            if self._transfer_encoding:
+                return self._bad("Transfer-Encoding is given more than once")
+            self._transfer_encoding = True
+            if value.lower() != b"chunked":
+                return self._bad("the only transfer coding accepted is 'chunked'")
+            if self._content_length:
+                return self._bad("Transfer-Encoding and Content-Length together")
+            if getattr(self, "_version", b"") != b"HTTP/1.1":
+                return self._bad("Transfer-Encoding needs HTTP/1.1")
+        elif key == b"content-length":
+            if self._content_length:
+                return self._bad("Content-Length is given more than once")
+            self._content_length = True
+            if not _DIGITS.match(value):
+                return self._bad("Content-Length must be a non-negative decimal integer")
+            if self._transfer_encoding:
+                return self._bad("Transfer-Encoding and Content-Length together")
+            digits = value.lstrip(b"0")
+            # Longer than any limit (and int() refuses over 4300 digits): too large unread.
+            if len(digits) > 18 or int(digits or b"0") > self.config.max_body_bytes:
+                return self._too_large()
+        return bool(super().headerReceived(line))
+
+    def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
+        chosen = bool(super()._maybeChooseTransferDecoder(header, data))
+        decoder = self._transferDecoder
+        if (
+            chosen
+            and isinstance(decoder, _ChunkedTransferDecoder)
+            and not isinstance(decoder, _LimitedChunkedDecoder)
+        ):
+            self._transferDecoder = _LimitedChunkedDecoder(
+                self.config.max_body_bytes, decoder.dataCallback, decoder.finishCallback
+            )
+        return chosen
+
+    def allHeadersReceived(self) -> None:
+        if self._closing:
+            return
+        self._cancel_deadline()
+        self._in_head = False
+        target: bytes = self._path
+        if target[:8].lower().startswith((b"http://", b"https://")):
+            # The absolute form (RFC 9112 §3.2.2): served as its path.
+            authority_and_path = target.split(b"//", 1)[1]
+            slash = authority_and_path.find(b"/")
+            self._path = authority_and_path[slash:] if slash >= 0 else b"/"
+        elif not target.startswith(b"/"):
+            self._bad("the request target must be a path")
+            return
+        method: bytes = self._command
+        if method not in self.methods:
+            self._method_not_allowed(method)
+            return
+        super().allHeadersReceived()
+        if self.length != 0 and not self._closing:
+            self._phase = _BODY
+            self._body_start = self.clock.seconds()
+            self._body_received = 0
+            self._deadline = self.callLater(
+                self.config.request_body_timeout_sec, self._body_timed_out
+            )
+
+    # -- the body ------------------------------------------------------------------------------
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if self._phase == _BODY:
+            self._body_progress(len(data))
+        try:
+            super().rawDataReceived(data)
+        except _BodyTooLarge:
+            self._too_large()
+
+    def allContentReceived(self) -> None:
+        if self._closing:
+            return
+        self._cancel_deadline()
+        self._phase = _HANDLING
+        self._transfer_encoding = self._content_length = self._anthropic = False
+        super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        if self.persistent:
+            # Anything pipelined behind this request is parsed now, under a new head deadline.
+            self._phase = _IDLE
+        super().requestDone(request)
+
+    # -- refusals ------------------------------------------------------------------------------
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self._bad("malformed HTTP request")
+
+    def timeoutConnection(self) -> None:
+        if self._phase == _IDLE:
+            # A kept-alive connection with no next request: just close it.
+            super().timeoutConnection()
+            return
+        self._answer_and_close(408, "the connection was idle too long", code="request_timeout")
+
+    def _bad(self, message: str) -> bool:
+        self._answer_and_close(400, message, code="bad_request")
+        return False
+
+    def _too_large(self) -> bool:
+        limit = self.config.max_body_bytes
+        self._answer_and_close(
+            413, f"request body is larger than {limit} bytes", code="request_too_large"
+        )
+        return False
+
+    def _head_too_large(self) -> None:
+        if self._in_head:
+            self._answer_and_close(431, "request header fields too large")
+        else:
+            self._answer_and_close(414, "request line too long")
+
+    def _method_not_allowed(self, method: bytes) -> None:
+        path = self._path.split(b"?", 1)[0].decode("latin-1")
+        allowed = list(self.allowed_methods(path))
+        shown = method.decode("latin-1")
+        if not allowed:
+            self._answer_and_close(404, f"no route for {shown} {path}")
+            return
+        self._answer_and_close(
+            405, f"no route for {shown} {path}", headers=[("Allow", ", ".join(allowed))]
+        )
+
+    def _surface(self) -> str:
+        path = getattr(self, "_path", b"") or b""
+        if self._anthropic or path.startswith(b"/v1/messages"):
+            return ANTHROPIC
+        return OPENAI
+
+    def _answer_and_close(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Write ``status`` with the surface's JSON error, close, abort if that does not end it."""
+        if self._closing:
+            return
+        self._closing = True
+        self._cancel_deadline()
+        self.setTimeout(None)
+        body = json.dumps(
+            ApiError(status, message, code=code).body(self._surface()), separators=(",", ":")
+        ).encode()
+        head = [
+            b"HTTP/1.1 %d %s" % (status, RESPONSES.get(status, b"Error")),
+            b"Content-Type: application/json",
+            b"Cache-Control: no-store",
+            b"Connection: close",
+            b"Content-Length: %d" % len(body),
+        ]
+        head.extend(f"{name}: {value}".encode("latin-1") for name, value in headers)
+        transport = self.transport
+        assert transport is not None
+        transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
+        lose_write = getattr(transport, "loseWriteConnection", None)
+        if lose_write is None:
+            self.loseConnection()
+        else:
+            # A lingering close: send the answer and a FIN, and read (dropping it) whatever the
+            # client still sends until it closes. Closing with its bytes unread would send a
+            # reset, and the client could lose the answer before reading it.
+            self._networkProducer.unregisterProducer()  # type: ignore[attr-defined]
+            lose_write()
+            transport.resumeProducing()  # type: ignore[attr-defined]
+        self._abort = self.callLater(ABORT_AFTER_SEC, self._abort_now)
+
+    def _abort_now(self) -> None:
+        self._abort = None
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    # -- deadlines -----------------------------------------------------------------------------
+
+    def _start_head(self) -> None:
+        self._cancel_deadline()
+        self._phase = _HEAD
+        self._deadline = self.callLater(self.config.request_head_timeout_sec, self._head_timed_out)
+
+    def _body_progress(self, received: int) -> None:
+        self._body_received += received
+        if self._deadline is None or not self._deadline.active():
+            return
+        deadline = (
+            self._body_start
+            + self.config.request_body_timeout_sec
+            + self._body_received / self.config.request_body_min_rate
+        )
+        self._deadline.reset(max(deadline - self.clock.seconds(), 0.0))
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _head_timed_out(self) -> None:
+        self._deadline = None
+        timeout = self.config.request_head_timeout_sec
+        self._answer_and_close(
+            408, f"the request head did not arrive within {timeout:g} s", code="request_timeout"
+        )
+
+    def _body_timed_out(self) -> None:
+        self._deadline = None
+        self._answer_and_close(
+            408,
+            "the request body arrived too slowly (at least "
+            f"{self.config.request_body_min_rate} bytes/s)",
+            code="request_timeout",
+        )
