@@ -247,6 +247,13 @@ DEFAULT_MAX_CONNECTIONS_PER_PEER = 1024
 DEFAULT_LISTEN_BACKLOG = 1024
 
 
+def with_backlog(endpoint: str, backlog: int) -> str:
+    """A server endpoint string with ``backlog=`` added unless it sets one (Twisted's is 50)."""
+    if re.search(r"(?:^|:)backlog=", endpoint):
+        return endpoint
+    return f"{endpoint}:backlog={backlog}"
+
+
 @dataclass(frozen=True)
 class ClientAPIConfig:
     """
@@ -277,9 +284,9 @@ class ClientAPIConfig:
     @property
     def listen_endpoint(self) -> str | None:
         """``listen`` with ``backlog=listen_backlog`` added when it does not set one."""
-        if self.listen is None or re.search(r"(?:^|:)backlog=", self.listen):
-            return self.listen
-        return f"{self.listen}:backlog={self.listen_backlog}"
+        if self.listen is None:
+            return None
+        return with_backlog(self.listen, self.listen_backlog)
 
     def key_for(self, presented: str) -> ClientKey | None:
         """Constant-time over all keys: every digest is compared, whatever matches."""
@@ -312,6 +319,16 @@ class EdgeConfig:
     model_routes: tuple[ModelRoute, ...] = ()
     client_api: ClientAPIConfig = ClientAPIConfig()
     source_path: str = ""
+
+    @property
+    def node_listen_endpoint(self) -> str:
+        """The node listener, with a listen queue for reconnect bursts unless it sets one."""
+        return with_backlog(self.node_listen, DEFAULT_LISTEN_BACKLOG)
+
+    @property
+    def admin_listen_endpoint(self) -> str:
+        """The admin listener, with the same listen queue unless it sets one."""
+        return with_backlog(self.admin_listen, DEFAULT_LISTEN_BACKLOG)
 
     def node(self, node_id: str) -> NodeConfig | None:
         for n in self.nodes:

@@ -128,13 +128,15 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         except TLSConfigError as e:
             raise usage.UsageError(str(e)) from None
         node_factory = TLSMemoryBIOFactory(context_factory, False, edge.node_factory)
-    nodes = StreamServerEndpointService(serverFromString(reactor, config.node_listen), node_factory)
+    nodes = StreamServerEndpointService(
+        serverFromString(reactor, config.node_listen_endpoint), node_factory
+    )
     nodes._raiseSynchronously = True
     nodes.setName("nodes")
     nodes.setServiceParent(edge)
 
     admin = StreamServerEndpointService(
-        serverFromString(reactor, config.admin_listen), Site(edge.admin.resource())
+        serverFromString(reactor, config.admin_listen_endpoint), Site(edge.admin.resource())
     )
     admin._raiseSynchronously = True
     admin.setName("admin")

@@ -89,6 +89,20 @@ class TapTests(SynchronousTestCase):
         self.assertIsInstance(ports[17443], TLSMemoryBIOFactory)
         self.assertIsInstance(ports[17443].wrappedFactory, NodeConnectionFactory)
         self.assertEqual({s[3] for s in reactor.tcpServers}, {"127.0.0.1"})
+        # A burst of reconnecting nodes or admin calls queues instead of being refused.
+        self.assertEqual({s[2] for s in reactor.tcpServers}, {1024})
+
+    def test_edge_listeners_keep_a_backlog_they_set(self) -> None:
+        path = self.edge_yaml()
+        text = open(path).read().replace("tcp:18081:", "tcp:18081:backlog=7:")
+        open(path, "w").write(text)
+        options = edge_tap.Options()
+        options.parseOptions(["--config", path])
+        reactor = MemoryReactorClock()
+        service: Any = edge_tap.makeService(options, reactor)
+        service.startService()
+        self.addCleanup(service.stopService)
+        self.assertEqual({port: b for port, _, b, _ in reactor.tcpServers}, {17443: 1024, 18081: 7})
 
     def test_edge_plaintext_on_loopback_only_when_asked(self) -> None:
         options = edge_tap.Options()
