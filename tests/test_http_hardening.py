@@ -1,7 +1,9 @@
 """
 The client listener against hostile clients, on a real Edge over real sockets: a smuggled request
 is refused and never served; slow-header connections are closed at the head deadline while a
-normal request is served; at the connection cap new clients get 503 and the admin port answers.
+normal request is served; at the connection cap new clients get 503 and the admin port answers;
+protocol errors (413 and 400 before any body byte, 431, 414, 405 with Allow, a doubled slash)
+answer in the surface's JSON shape.
 """
 
 from __future__ import annotations
@@ -161,3 +163,56 @@ def test_connection_cap_answers_503_and_admin_still_answers(cluster: Cluster) ->
     wait_until(served_again, 5, "a freed slot")
     for sock in held:
         sock.close()
+
+
+def chat_head(auth: str, length: str) -> bytes:
+    return f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}{length}\r\n\r\n".encode()
+
+
+def exchange(cluster: Cluster, raw: bytes) -> bytes:
+    with connect(cluster) as sock:
+        sock.sendall(raw)
+        return read_all(sock)
+
+
+def test_protocol_errors_answer_in_the_surface_shape(cluster: Cluster) -> None:
+    """Items 2, 4 and 5 of the hardening over a real socket: each refusal is JSON, then a close."""
+    start(cluster, max_body_bytes=4096)
+    auth = f"Authorization: Bearer {CLIENT_KEY}\r\n"
+    started = time.monotonic()
+    # A body announced over the limit, or a length that is not a decimal: refused before any
+    # body byte is sent (the client here never sends one).
+    too_large = exchange(
+        cluster,
+        chat_head(auth, "Content-Length: 100000"),
+    )
+    assert status_of(too_large) == 413, too_large
+    assert body_of(too_large)["error"]["type"] == "invalid_request_error"
+    not_decimal = exchange(
+        cluster,
+        chat_head(auth, "Content-Length: 1e20"),
+    )
+    assert status_of(not_decimal) == 400, not_decimal
+    assert time.monotonic() - started < 5  # at once, not at a deadline
+    # A header over 16 KiB on the Anthropic surface: 431 in its shape.
+    huge = exchange(
+        cluster,
+        f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * 20000}\r\n\r\n".encode(),
+    )
+    assert status_of(huge) == 431, huge[:200]
+    assert body_of(huge)["type"] == "error"
+    long_line = exchange(cluster, f"GET /v1/models/{'m' * 20000} HTTP/1.1\r\n\r\n".encode())
+    assert status_of(long_line) == 414, long_line[:200]
+    # A lowercase method is not GET: 405 with the route's Allow.
+    lowercase = exchange(cluster, f"get /v1/models HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
+    assert status_of(lowercase) == 405, lowercase
+    assert b"\r\nAllow: GET" in lowercase or b"\r\nallow: GET" in lowercase.lower(), lowercase
+    # A doubled slash is not a route: 404 JSON, never a Location-less redirect.
+    doubled = exchange(
+        cluster,
+        f"POST /v1//chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 2\r\n"
+        "Connection: close\r\n\r\n{}".encode(),
+    )
+    assert status_of(doubled) == 404, doubled
+    assert b"location:" not in doubled.lower()
+    assert b'"message":"no route for POST /v1//chat/completions"' in doubled
