@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit system lint proto package-check clean
+.PHONY: run test unit system agents lint proto package-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -13,17 +13,27 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
+# The real coding-agent CLIs (Claude Code, Codex) the system suite drives, pinned in
+# tests/agents/package-lock.json. Without npm their tests skip, saying why.
+AGENTS := tests/agents/node_modules/.installed
+
+$(AGENTS): tests/agents/package.json tests/agents/package-lock.json
+	(cd tests/agents && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed) \
+	  || echo "npm could not install the agent CLIs: their system tests will skip"
+
+agents: $(AGENTS)
+
 run: $(STAMP)
 	$(BIN)/python -m iop.testing.demo
 
-test: $(STAMP)
+test: $(STAMP) $(AGENTS)
 	$(BIN)/trial iop
 	$(BIN)/pytest -q tests
 
 unit: $(STAMP)
 	$(BIN)/trial iop
 
-system: $(STAMP)
+system: $(STAMP) $(AGENTS)
 	$(BIN)/pytest -q tests
 
 lint: $(STAMP)
@@ -43,7 +53,7 @@ package-check:
 	@echo "package-check: twistd lists iop-edge and iop-node"
 
 clean:
-	rm -rf build dist *.egg-info _trial_temp .pytest_cache .mypy_cache .ruff_cache var
+	rm -rf build dist *.egg-info _trial_temp .pytest_cache .mypy_cache .ruff_cache var tests/agents/node_modules
 
 # Benchmark: IOP vs the upstream called directly vs the LiteLLM proxy, side by side (bench/).
 # LiteLLM lives in its own bench-only venv, created on first use (~2 min, ~750 MB). Pinned: the

@@ -30,6 +30,17 @@ CLIENT_KEY = "sk-systest-all-models"
 LIMITED_CLIENT_KEY = "sk-systest-limited"
 
 
+AGENTS_BIN = Path(__file__).with_name("agents") / "node_modules" / ".bin"
+
+
+def agent_cli(name: str) -> str:
+    """The path of an npm-installed agent CLI (``claude``, ``codex``); skips the test without it."""
+    path = AGENTS_BIN / name
+    if not path.exists():
+        pytest.skip(f"{name} is not installed (make agents: npm could not install it)")
+    return str(path)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
