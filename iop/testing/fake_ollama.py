@@ -10,7 +10,8 @@ Routes, shaped like the real API:
   ``message.thinking`` pieces first when thinking is on (``"think"`` truthy, or a model name
   containing ``think``), then ``message.content`` pieces, then a final ``done: true`` line with
   ``done_reason``, durations, ``prompt_eval_count`` and ``eval_count``. With ``"tools"`` the final
-  message carries ``tool_calls`` for the first tool. ``options.num_predict`` caps the content
+  message carries ``tool_calls`` for the first tool (unless the last message is already a tool
+  result: then the text answer, one tool round). ``options.num_predict`` caps the content
   tokens (``done_reason: "length"``). ``"stream": false`` answers one object. An empty
   ``messages`` list "loads" the model (``done_reason: "load"``).
 - ``GET /api/tags``, ``GET /api/ps`` (models used within their keep-alive), ``POST /api/show``,
@@ -401,7 +402,13 @@ class _Generation:
         ]
         tools = body.get("tools")
         self.tool_calls: list[dict[str, Any]] = []
-        if isinstance(tools, list) and tools and messages:
+        # One tool round: once the last message is a tool result, answer with text.
+        answered = (
+            bool(messages)
+            and isinstance(messages[-1], dict)
+            and (messages[-1].get("role") == "tool")
+        )
+        if isinstance(tools, list) and tools and messages and not answered:
             tool_name, arguments = _fake_arguments(tools[0])
             self.tool_calls = [{"function": {"name": tool_name, "arguments": arguments}}]
         self.prompt_eval_count = prompt_tokens(messages)

@@ -12,8 +12,9 @@ Routes:
   ``reasoning_content`` (:func:`fake_reasoning`) and reports ``reasoning_tokens``; a leading
   system message is reported as cached (``cached_tokens`` = its word count). A request with
   ``tools`` gets a native call to its first tool, arguments split over several chunks — unless
-  the fake rejects tools, then it answers 400. Model ``fail-500`` answers 500; model
-  ``fail-midstream`` sends a few chunks and drops the connection.
+  the fake rejects tools, then it answers 400 — and, once its last message is a tool result
+  (``role: tool``), the text answer (one tool round, so agent loops end). Model ``fail-500``
+  answers 500; model ``fail-midstream`` sends a few chunks and drops the connection.
 - ``POST /v1/responses`` (only with ``responses_api`` / ``--responses-api``; otherwise 404 like
   any unknown route): a minimal OpenAI Responses API answer of the same text (one ``message``
   output item with one ``output_text`` part; ``max_output_tokens`` caps it, then the status is
@@ -307,7 +308,10 @@ class FakeOpenAI:
         tool_call: dict[str, Any] | None = None
         arguments: list[str] = []
         content: list[str] = []
-        if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
+        # One tool round: once the conversation carries a tool result, answer with text, so an
+        # agent client's tool loop ends.
+        answered = bool(messages) and messages[-1].get("role") == "tool"
+        if isinstance(tools, list) and tools and body.get("tool_choice") != "none" and not answered:
             first: dict[str, Any] = tools[0] if isinstance(tools[0], dict) else {}
             function = first.get("function")
             name = function.get("name") if isinstance(function, dict) else None

@@ -181,6 +181,17 @@ class StreamTests(FakeTestCase):
                 "city": "fake", "days": 1, "metric": True}}}],
         )  # fmt: skip
 
+    def test_aToolResultEndsTheToolRound(self) -> None:
+        messages = [
+            *USER,
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "get_weather", "arguments": {}}}]},
+            {"role": "tool", "content": "sunny"},
+        ]  # fmt: skip
+        _, body = self.chat(tools=[WEATHER], messages=messages)
+        self.http.flush()
+        self.assertNotIn("tool_calls", body.lines()[-1]["message"])
+
     def test_numPredictCapsTheAnswer(self) -> None:
         _, body = self.chat(options={"num_predict": 2})
         self.http.flush()

@@ -225,6 +225,18 @@ class ToolTests(FakeCase):
         self.assertEqual(json.loads(call["function"]["arguments"]), {"city": "fake", "days": 1})
         self.assertEqual(body["choices"][0]["finish_reason"], "tool_calls")
 
+    def test_aToolResultEndsTheToolRound(self) -> None:
+        _, http = self.serve(tokens=2)
+        messages = [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        ]  # fmt: skip
+        body = self.json(http, self.post(http, chat(tools=[WEATHER], messages=messages)))
+        self.assertEqual(body["choices"][0]["message"]["content"], fake_text(2))
+        self.assertEqual(body["choices"][0]["finish_reason"], "stop")
+
     def test_toolChoiceNoneAnswersText(self) -> None:
         _, http = self.serve(tokens=2)
         body = self.json(http, self.post(http, chat(tools=[WEATHER], tool_choice="none")))
