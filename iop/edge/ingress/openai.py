@@ -26,9 +26,15 @@ The OpenAI-compatible client surface.
     ``data: [DONE]``. A run that fails after the stream started ends with one
     ``data: {"error": {...}}`` chunk (the OpenAI SDK raises it) and no ``[DONE]``.
 
-- ``POST /v1/responses``: only to providers whose protocol profile's driver is
-  ``openai_responses`` (tunnel operation ``responses``), passed through like a chat tunnel, with
-  the policy applied to ``max_output_tokens``; anything else is 400 ``unsupported``.
+- ``POST /v1/responses`` (:func:`check_responses` picks the route):
+
+  - **native** (a provider whose protocol profile's driver is ``openai_responses``): tunnel
+    operation ``responses``, passed through like a chat tunnel, with the policy applied to
+    ``max_output_tokens``.
+  - **bridge** (a provider that serves chat completions, or has no profile: tunnels and runs):
+    :mod:`iop.edge.ingress.responses` turns the request into a chat request (tunnel
+    ``chat_completions``, or the run input) and the answer into Responses events or one
+    ``response`` object; a run's events go through :class:`RunEventsToChunks` first.
 
 Before a provider is chosen, every body is checked by :mod:`iop.edge.ingress.validate` (the
 fields the Edge reads, their types and bounds, the shape of messages and tools); unknown fields
@@ -53,7 +59,7 @@ from twisted.web.iweb import IRequest
 from iop.config.model import ClientAPIConfig, ProfileConfig
 from iop.edge.gateway import Placement
 from iop.edge.ingress.auth import authenticate, authorize
-from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported
+from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
     json_bytes,
     optional_bool,
@@ -63,8 +69,9 @@ from iop.edge.ingress.http import (
     required_model,
 )
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
-from iop.edge.ingress.profiles import Unsupported
+from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
 from iop.edge.ingress.relay import (
+    Collect,
     Exchange,
     Gateway,
     PassThrough,
@@ -74,6 +81,14 @@ from iop.edge.ingress.relay import (
     open_tunnel,
     relay,
     with_placement,
+)
+from iop.edge.ingress.responses import (
+    ChatToResponses,
+    ResponsesBridgeStream,
+    RunEventsToResponses,
+    chat_completion_to_response,
+    format_events,
+    responses_to_chat,
 )
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.tools import (
@@ -135,19 +150,28 @@ def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> N
         )
 
 
-def check_responses(profile: ProfileConfig | None, *, stream: bool) -> None:
-    """Whether a provider with ``profile`` serves the Responses API; raises :class:`Unsupported`."""
-    if profile is None or profile.driver != DRIVER_RESPONSES:
-        name = "no protocol profile" if profile is None else f"protocol profile {profile.name!r}"
+def check_responses(profile: ProfileConfig | None, *, stream: bool, tools: bool = False) -> Route:
+    """
+    How a Responses request reaches a provider with ``profile``: :attr:`Route.NATIVE` (an
+    ``openai_responses`` profile: the raw tunnel) or :attr:`Route.BRIDGE` (a provider that
+    serves Chat Completions, :func:`check_chat`, or no profile: the Responses bridge); raises
+    :class:`Unsupported`.
+    """
+    if profile is not None and profile.driver == DRIVER_RESPONSES:
+        if stream and "streaming" not in profile.capabilities:
+            raise Unsupported(
+                f"protocol profile {profile.name!r} does not support streaming "
+                "(no 'streaming' capability)"
+            )
+        return Route.NATIVE
+    try:
+        check_chat(profile, stream=stream, tools=tools)
+    except Unsupported as e:
         raise Unsupported(
-            f"the Responses API needs a provider with an openai_responses protocol profile; "
-            f"this model's provider has {name}"
-        )
-    if stream and "streaming" not in profile.capabilities:
-        raise Unsupported(
-            f"protocol profile {profile.name!r} does not support streaming "
-            "(no 'streaming' capability)"
-        )
+            f"the Responses API needs a provider with an openai_responses protocol profile or "
+            f"one that serves chat completions: {e.message}"
+        ) from None
+    return Route.BRIDGE
 
 
 # -- run events → chat completion chunks -------------------------------------------------------
@@ -449,7 +473,9 @@ class OpenAISurface:
         if model not in self._gateway.model_ids():
             raise ApiError(404, f"model {model!r} does not exist", code="model_not_found")
 
-    def _check_candidates(self, model: str, check: Callable[[ProfileConfig | None], None]) -> None:
+    def _check_candidates(
+        self, model: str, check: Callable[[ProfileConfig | None], object]
+    ) -> None:
         for profile in self._gateway.candidate_profiles(model):
             try:
                 check(profile)
@@ -588,23 +614,136 @@ class OpenAISurface:
             raise bad_request("'input' must be a string or a list of items", param="input")
         requested = positive_int(body, "max_output_tokens")
         check_openai_responses(body)
+        tools = bool(body.get("tools"))
         self._require(model)
-        self._check_candidates(model, lambda profile: check_responses(profile, stream=stream))
+        self._check_candidates(
+            model, lambda profile: check_responses(profile, stream=stream, tools=tools)
+        )
 
         async def answer(placement: Placement) -> bytes:
             try:
-                check_responses(placement.profile, stream=stream)
-                if placement.wire != "tunnel":
-                    raise Unsupported("the Responses API is served only through a provider tunnel")
+                route = check_responses(placement.profile, stream=stream, tools=tools)
+                if route == Route.NATIVE and placement.wire != "tunnel":
+                    raise Unsupported("the native Responses API is served only through a tunnel")
             except Unsupported as e:
                 raise unsupported(e.message) from None
-            payload = dict(body)
-            payload["model"] = placement.target
             limit = max_tokens_for(requested, self._gateway.model(model))
-            if limit is not None:
-                payload["max_output_tokens"] = limit
-            return await self._tunnel(exchange, placement, "responses", payload, stream)
+            if route == Route.NATIVE:
+                payload = dict(body)
+                payload["model"] = placement.target
+                if limit is not None:
+                    payload["max_output_tokens"] = limit
+                return await self._tunnel(exchange, placement, "responses", payload, stream)
+            return await self._bridged_responses(exchange, placement, body, limit, stream)
 
         return await with_placement(
             self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer
+        )
+
+    async def _bridged_responses(
+        self,
+        exchange: Exchange,
+        placement: Placement,
+        body: dict[str, Any],
+        limit: int | None,
+        stream: bool,
+    ) -> bytes:
+        model = placement.model
+        run = placement.wire == "run"
+        allowed = not run and thinking_allowed(placement.profile)
+        bridged = responses_to_chat(
+            body, target=placement.target, reasoning_allowed=allowed, max_tokens=limit
+        )
+        created = int(self._clock.seconds())
+        converter = ChatToResponses(model=model, request=body, created=created, names=bridged.names)
+        if not run:
+            if stream:
+                tunnel_transform: ResponsesBridgeStream | Collect = ResponsesBridgeStream(converter)
+            else:
+
+                def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+                    if not 200 <= status < 300:
+                        raise upstream_error(status, data)
+                    try:
+                        completion = json.loads(data)
+                    except ValueError:
+                        completion = None
+                    if not isinstance(completion, dict):
+                        raise ApiError(
+                            502, "the provider's answer is not JSON", code="upstream_error"
+                        )
+                    return render_json(
+                        exchange.request,
+                        chat_completion_to_response(
+                            completion,
+                            model=model,
+                            request=body,
+                            created=created,
+                            names=bridged.names,
+                        ),
+                    )
+
+                tunnel_transform = Collect(whole)
+            return await relay(
+                exchange,
+                tunnel_transform,
+                open_tunnel(
+                    self._gateway,
+                    placement,
+                    "chat_completions",
+                    bridged.chat,
+                    stream,
+                    [
+                        ("content-type", "application/json"),
+                        ("accept", "text/event-stream" if stream else "application/json"),
+                    ],
+                ),
+            )
+        chunker = RunEventsToChunks(
+            model=model,
+            include_usage=True,
+            hold_back=stream and bool(bridged.chat.get("tools")),
+            created=created,
+        )
+        events = RunEventsToResponses(chunker, converter)
+        if stream:
+
+            def convert(event: RuntimeEvent) -> bytes:
+                return format_events(events.feed(event))
+
+            run_transform: RunStream | RunCollect = RunStream(convert)
+        else:
+
+            def complete(items: list[RuntimeEvent]) -> bytes:
+                for event in items:
+                    chunker.feed(event)
+                terminal = chunker.terminal
+                if terminal is None:
+                    raise ApiError(502, "the run ended without a result", code="upstream_error")
+                if terminal.type != EventType.COMPLETE:
+                    raise run_error(terminal)
+                return render_json(
+                    exchange.request,
+                    chat_completion_to_response(
+                        chunker.completion(),
+                        model=model,
+                        request=body,
+                        created=created,
+                        names=bridged.names,
+                    ),
+                )
+
+            run_transform = RunCollect(complete)
+        policy = self._gateway.model(model)
+        thinking = 0 if bridged.effort == "none" else thinking_budget_for(policy)
+        return await relay(
+            exchange,
+            run_transform,
+            open_run(
+                self._gateway,
+                placement,
+                input=json_bytes(bridged.chat).decode(),
+                max_tokens=limit or 0,
+                thinking_token_budget=thinking,
+            ),
         )

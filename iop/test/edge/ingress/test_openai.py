@@ -21,7 +21,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.ingress.openai import RunEventsToChunks, check_chat, check_responses
-from iop.edge.ingress.profiles import Unsupported
+from iop.edge.ingress.profiles import Route, Unsupported
 from iop.formats.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.ingress.harness import (
@@ -214,9 +214,11 @@ class CapabilityTests(IngressCase):
         check_chat(chat, stream=True, tools=True)
         self.assertRaises(Unsupported, check_chat, plain, stream=True, tools=False)
         self.assertRaises(Unsupported, check_chat, native, stream=False, tools=False)
-        check_responses(responses, stream=True)
-        self.assertRaises(Unsupported, check_responses, None, stream=False)
-        self.assertRaises(Unsupported, check_responses, chat, stream=False)
+        self.assertEqual(check_responses(responses, stream=True), Route.NATIVE)
+        self.assertEqual(check_responses(None, stream=True, tools=True), Route.BRIDGE)
+        self.assertEqual(check_responses(chat, stream=True, tools=True), Route.BRIDGE)
+        self.assertRaises(Unsupported, check_responses, plain, stream=True)
+        self.assertRaises(Unsupported, check_responses, native, stream=False)
 
     def test_n_over_one_on_a_run_releases_the_lease(self) -> None:
         self.assertOpenAIError(
@@ -497,10 +499,14 @@ class ResponsesTests(IngressCase):
         self.assertEqual((code, data), (200, stream))
         self.assertEqual(headers.getRawHeaders("content-type"), ["text/event-stream"])
 
-    def test_only_openai_responses_profiles(self) -> None:
-        for name in ("chat", "llama", "bare", "native"):
+    def test_providers_that_serve_neither_responses_nor_chat_are_refused(self) -> None:
+        # Chat providers and runs are bridged (test_responses); a Messages-only provider, or a
+        # chat provider without streaming asked to stream, cannot serve the request.
+        for name, extra in (("native", {}), ("plain", {"stream": True})):
             error_ = self.assertOpenAIError(
-                self.edge.post("/v1/responses", {**self.REQUEST, "model": name}), 400, "Responses"
+                self.edge.post("/v1/responses", {**self.REQUEST, "model": name, **extra}),
+                400,
+                "Responses",
             )
             self.assertEqual(error_["code"], "unsupported")
         self.assertEqual(self.edge.sent, [])

@@ -1,0 +1,804 @@
+# -*- test-case-name: iop.test.edge.ingress.test_responses -*-
+"""
+The Responses bridge: ``POST /v1/responses`` served by Chat Completions providers (over the
+provider tunnel) and by normalized runs (Ollama, CLI agents), answered in the exact shapes of the
+OpenAI Responses API. Native Responses providers never come here (the raw tunnel serves them).
+
+Pure conversion, plus the relay transform of a bridged tunnel stream:
+
+- :func:`responses_to_chat`: a ``/v1/responses`` body → a ``/chat/completions`` body (and the
+  names of the flattened namespace tools, to map calls back).
+- :class:`ChatToResponses`: ``chat.completion.chunk`` dicts → Responses stream events; the same
+  object builds the final ``response``. :func:`chat_completion_to_response` feeds it one whole
+  ``chat.completion`` (so streamed and whole answers have the same output items).
+- :class:`RunEventsToResponses`: a normalized run's events → Responses events, through the
+  surface's run-events-to-chunks converter.
+- :class:`ResponsesBridgeStream`: the relay transform of a streamed Chat answer over a tunnel.
+
+Request mapping:
+
+- ``input``: a string is one user message. Items: ``message`` (or a bare ``{role, content}``),
+  roles ``user``/``assistant``/``system``/``developer`` (``developer`` → ``system``); content a
+  string or parts: ``input_text``/``output_text``/``refusal`` → text, ``input_image`` → an
+  ``image_url`` part (a ``file_id`` image, ``input_file`` and ``input_audio`` → 400).
+  ``function_call`` → an assistant ``tool_calls`` entry (consecutive calls, and the assistant
+  text before them, form one assistant message); ``function_call_output`` → a ``tool`` message
+  (text; images in it follow as a user message). ``reasoning`` items are dropped (a Chat backend
+  cannot replay them). ``item_reference`` and any other item type → 400 naming ``input[i]``.
+- ``instructions`` → a leading system message.
+- ``tools``: ``function`` tools → Chat's nested function shape; a ``namespace`` tool's functions
+  become ``<namespace>__<name>`` (and calls to them come back with ``namespace`` and ``name``).
+  Hosted tools (``web_search``, ``file_search``, ``code_interpreter``, ``mcp``, …) are not
+  offered to the model: IOP runs no server-side tools. ``custom`` tools → 400.
+  ``tool_choice``: ``auto``/``none``/``required`` as they are, ``{"type": "function", "name"}``
+  → Chat's ``{"type": "function", "function": {"name"}}``; anything else → 400.
+  ``parallel_tool_calls`` passes through.
+- ``max_output_tokens`` → ``max_tokens`` (the caller applies the model's policy);
+  ``temperature``, ``top_p``, ``user`` pass through; ``text.format`` ``json_schema`` /
+  ``json_object`` → ``response_format``; ``stream`` adds ``stream_options.include_usage``.
+- ``reasoning.effort`` → ``reasoning_effort`` only when the provider's profile allows reasoning
+  (``extensions.thinking``/``reasoning``); otherwise dropped.
+- ``store`` is accepted and ignored: IOP keeps no responses (``store: false`` semantics);
+  ``previous_response_id``, ``conversation``, ``prompt`` and ``background: true`` → 400.
+  ``include``, ``metadata``, ``truncation``, ``service_tier``, ``prompt_cache_key``,
+  ``safety_identifier``, ``max_tool_calls``, ``top_logprobs``, ``stream_options`` and unknown
+  fields are ignored.
+
+Answer mapping: output items in order — a ``reasoning`` item (``reasoning_text`` content) when
+the provider gave reasoning, a ``message`` with one ``output_text`` part when it gave text, one
+``function_call`` item per tool call (``call_id`` is the backend's tool-call id). ``status`` is
+``completed``, or ``incomplete`` with ``incomplete_details.reason`` ``max_output_tokens``
+(finish ``length``) or ``content_filter``. ``usage``: ``input_tokens``/``output_tokens``/
+``total_tokens`` and the cached and reasoning details (0 when not reported). Streamed: every
+event has ``sequence_number``; ``response.created``, ``response.in_progress``, then per item
+``response.output_item.added``, its content part / argument events, ``response.output_item.done``
+(items never interleave), then ``response.completed`` (``response.incomplete`` when incomplete).
+A failure after the stream started is one ``response.failed`` event (``error.code``
+``server_error``) and nothing after it.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from iop.edge.ingress.errors import ApiError, bad_request, upstream_error
+from iop.edge.ingress.relay import Head, Stop
+from iop.edge.ingress.tools import new_call_id
+from iop.edge.tunnel import TunnelOutcome
+from iop.formats.sse import SSEError, SSEParser, format_event
+from iop.formats.usage import openai_chat_usage
+from iop.runtime.events import RuntimeEvent
+
+__all__ = [
+    "NAMESPACE_JOIN",
+    "Bridged",
+    "ChatToResponses",
+    "ResponsesBridgeStream",
+    "RunEventsToResponses",
+    "chat_completion_to_response",
+    "format_events",
+    "responses_to_chat",
+]
+
+Event = dict[str, Any]
+NAMESPACE_JOIN = "__"
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+REFUSED_FIELDS = {
+    "previous_response_id": "IOP keeps no responses: send the whole conversation in 'input'",
+    "conversation": "IOP keeps no conversations: send the whole conversation in 'input'",
+    "prompt": "stored prompt templates are not supported",
+}
+INCOMPLETE = ("length", "content_filter")
+EFFORTS = ("minimal", "low", "medium", "high", "xhigh", "none")
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+# -- request -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Bridged:
+    """The Chat request, and the flattened namespace tools (Chat name → (namespace, name))."""
+
+    chat: dict[str, Any]
+    names: dict[str, tuple[str, str]] = field(default_factory=dict)
+    effort: str | None = None
+
+
+def _text_parts(content: Any, where: str, *, images: bool) -> list[dict[str, Any]] | str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"'{where}' must be a string or a list of parts", param=where)
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}[{j}]"
+        kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise bad_request(f"'{at}' must be an object", param=at)
+        if kind in ("input_text", "output_text", "text", "refusal"):
+            text = part.get("text") if kind != "refusal" else part.get("refusal")
+            if not isinstance(text, str):
+                raise bad_request(f"'{at}.text' must be a string", param=at)
+            parts.append({"type": "text", "text": text})
+        elif kind == "input_image" and images:
+            url = part.get("image_url")
+            if not isinstance(url, str) or not url:
+                raise bad_request(
+                    f"'{at}': only images given by 'image_url' are supported (no file_id)",
+                    param=at,
+                )
+            image: dict[str, Any] = {"url": url}
+            if isinstance(part.get("detail"), str):
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        else:
+            raise bad_request(f"'{at}.type' {kind!r} is not supported by this model", param=at)
+    return parts
+
+
+def _flat_text(parts: list[dict[str, Any]] | str) -> str:
+    if isinstance(parts, str):
+        return parts
+    return "".join(p["text"] for p in parts if p["type"] == "text")
+
+
+def _output_text(output: Any, where: str) -> tuple[str, list[dict[str, Any]]]:
+    """A function_call_output's output: its text, and image parts (for a following message)."""
+    if isinstance(output, str):
+        return output, []
+    if isinstance(output, list):
+        parts = _text_parts(output, where, images=True)
+        assert isinstance(parts, list)
+        return _flat_text(parts), [p for p in parts if p["type"] == "image_url"]
+    return json.dumps(output, ensure_ascii=False), []
+
+
+def _messages(body: Mapping[str, Any], names: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        out.append({"role": "system", "content": instructions})
+    inputs = body.get("input")
+    if inputs is None:
+        raise bad_request("'input' is required", param="input")
+    if isinstance(inputs, str):
+        out.append({"role": "user", "content": inputs})
+        return out
+    flat = {value: key for key, value in names.items()}
+    for i, item in enumerate(inputs):
+        where = f"input[{i}]"
+        if isinstance(item, str):
+            out.append({"role": "user", "content": item})
+            continue
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            role = ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            if role is None:
+                raise bad_request(f"'{where}.role' {item.get('role')!r} is not supported", where)
+            content = _text_parts(item.get("content"), f"{where}.content", images=role == "user")
+            if role == "assistant":
+                out.append({"role": "assistant", "content": _flat_text(content)})
+            else:
+                out.append({"role": role, "content": content})
+        elif kind == "function_call":
+            call_id, name = item.get("call_id"), item.get("name")
+            if not isinstance(call_id, str) or not isinstance(name, str):
+                raise bad_request(f"'{where}' needs string 'call_id' and 'name'", param=where)
+            namespace = item.get("namespace")
+            if isinstance(namespace, str) and namespace:
+                name = flat.get((namespace, name), f"{namespace}{NAMESPACE_JOIN}{name}")
+            arguments = item.get("arguments")
+            call = {
+                "id": call_id,
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "arguments": arguments if isinstance(arguments, str) else "{}",
+                },
+            }
+            last = out[-1] if out else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+                if not last.get("content"):
+                    last["content"] = None
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            call_id = item.get("call_id")
+            if not isinstance(call_id, str):
+                raise bad_request(f"'{where}.call_id' must be a string", param=where)
+            text, images = _output_text(item.get("output"), f"{where}.output")
+            out.append({"role": "tool", "tool_call_id": call_id, "content": text})
+            if images:
+                out.append({"role": "user", "content": images})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise bad_request(
+                f"'{where}.type' {kind!r} is not supported by this model's provider", param=where
+            )
+    return out
+
+
+def _function(tool: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
+    function: dict[str, Any] = {"name": name}
+    for key in ("description", "parameters", "strict"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
+    if "parameters" not in function:
+        function["parameters"] = {"type": "object", "properties": {}}
+    return {"type": "function", "function": function}
+
+
+def _tools(body: Mapping[str, Any], names: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+
+    def add(tool: Mapping[str, Any], where: str, namespace: str | None) -> None:
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise bad_request(f"'{where}.name' must be a non-empty string", param=where)
+        chat_name = f"{namespace}{NAMESPACE_JOIN}{name}" if namespace else name
+        if chat_name in seen:
+            raise bad_request(f"'{where}': tool name {chat_name!r} is used twice", param=where)
+        seen.add(chat_name)
+        if namespace:
+            names[chat_name] = (namespace, name)
+        out.append(_function(tool, chat_name, where))
+
+    for i, tool in enumerate(body.get("tools") or []):
+        where = f"tools[{i}]"
+        kind = tool.get("type")
+        if kind == "function":
+            add(tool, where, None)
+        elif kind == "namespace":
+            namespace = tool.get("name")
+            if not isinstance(namespace, str) or not namespace:
+                raise bad_request(f"'{where}.name' must be a non-empty string", param=where)
+            for j, inner in enumerate(tool.get("tools") or []):
+                at = f"{where}.tools[{j}]"
+                if not isinstance(inner, dict) or inner.get("type") != "function":
+                    raise bad_request(f"'{at}': only function tools are supported", param=at)
+                add(inner, at, namespace)
+        elif kind == "custom":
+            raise bad_request(f"'{where}': custom tools are not supported by this model", where)
+        # Hosted tools: not offered (module docstring).
+    return out
+
+
+def _tool_choice(choice: Any, chat: dict[str, Any], names: dict[str, tuple[str, str]]) -> None:
+    if choice is None:
+        return
+    if choice in ("auto", "none", "required"):
+        if chat.get("tools"):
+            chat["tool_choice"] = choice
+        return
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        name = choice.get("name")
+        if isinstance(name, str) and any(
+            t["function"]["name"] == name for t in chat.get("tools", [])
+        ):
+            chat["tool_choice"] = {"type": "function", "function": {"name": name}}
+            return
+    raise bad_request(
+        "'tool_choice' must be auto, none, required or one of the request's function tools",
+        param="tool_choice",
+    )
+
+
+def _text_format(text: Any, chat: dict[str, Any]) -> None:
+    if not isinstance(text, dict) or not isinstance(text.get("format"), dict):
+        return
+    fmt = text["format"]
+    kind = fmt.get("type")
+    if kind == "json_object":
+        chat["response_format"] = {"type": "json_object"}
+    elif kind == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        chat["response_format"] = {"type": "json_schema", "json_schema": schema}
+    elif kind not in (None, "text"):
+        raise bad_request(f"'text.format.type' {kind!r} is not supported", param="text")
+
+
+def responses_to_chat(
+    body: Mapping[str, Any], *, target: str, reasoning_allowed: bool, max_tokens: int | None
+) -> Bridged:
+    """A ``/v1/responses`` body as a Chat request for ``target`` (module docstring)."""
+    for name, why in REFUSED_FIELDS.items():
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is not supported: {why}", param=name)
+    if body.get("background") is True:
+        raise bad_request(
+            "'background' is not supported: responses are answered at once", "background"
+        )
+    names: dict[str, tuple[str, str]] = {}
+    tools = _tools(body, names)
+    chat: dict[str, Any] = {"model": target, "messages": _messages(body, names)}
+    if not chat["messages"]:
+        raise bad_request("'input' has no message for the model", param="input")
+    if tools:
+        chat["tools"] = tools
+        if isinstance(body.get("parallel_tool_calls"), bool):
+            chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    _tool_choice(body.get("tool_choice"), chat, names)
+    for key in ("temperature", "top_p", "user"):
+        if body.get(key) is not None:
+            chat[key] = body[key]
+    if max_tokens is not None:
+        chat["max_tokens"] = max_tokens
+    _text_format(body.get("text"), chat)
+    reasoning = body.get("reasoning")
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if effort is not None and effort not in EFFORTS:
+        raise bad_request(f"'reasoning.effort' must be one of {', '.join(EFFORTS)}", "reasoning")
+    if reasoning_allowed and isinstance(effort, str):
+        chat["reasoning_effort"] = effort
+    if body.get("stream") is True:
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return Bridged(chat, names, effort if isinstance(effort, str) else None)
+
+
+# -- answer ------------------------------------------------------------------------------------
+
+
+def format_events(events: list[Event]) -> bytes:
+    """Events as SSE (each named by its ``type``)."""
+    return b"".join(format_event(e, e["type"]) for e in events)
+
+
+def _usage(raw: Any) -> dict[str, Any] | None:
+    if not isinstance(raw, Mapping):
+        return None
+    usage = openai_chat_usage(raw)
+    return {
+        "input_tokens": usage.input_tokens,
+        "input_tokens_details": {
+            "cached_tokens": usage.cached_input_tokens or 0,
+            "cache_write_tokens": 0,
+        },
+        "output_tokens": usage.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens or 0},
+        "total_tokens": usage.input_tokens + usage.output_tokens,
+    }
+
+
+def _output_text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass
+class _Item:
+    kind: str  # reasoning | message | function_call
+    id: str
+    index: int
+    text: str = ""
+    call_id: str = ""
+    name: str = ""
+    namespace: str | None = None
+    done: bool = False
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        if self.kind == "reasoning":
+            content = [{"type": "reasoning_text", "text": self.text}] if status != "added" else []
+            return {"type": "reasoning", "id": self.id, "summary": [], "content": content}
+        if self.kind == "message":
+            content = [_output_text_part(self.text)] if status != "added" else []
+            return {
+                "type": "message",
+                "id": self.id,
+                "status": "in_progress" if status == "added" else status,
+                "role": "assistant",
+                "content": content,
+            }
+        item: dict[str, Any] = {
+            "type": "function_call",
+            "id": self.id,
+            "call_id": self.call_id,
+            "name": self.name,
+            "arguments": self.text if status != "added" else "",
+            "status": "in_progress" if status == "added" else "completed",
+        }
+        if self.namespace:
+            item["namespace"] = self.namespace
+        return item
+
+
+@dataclass
+class _Pending:
+    call_id: str | None = None
+    name: str = ""
+    arguments: str = ""
+    item: _Item | None = None
+
+
+class ChatToResponses:
+    """
+    ``chat.completion.chunk`` dicts in, Responses stream events out (:meth:`start`,
+    :meth:`feed`, :meth:`finish`, :meth:`fail`, each returning events); :meth:`response` is
+    the response as it stands (the final one once done).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        request: Mapping[str, Any],
+        created: int,
+        names: Mapping[str, tuple[str, str]] | None = None,
+        response_id: str | None = None,
+    ) -> None:
+        self.id = response_id or _id("resp")
+        self._model = model
+        self._request = request
+        self._created = created
+        self._names = dict(names or {})
+        self._sequence = 0
+        self._started = False
+        self._items: list[_Item] = []
+        self._open: _Item | None = None
+        self._calls: dict[int, _Pending] = {}
+        self._finish: str | None = None
+        self._usage: dict[str, Any] | None = None
+        self.status = "in_progress"
+        self.error: dict[str, Any] | None = None
+        self.done = False
+
+    # -- the response object -----------------------------------------------------------------
+
+    def response(self) -> dict[str, Any]:
+        request = self._request
+        reasoning = request.get("reasoning") if isinstance(request.get("reasoning"), dict) else {}
+        incomplete = None
+        if self.status == "incomplete":
+            reason = "content_filter" if self._finish == "content_filter" else "max_output_tokens"
+            incomplete = {"reason": reason}
+        final = self.status != "in_progress"
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self._created,
+            "status": self.status,
+            "error": self.error,
+            "incomplete_details": incomplete,
+            "instructions": request.get("instructions"),
+            "max_output_tokens": request.get("max_output_tokens"),
+            "model": self._model,
+            "output": [i.snapshot(self._item_status(i)) for i in self._items if i.done]
+            if final
+            else [],
+            "parallel_tool_calls": request.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "reasoning": {
+                "effort": reasoning.get("effort") if isinstance(reasoning, dict) else None,
+                "summary": None,
+            },
+            "store": False,
+            "temperature": request.get("temperature"),
+            "text": {"format": {"type": "text"}},
+            "tool_choice": request.get("tool_choice", "auto"),
+            "tools": list(request.get("tools") or []),
+            "top_p": request.get("top_p"),
+            "truncation": "disabled",
+            "usage": self._usage if final else None,
+            "metadata": {},
+        }
+
+    def _item_status(self, item: _Item) -> str:
+        return (
+            "incomplete" if self.status == "incomplete" and item.kind == "message" else "completed"
+        )
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _event(self, out: list[Event], kind: str, **fields: Any) -> None:
+        out.append({"type": kind, "sequence_number": self._sequence, **fields})
+        self._sequence += 1
+
+    def start(self) -> list[Event]:
+        out: list[Event] = []
+        self._start(out)
+        return out
+
+    def _start(self, out: list[Event]) -> None:
+        if not self._started:
+            self._started = True
+            self._event(out, "response.created", response=self.response())
+            self._event(out, "response.in_progress", response=self.response())
+
+    def _open_item(self, kind: str, out: list[Event], prefix: str, **fields: Any) -> _Item:
+        self._close(out)
+        item = _Item(kind, _id(prefix), len(self._items), **fields)
+        self._items.append(item)
+        self._open = item
+        self._event(out, "response.output_item.added", output_index=item.index,
+                    item=item.snapshot("added"))  # fmt: skip
+        if kind == "reasoning":
+            part = {"type": "reasoning_text", "text": ""}
+            self._event(out, "response.content_part.added", **self._at(item), part=part)
+        elif kind == "message":
+            part = _output_text_part("")
+            self._event(out, "response.content_part.added", **self._at(item), part=part)
+        return item
+
+    @staticmethod
+    def _at(item: _Item) -> dict[str, Any]:
+        return {"item_id": item.id, "output_index": item.index, "content_index": 0}
+
+    def _close(self, out: list[Event]) -> None:
+        item, self._open = self._open, None
+        if item is None:
+            return
+        item.done = True
+        cut = self._finish in INCOMPLETE
+        status = "incomplete" if cut and item.kind == "message" else "completed"
+        final = item.snapshot(status)
+        if item.kind == "reasoning":
+            self._event(out, "response.reasoning_text.done", **self._at(item), text=item.text)
+            self._event(out, "response.content_part.done", **self._at(item),
+                        part=final["content"][0])  # fmt: skip
+        elif item.kind == "message":
+            self._event(out, "response.output_text.done", **self._at(item), text=item.text,
+                        logprobs=[])  # fmt: skip
+            self._event(out, "response.content_part.done", **self._at(item),
+                        part=final["content"][0])  # fmt: skip
+        else:
+            self._event(out, "response.function_call_arguments.done", item_id=item.id,
+                        output_index=item.index, name=item.name, arguments=item.text)  # fmt: skip
+        self._event(out, "response.output_item.done", output_index=item.index, item=final)
+
+    def _reasoning(self, text: str, out: list[Event]) -> None:
+        item = self._open
+        if item is None or item.kind != "reasoning":
+            item = self._open_item("reasoning", out, "rs")
+        item.text += text
+        self._event(out, "response.reasoning_text.delta", **self._at(item), delta=text)
+
+    def _text(self, text: str, out: list[Event]) -> None:
+        item = self._open
+        if item is None or item.kind != "message":
+            item = self._open_item("message", out, "msg")
+        item.text += text
+        self._event(out, "response.output_text.delta", **self._at(item), delta=text, logprobs=[])
+
+    def _tool(self, fragment: Any, position: int, out: list[Event]) -> None:
+        if not isinstance(fragment, dict):
+            return
+        index = fragment.get("index")
+        index = index if isinstance(index, int) and not isinstance(index, bool) else position
+        pending = self._calls.setdefault(index, _Pending())
+        if pending.item is not None and pending.item.done:
+            return  # a fragment for a call already closed: dropped (no known server does this)
+        if isinstance(fragment.get("id"), str) and fragment["id"] and pending.call_id is None:
+            pending.call_id = fragment["id"]
+        function = _object(fragment.get("function"))
+        if isinstance(function.get("name"), str) and pending.item is None:
+            pending.name += function["name"]
+        arguments = function.get("arguments")
+        arguments = arguments if isinstance(arguments, str) else ""
+        if pending.item is None:
+            pending.arguments += arguments
+            if not pending.name:
+                return
+            namespace, name = self._names.get(pending.name, (None, pending.name))
+            pending.item = self._open_item(
+                "function_call",
+                out,
+                "fc",
+                call_id=pending.call_id or new_call_id(),
+                name=name,
+                namespace=namespace,
+            )
+            arguments, pending.arguments = pending.arguments, ""
+        item = pending.item
+        if self._open is not item:
+            return
+        if arguments:
+            item.text += arguments
+            self._event(out, "response.function_call_arguments.delta", item_id=item.id,
+                        output_index=item.index, delta=arguments)  # fmt: skip
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        if self.done:
+            return out
+        if "error" in chunk and not chunk.get("choices"):
+            error = chunk.get("error")
+            message = error.get("message") if isinstance(error, dict) else None
+            return self.fail(message if isinstance(message, str) else "the provider failed")
+        self._start(out)
+        if chunk.get("usage") is not None:
+            self._usage = _usage(chunk.get("usage"))
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = _object(choice.get("delta"))
+            for key in ("reasoning_content", "reasoning"):
+                if isinstance(delta.get(key), str) and delta[key]:
+                    self._reasoning(delta[key], out)
+                    break
+            for key in ("content", "refusal"):
+                if isinstance(delta.get(key), str) and delta[key]:
+                    self._text(delta[key], out)
+            calls = delta.get("tool_calls")
+            for position, fragment in enumerate(calls if isinstance(calls, list) else []):
+                self._tool(fragment, position, out)
+            if isinstance(choice.get("finish_reason"), str):
+                self._finish = choice["finish_reason"]
+        return out
+
+    def finish(self) -> list[Event]:
+        """The provider's stream ended well: close the open item, then the terminal event."""
+        out: list[Event] = []
+        if self.done:
+            return out
+        self._start(out)
+        incomplete = self._finish in INCOMPLETE
+        self._close(out)
+        self.status = "incomplete" if incomplete else "completed"
+        self.done = True
+        kind = "response.incomplete" if incomplete else "response.completed"
+        self._event(out, kind, response=self.response())
+        return out
+
+    def fail(self, message: str) -> list[Event]:
+        """The answer failed: one ``response.failed`` event (after ``created`` if need be)."""
+        out: list[Event] = []
+        if self.done:
+            return out
+        self._start(out)
+        self.status = "failed"
+        self.error = {"code": "server_error", "message": message}
+        self.done = True
+        self._event(out, "response.failed", response=self.response())
+        return out
+
+
+def chat_completion_to_response(
+    completion: Mapping[str, Any],
+    *,
+    model: str,
+    request: Mapping[str, Any],
+    created: int,
+    names: Mapping[str, tuple[str, str]] | None = None,
+) -> dict[str, Any]:
+    """A whole ``chat.completion`` as a ``response`` (raises :class:`ApiError` 502 if malformed)."""
+    choices = completion.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise ApiError(502, "the provider's answer has no choices", code="upstream_error")
+    choice = choices[0]
+    message = _object(choice.get("message"))
+    delta = dict(message)
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        delta["tool_calls"] = [
+            {**c, "index": i} if isinstance(c, dict) else c for i, c in enumerate(calls)
+        ]
+    converter = ChatToResponses(model=model, request=request, created=created, names=names)
+    converter.feed(
+        {
+            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
+            "usage": completion.get("usage"),
+        }
+    )
+    converter.finish()
+    return converter.response()
+
+
+# -- runs --------------------------------------------------------------------------------------
+
+
+class Chunker(Protocol):
+    """What turns a run's events into chat chunks (the surface's RunEventsToChunks)."""
+
+    def feed(self, event: RuntimeEvent) -> list[dict[str, Any]]: ...
+
+
+class RunEventsToResponses:
+    """A run's events → chat chunks (``chunker``) → Responses events (``converter``)."""
+
+    def __init__(self, chunker: Chunker, converter: ChatToResponses) -> None:
+        self._chunker = chunker
+        self.converter = converter
+
+    def feed(self, event: RuntimeEvent) -> list[Event]:
+        out: list[Event] = []
+        for chunk in self._chunker.feed(event):
+            out += self.converter.feed(chunk)
+        if event.terminal and not self.converter.done:
+            out += self.converter.finish()
+        return out
+
+
+# -- the tunnel stream -------------------------------------------------------------------------
+
+
+class ResponsesBridgeStream:
+    """
+    The relay transform of a streamed Chat answer through a tunnel, as Responses events. An
+    upstream error status is collected and answered in the OpenAI error shape with that status;
+    a provider stream that cannot be converted ends with ``response.failed`` and stops the
+    provider.
+    """
+
+    def __init__(self, converter: ChatToResponses) -> None:
+        self._converter = converter
+        self._parser = SSEParser()
+        self._status = 0
+        self._error: list[bytes] | None = None
+
+    def head(self, start: tuple[int, list[tuple[str, str]]]) -> Head | None:
+        self._status, _ = start
+        if not 200 <= self._status < 300:
+            self._error = []
+            return None
+        return Head(200, "text/event-stream")
+
+    def feed(self, item: bytes) -> bytes:
+        if self._error is not None:
+            self._error.append(item)
+            return b""
+        converter = self._converter
+        if converter.done:
+            return b""
+        out: list[Event] = converter.start()
+        try:
+            events = self._parser.feed(item)
+        except SSEError as e:
+            out += converter.fail(f"the provider's stream is malformed: {e}")
+            raise Stop("the provider's stream could not be converted", format_events(out)) from None
+        for event in events:
+            if converter.done:
+                break
+            if event.is_done:
+                out += converter.finish()
+                continue
+            try:
+                chunk = json.loads(event.data)
+            except ValueError:
+                chunk = None
+            if not isinstance(chunk, dict):
+                out += converter.fail("the provider sent a malformed stream chunk")
+                raise Stop("the provider's stream could not be converted", format_events(out))
+            out += converter.feed(chunk)
+            if converter.status == "failed":
+                raise Stop("the provider's stream failed", format_events(out))
+        return format_events(out)
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if self._error is not None:
+            raise upstream_error(self._status, b"".join(self._error))
+        converter = self._converter
+        if converter.done:
+            return b""
+        out: list[Event] = converter.start()
+        try:
+            events = self._parser.finish()
+        except SSEError:
+            events = []
+        for event in events:
+            if not event.is_done and not converter.done:
+                try:
+                    chunk = json.loads(event.data)
+                except ValueError:
+                    continue
+                if isinstance(chunk, dict):
+                    out += converter.feed(chunk)
+        if ending.ok:
+            out += converter.finish()
+        else:
+            out += converter.fail(f"the provider's stream failed: {ending.error}")
+        return format_events(out)
