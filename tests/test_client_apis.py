@@ -306,7 +306,7 @@ def test_responses(cluster: Cluster) -> None:
     ]
     assert "".join(deltas) == fake_text(TOKENS)
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="chat", input="hi")
+        client.responses.create(model="native", input="hi")
     assert "openai_responses" in str(refused.value)
 
 
