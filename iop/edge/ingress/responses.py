@@ -228,7 +228,7 @@ def _messages(body: Mapping[str, Any], names: dict[str, tuple[str, str]]) -> lis
     return out
 
 
-def _function(tool: Mapping[str, Any], name: str, where: str) -> dict[str, Any]:
+def _function(tool: Mapping[str, Any], name: str) -> dict[str, Any]:
     function: dict[str, Any] = {"name": name}
     for key in ("description", "parameters", "strict"):
         if tool.get(key) is not None:
@@ -252,7 +252,7 @@ def _tools(body: Mapping[str, Any], names: dict[str, tuple[str, str]]) -> list[d
         seen.add(chat_name)
         if namespace:
             names[chat_name] = (namespace, name)
-        out.append(_function(tool, chat_name, where))
+        out.append(_function(tool, chat_name))
 
     for i, tool in enumerate(body.get("tools") or []):
         where = f"tools[{i}]"
@@ -274,7 +274,7 @@ def _tools(body: Mapping[str, Any], names: dict[str, tuple[str, str]]) -> list[d
     return out
 
 
-def _tool_choice(choice: Any, chat: dict[str, Any], names: dict[str, tuple[str, str]]) -> None:
+def _tool_choice(choice: Any, chat: dict[str, Any]) -> None:
     if choice is None:
         return
     if choice in ("auto", "none", "required"):
@@ -328,7 +328,7 @@ def responses_to_chat(
         chat["tools"] = tools
         if isinstance(body.get("parallel_tool_calls"), bool):
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-    _tool_choice(body.get("tool_choice"), chat, names)
+    _tool_choice(body.get("tool_choice"), chat)
     for key in ("temperature", "top_p", "user"):
         if body.get(key) is not None:
             chat[key] = body[key]
