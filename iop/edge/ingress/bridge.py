@@ -46,9 +46,10 @@ The whole field table (mapped / ignored / refused) is in the README's client API
 - ``max_tokens``, ``temperature``, ``top_p`` pass through, ``stop_sequences`` becomes ``stop``,
   ``stream`` adds ``stream_options.include_usage``, ``metadata.user_id`` becomes ``user``,
   ``output_config.format`` / ``output_format`` (``json_schema``) become ``response_format``.
-  ``top_k``, ``service_tier``, ``context_management``, ``tools[].defer_loading`` and fields
-  nobody here knows are dropped; ``container`` and ``mcp_servers`` (Anthropic's own servers'
-  features) are refused.
+  ``top_k``, ``service_tier``, ``context_management`` and fields nobody here knows are dropped;
+  a ``defer_loading`` tool is sent only once a ``tool_reference`` block in a tool result (a
+  client-side tool search) has loaded it, as the Messages API does; ``container`` and
+  ``mcp_servers`` (Anthropic's own servers' features) are refused.
 - Images follow what the provider takes (``images``): any source over the tunnel, base64 only
   on Ollama, none on a CLI agent (a 400 naming the block).
 - ``thinking``: ``disabled`` is dropped. ``enabled`` needs the profile's thinking extension
@@ -303,6 +304,8 @@ def _tool_result(
                 texts.append("[image]")
             elif kind == "document":
                 texts.append(_document_text(part, part_where))
+            elif kind == "tool_reference" and isinstance(part.get("tool_name"), str):
+                texts.append(f"[tool loaded: {part['tool_name']}]")
             else:
                 raise BridgeError(
                     f"{part_where}: {kind!r} blocks are not supported in tool results"
@@ -404,7 +407,24 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any] | None:
     return message
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+def _referenced_tools(messages: list[Any]) -> set[str]:
+    """Tool names a ``tool_reference`` block in a tool result loaded (client-side tool search)."""
+    names: set[str] = set()
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            inner = block.get("content")
+            for part in inner if isinstance(inner, list) else ():
+                if isinstance(part, dict) and part.get("type") == "tool_reference":
+                    if isinstance(part.get("tool_name"), str):
+                        names.add(part["tool_name"])
+    return names
+
+
+def _tools(tools: Any, loaded: set[str]) -> list[dict[str, Any]]:
+    """Custom tools as function tools; a ``defer_loading`` tool only once ``loaded`` names it."""
     if not isinstance(tools, list):
         raise BridgeError("tools: must be a list")
     out = []
@@ -420,6 +440,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             raise BridgeError(f"{where}: a tool needs a 'name' string")
         if not isinstance(schema, dict):
             raise BridgeError(f"{where}: a tool needs an 'input_schema' object")
+        if tool.get("defer_loading") is True and name not in loaded:
+            continue
         function: dict[str, Any] = {"name": name, "parameters": schema}
         description = tool.get("description")
         if isinstance(description, str) and description:
@@ -593,7 +615,7 @@ def messages_to_chat(
             chat["stop"] = list(stops)
     has_tools = False
     if body.get("tools") is not None:
-        tools = _tools(body["tools"])
+        tools = _tools(body["tools"], _referenced_tools(messages))
         if tools:
             chat["tools"] = tools
             has_tools = True

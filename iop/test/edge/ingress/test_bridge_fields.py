@@ -195,6 +195,39 @@ ROWS = [
         req(output_config={"format": {"type": "json_schema", "schema": SCHEMA}}),
         lambda c: c["response_format"]["json_schema"]["schema"] == SCHEMA,
     ),
+    Row(
+        "tools[].defer_loading, tool_reference",
+        "mapped",
+        req(
+            tools=[
+                {**TOOL, "name": "g", "defer_loading": True},
+                {**TOOL, "name": "h", "defer_loading": True},
+                TOOL,
+            ],
+            messages=[
+                USER,
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "s1", "name": "f", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "s1",
+                            "content": [{"type": "tool_reference", "tool_name": "h"}],
+                        }
+                    ],
+                },
+            ],
+        ),
+        lambda c: (
+            [t["function"]["name"] for t in c["tools"]] == ["h", "f"]
+            and c["messages"][2]["content"] == "[tool loaded: h]"
+            and "defer_loading" not in repr(c)
+        ),
+    ),
     # -- ignored ---------------------------------------------------------------------------
     Row(
         "cache_control",
@@ -249,15 +282,6 @@ ROWS = [
         "ignored",
         req(context_management={"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}),
         same_as_plain,
-    ),
-    Row(
-        "tools[].defer_loading",
-        "ignored",
-        req(tools=[TOOL, {**TOOL, "name": "g", "defer_loading": True}]),
-        lambda c: (
-            [t["function"]["name"] for t in c["tools"]] == ["f", "g"]
-            and "defer_loading" not in repr(c)
-        ),
     ),
     Row(
         "citations",
