@@ -54,6 +54,9 @@ from iop.config.model import ClientAPIConfig, ModelConfig, ProfileConfig
 from iop.edge.gateway import Placement
 from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.bridge import (
+    IMAGES_ANY,
+    IMAGES_BASE64,
+    IMAGES_NONE,
     BridgeError,
     ChatStreamToMessages,
     Event,
@@ -259,7 +262,12 @@ class AnthropicSurface:
             )
         allowed = thinking_allowed(placement.profile)
         try:
-            chat = messages_to_chat(body, target=placement.target, thinking_allowed=allowed)
+            chat = messages_to_chat(
+                body,
+                target=placement.target,
+                thinking_allowed=allowed,
+                images=_images_for(placement),
+            )
         except BridgeError as e:
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
@@ -354,6 +362,15 @@ class AnthropicSurface:
             )
 
         return await with_placement(self._gateway, exchange, model, 0, answer)
+
+
+def _images_for(placement: Placement) -> str:
+    """What images a provider takes: a CLI agent none, Ollama base64 only, the rest any."""
+    if placement.wire == "tunnel":
+        return IMAGES_ANY
+    if placement.provider_type == "ollama":
+        return IMAGES_BASE64
+    return IMAGES_NONE
 
 
 def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:

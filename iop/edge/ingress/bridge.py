@@ -22,8 +22,13 @@ Stream events are ``(event_name, data)`` tuples in the order of the Messages str
 
 Request mapping decisions (``messages_to_chat``):
 
+The whole field table (mapped / ignored / refused) is in the README's client API section and
+``iop/test/edge/ingress/test_bridge_fields.py`` checks it row by row.
+
 - ``system`` (a string or text blocks) becomes one leading ``system`` message; several text
-  blocks (here and in messages) are joined with a blank line.
+  blocks (here and in messages) are joined with a blank line. A mid-conversation ``role:
+  "system"`` message (Claude Code sends them) becomes a ``system`` message in its place.
+  ``cache_control`` is ignored wherever it is.
 - A user message's ``tool_result`` blocks become ``role: tool`` messages, in order, ahead of the
   rest of that message (the Messages API puts them first); their content is flattened to text,
   ``is_error`` results are prefixed ``"Error: "``, and images inside a result are moved to the
@@ -39,14 +44,21 @@ Request mapping decisions (``messages_to_chat``):
   ``auto``/``any``/``tool``/``none`` becomes ``auto``/``required``/``{function}``/``none``, and
   ``disable_parallel_tool_use`` becomes ``parallel_tool_calls: false``.
 - ``max_tokens``, ``temperature``, ``top_p`` pass through, ``stop_sequences`` becomes ``stop``,
-  ``stream`` adds ``stream_options.include_usage``. ``top_k``, ``metadata``, ``service_tier`` and
-  other fields a Chat backend does not take are dropped.
+  ``stream`` adds ``stream_options.include_usage``, ``metadata.user_id`` becomes ``user``,
+  ``output_config.format`` / ``output_format`` (``json_schema``) become ``response_format``.
+  ``top_k``, ``service_tier``, ``context_management`` and fields nobody here knows are dropped;
+  a ``defer_loading`` tool is sent only once a ``tool_reference`` block in a tool result (a
+  client-side tool search) has loaded it, as the Messages API does; ``container`` and
+  ``mcp_servers`` (Anthropic's own servers' features) are refused.
+- Images follow what the provider takes (``images``): any source over the tunnel, base64 only
+  on Ollama, none on a CLI agent (a 400 naming the block).
 - ``thinking``: ``disabled`` is dropped. ``enabled`` needs the profile's thinking extension
   (:func:`iop.edge.ingress.profiles.thinking_allowed`), else :class:`BridgeError`; its
   ``budget_tokens`` becomes ``reasoning_effort`` (< 4096 ``low``, < 16384 ``medium``, else
   ``high``), the Chat parameter reasoning backends (OpenAI, vLLM, Ollama) understand. ``adaptive``
   (the model decides) sends nothing extra and is accepted without the extension: the answer then
-  simply has no thinking blocks.
+  simply has no thinking blocks. ``output_config.effort`` becomes ``reasoning_effort`` (``max``
+  → ``high``) only where thinking is allowed and ``thinking`` did not set it.
 
 Answer mapping decisions:
 
@@ -101,7 +113,11 @@ from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.security.redact import redact_secrets
 
 __all__ = [
+    "IMAGES_ANY",
+    "IMAGES_BASE64",
+    "IMAGES_NONE",
     "PING",
+    "REFUSED_FIELDS",
     "BridgeError",
     "ChatStreamToMessages",
     "Event",
@@ -125,6 +141,20 @@ EFFORT_LOW_BELOW = 4096
 EFFORT_MEDIUM_BELOW = 16384
 
 _BLOCK_JOIN = "\n\n"
+
+# What a provider takes as images (messages_to_chat's ``images``).
+IMAGES_ANY = "any"
+IMAGES_BASE64 = "base64"
+IMAGES_NONE = "none"
+
+# output_config.effort → reasoning_effort (only where thinking is allowed).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}
+
+# Request fields asking for what only Anthropic's own servers do: refused, naming the field.
+REFUSED_FIELDS = {
+    "container": "code-execution containers are not available on this model's provider",
+    "mcp_servers": "server-side MCP connectors are not available on this model's provider",
+}
 
 
 class BridgeError(Exception):
@@ -188,21 +218,23 @@ def _text_of(block: Mapping[str, Any], where: str) -> str:
     return text
 
 
-def _system_text(system: Any) -> str:
+def _system_text(system: Any, where: str = "system") -> str:
     if isinstance(system, str):
         return system
     if isinstance(system, list):
         texts = []
         for i, block in enumerate(system):
-            where = f"system[{i}]"
+            block_where = f"{where}[{i}]"
             if not isinstance(block, dict) or block.get("type") != "text":
-                raise BridgeError(f"{where}: system blocks must be text blocks")
-            texts.append(_text_of(block, where))
+                raise BridgeError(f"{block_where}: system blocks must be text blocks")
+            texts.append(_text_of(block, block_where))
         return _BLOCK_JOIN.join(texts)
-    raise BridgeError("system: must be a string or a list of text blocks")
+    raise BridgeError(f"{where}: must be a string or a list of text blocks")
 
 
-def _image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _image_part(block: Mapping[str, Any], where: str, images: str) -> dict[str, Any]:
+    if images == IMAGES_NONE:
+        raise BridgeError(f"{where}: image blocks are not supported by this model's provider")
     source = block.get("source")
     if not isinstance(source, dict):
         raise BridgeError(f"{where}: an image block needs a 'source' object")
@@ -213,6 +245,8 @@ def _image_part(block: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise BridgeError(f"{where}: a base64 image needs 'media_type' and 'data' strings")
         url = f"data:{media};base64,{data}"
     elif kind == "url":
+        if images == IMAGES_BASE64:
+            raise BridgeError(f"{where}: this model's provider takes images only as base64 sources")
         link = source.get("url")
         if not isinstance(link, str) or not link:
             raise BridgeError(f"{where}: a url image needs a 'url' string")
@@ -248,7 +282,7 @@ def _document_text(block: Mapping[str, Any], where: str) -> str:
 
 
 def _tool_result(
-    block: Mapping[str, Any], where: str
+    block: Mapping[str, Any], where: str, images: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """A tool message and the images the result carried."""
     call_id = block.get("tool_use_id")
@@ -256,7 +290,7 @@ def _tool_result(
         raise BridgeError(f"{where}: a tool_result needs a 'tool_use_id' string")
     content = block.get("content", "")
     texts: list[str] = []
-    images: list[dict[str, Any]] = []
+    pictures: list[dict[str, Any]] = []
     if isinstance(content, str):
         texts.append(content)
     elif isinstance(content, list):
@@ -266,10 +300,12 @@ def _tool_result(
             if kind == "text":
                 texts.append(_text_of(part, part_where))
             elif kind == "image":
-                images.append(_image_part(part, part_where))
+                pictures.append(_image_part(part, part_where, images))
                 texts.append("[image]")
             elif kind == "document":
                 texts.append(_document_text(part, part_where))
+            elif kind == "tool_reference" and isinstance(part.get("tool_name"), str):
+                texts.append(f"[tool loaded: {part['tool_name']}]")
             else:
                 raise BridgeError(
                     f"{part_where}: {kind!r} blocks are not supported in tool results"
@@ -282,10 +318,10 @@ def _tool_result(
         raise BridgeError(f"{where}: 'is_error' must be a boolean")
     if is_error:
         text = f"Error: {text}" if text else "Error"
-    return {"role": "tool", "tool_call_id": call_id, "content": text}, images
+    return {"role": "tool", "tool_call_id": call_id, "content": text}, pictures
 
 
-def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+def _user_messages(content: Any, where: str, images: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     if not isinstance(content, list):
@@ -301,13 +337,13 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
         if kind == "text":
             parts.append({"type": "text", "text": _text_of(block, block_where)})
         elif kind == "image":
-            parts.append(_image_part(block, block_where))
+            parts.append(_image_part(block, block_where, images))
         elif kind == "document":
             parts.append({"type": "text", "text": _document_text(block, block_where)})
         elif kind == "tool_result":
-            message, images = _tool_result(block, block_where)
+            message, pictures = _tool_result(block, block_where, images)
             tools.append(message)
-            tool_images.extend(images)
+            tool_images.extend(pictures)
         else:
             raise BridgeError(f"{block_where}: {kind!r} blocks are not supported in user messages")
     out = list(tools)
@@ -371,7 +407,24 @@ def _assistant_message(content: Any, where: str) -> dict[str, Any] | None:
     return message
 
 
-def _tools(tools: Any) -> list[dict[str, Any]]:
+def _referenced_tools(messages: list[Any]) -> set[str]:
+    """Tool names a ``tool_reference`` block in a tool result loaded (client-side tool search)."""
+    names: set[str] = set()
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if not isinstance(block, dict) or block.get("type") != "tool_result":
+                continue
+            inner = block.get("content")
+            for part in inner if isinstance(inner, list) else ():
+                if isinstance(part, dict) and part.get("type") == "tool_reference":
+                    if isinstance(part.get("tool_name"), str):
+                        names.add(part["tool_name"])
+    return names
+
+
+def _tools(tools: Any, loaded: set[str]) -> list[dict[str, Any]]:
+    """Custom tools as function tools; a ``defer_loading`` tool only once ``loaded`` names it."""
     if not isinstance(tools, list):
         raise BridgeError("tools: must be a list")
     out = []
@@ -387,6 +440,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
             raise BridgeError(f"{where}: a tool needs a 'name' string")
         if not isinstance(schema, dict):
             raise BridgeError(f"{where}: a tool needs an 'input_schema' object")
+        if tool.get("defer_loading") is True and name not in loaded:
+            continue
         function: dict[str, Any] = {"name": name, "parameters": schema}
         description = tool.get("description")
         if isinstance(description, str) and description:
@@ -437,7 +492,7 @@ def _thinking(thinking: Any, allowed: bool, chat: dict[str, Any]) -> None:
         raise BridgeError("thinking: 'budget_tokens' must be a positive integer")
     if not allowed:
         raise BridgeError(
-            "thinking is not supported by this model's provider: its protocol profile needs "
+            "thinking: not supported by this model's provider: its protocol profile needs "
             f"{THINKING_REQUIREMENT} set to true"
         )
     if budget < EFFORT_LOW_BELOW:
@@ -448,12 +503,61 @@ def _thinking(thinking: Any, allowed: bool, chat: dict[str, Any]) -> None:
         chat["reasoning_effort"] = "high"
 
 
+def _effort(value: Any, allowed: bool, chat: dict[str, Any]) -> None:
+    if not isinstance(value, str) or value not in _EFFORTS:
+        raise BridgeError(f"output_config.effort: must be one of {', '.join(_EFFORTS)}")
+    if allowed and "reasoning_effort" not in chat:
+        chat["reasoning_effort"] = _EFFORTS[value]
+
+
+def _output_format(value: Any, where: str, chat: dict[str, Any]) -> None:
+    if not isinstance(value, dict):
+        raise BridgeError(f"{where}: must be an object")
+    kind = value.get("type")
+    if kind != "json_schema":
+        raise BridgeError(f"{where}.type: {kind!r} is not supported (only 'json_schema')")
+    schema = value.get("schema")
+    if not isinstance(schema, dict):
+        raise BridgeError(f"{where}.schema: must be an object")
+    chat["response_format"] = {
+        "type": "json_schema",
+        "json_schema": {"name": "output", "schema": schema, "strict": True},
+    }
+
+
+def _output_config(value: Any, allowed: bool, chat: dict[str, Any]) -> None:
+    if not isinstance(value, dict):
+        raise BridgeError("output_config: must be an object")
+    if value.get("effort") is not None:
+        _effort(value["effort"], allowed, chat)
+    if value.get("format") is not None:
+        _output_format(value["format"], "output_config.format", chat)
+
+
+def _metadata(value: Any, chat: dict[str, Any]) -> None:
+    if not isinstance(value, dict):
+        raise BridgeError("metadata: must be an object")
+    user = value.get("user_id")
+    if user is None:
+        return
+    if not isinstance(user, str):
+        raise BridgeError("metadata.user_id: must be a string")
+    if user:
+        chat["user"] = user
+
+
 def messages_to_chat(
-    body: dict[str, Any], *, target: str, thinking_allowed: bool
+    body: dict[str, Any],
+    *,
+    target: str,
+    thinking_allowed: bool,
+    images: str = IMAGES_ANY,
 ) -> dict[str, Any]:
     """
     An Anthropic Messages request body as an OpenAI Chat Completions request body for the
     served ``target``. Raises :class:`BridgeError` on a malformed or unconvertible request.
+    ``images`` is what the provider takes: :data:`IMAGES_ANY`, :data:`IMAGES_BASE64` (Ollama)
+    or :data:`IMAGES_NONE` (a CLI agent).
     """
     if not isinstance(body, dict):
         raise BridgeError("the request body must be a JSON object")
@@ -467,6 +571,9 @@ def messages_to_chat(
     if not isinstance(messages, list) or not messages:
         raise BridgeError("messages: required non-empty list")
 
+    for name in REFUSED_FIELDS:
+        if body.get(name) is not None:
+            raise BridgeError(f"{name}: {REFUSED_FIELDS[name]}")
     chat_messages: list[dict[str, Any]] = []
     if body.get("system") is not None:
         system = _system_text(body["system"])
@@ -480,15 +587,18 @@ def messages_to_chat(
         if "content" not in message:
             raise BridgeError(f"{where}: 'content' is required")
         if role == "user":
-            chat_messages.extend(_user_messages(message["content"], where))
+            chat_messages.extend(_user_messages(message["content"], where, images))
         elif role == "assistant":
             converted = _assistant_message(message["content"], where)
             if converted is not None:
                 chat_messages.append(converted)
+        elif role == "system":
+            # A mid-conversation system message, kept in its place.
+            text = _system_text(message["content"], f"{where}.content")
+            if text:
+                chat_messages.append({"role": "system", "content": text})
         else:
-            raise BridgeError(
-                f"{where}.role: must be 'user' or 'assistant' (system goes in 'system')"
-            )
+            raise BridgeError(f"{where}.role: must be 'user', 'assistant' or 'system'")
 
     chat: dict[str, Any] = {"model": target, "messages": chat_messages, "max_tokens": max_tokens}
     for name in ("temperature", "top_p"):
@@ -505,7 +615,7 @@ def messages_to_chat(
             chat["stop"] = list(stops)
     has_tools = False
     if body.get("tools") is not None:
-        tools = _tools(body["tools"])
+        tools = _tools(body["tools"], _referenced_tools(messages))
         if tools:
             chat["tools"] = tools
             has_tools = True
@@ -513,6 +623,12 @@ def messages_to_chat(
         _tool_choice(body["tool_choice"], has_tools, chat)
     if body.get("thinking") is not None:
         _thinking(body["thinking"], thinking_allowed, chat)
+    if body.get("output_config") is not None:
+        _output_config(body["output_config"], thinking_allowed, chat)
+    if body.get("output_format") is not None:
+        _output_format(body["output_format"], "output_format", chat)
+    if body.get("metadata") is not None:
+        _metadata(body["metadata"], chat)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise BridgeError("stream: must be a boolean")

@@ -371,9 +371,8 @@ class ClientChannel(HTTPChannel):
         self._closing = True
         self._cancel_deadline()
         self.setTimeout(None)
-        body = json.dumps(
-            ApiError(status, message, code=code).body(self._surface()), separators=(",", ":")
-        ).encode()
+        error = ApiError(status, message, code=code, headers=headers)
+        body = json.dumps(error.body(self._surface()), separators=(",", ":")).encode()
         head = [
             b"HTTP/1.1 %d %s" % (status, RESPONSES.get(status, b"Error")),
             b"Content-Type: application/json",
@@ -381,7 +380,7 @@ class ClientChannel(HTTPChannel):
             b"Connection: close",
             b"Content-Length: %d" % len(body),
         ]
-        head.extend(f"{name}: {value}".encode("latin-1") for name, value in headers)
+        head.extend(f"{name}: {value}".encode("latin-1") for name, value in error.headers)
         transport = self.transport
         assert transport is not None
         transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)

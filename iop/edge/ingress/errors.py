@@ -12,7 +12,9 @@ queue timeout ``503``; a tunnel that failed before its response started ``502`` 
 the node says, by the code :attr:`~iop.runtime.codes.ErrorCode.PROVIDER_AT_CAPACITY`, that its
 own capacity gate was full). :func:`run_error` does the same for a run that failed before any
 output; upstream HTTP errors keep their status (:func:`upstream_error`). Rendering is
-:func:`iop.edge.ingress.http.render_error`.
+:func:`iop.edge.ingress.http.render_error`. Every error tells a client whether to retry, on both
+surfaces: ``x-should-retry: false`` on a client error a retry cannot fix, ``retry-after`` on
+429/503/529 (see :class:`ApiError`).
 
 An :class:`ApiError`'s message is text IOP writes itself, often carrying an upstream's or a
 node's error text: it goes through :func:`iop.security.redact.redact_secrets`, so a credential an
@@ -43,7 +45,9 @@ from iop.security.redact import redact_secrets
 __all__ = [
     "ANTHROPIC",
     "OPENAI",
+    "RETRYABLE_CLIENT_ERRORS",
     "RETRY_AFTER_SEC",
+    "RETRY_LATER",
     "ApiError",
     "bad_request",
     "client_error",
@@ -56,8 +60,13 @@ __all__ = [
 OPENAI = "openai"
 ANTHROPIC = "anthropic"
 
-# Seconds a client is told to wait after a 429 (the queue was full).
+# Seconds a client is told to wait after a 429 (the queue was full) or a 503.
 RETRY_AFTER_SEC = 1
+# Client errors a retry cannot fix get ``x-should-retry: false`` (the official SDKs and Claude
+# Code honour it; without it Claude Code retries a 401 for minutes); these few may succeed later.
+RETRYABLE_CLIENT_ERRORS = frozenset({408, 409, 429})
+# Statuses that say "come back later": ``retry-after`` unless the error already carries one.
+RETRY_LATER = frozenset({429, 503, 529})
 
 # status → (OpenAI error type, Anthropic error type).
 _STATUS_TYPES: dict[int, tuple[str, str]] = {
@@ -89,7 +98,9 @@ class ApiError(Exception):
     """
     A request that ends with an HTTP error. ``message`` is shown to the client (never a secret,
     node address or token: it is redacted here, whatever the caller passed); ``code`` and
-    ``param`` fill the OpenAI shape; ``headers`` are added to the response (``retry-after``).
+    ``param`` fill the OpenAI shape; ``headers`` are added to the response: the caller's, plus
+    ``x-should-retry: false`` on a 4xx a retry cannot fix (all but 408, 409, 429) and
+    ``retry-after`` (:data:`RETRY_AFTER_SEC`) on 429/503/529 when the caller gave none.
     """
 
     def __init__(
@@ -107,7 +118,7 @@ class ApiError(Exception):
         self.message = message
         self.code = code
         self.param = param
-        self.headers = tuple(headers)
+        self.headers = _with_retry_hints(status, tuple(headers))
 
     def openai_body(self) -> dict[str, Any]:
         kind, _ = error_types(self.status)
@@ -121,6 +132,19 @@ class ApiError(Exception):
 
     def body(self, surface: str) -> dict[str, Any]:
         return self.anthropic_body() if surface == ANTHROPIC else self.openai_body()
+
+
+def _with_retry_hints(
+    status: int, headers: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, str], ...]:
+    names = {name.lower() for name, _ in headers}
+    extra: list[tuple[str, str]] = []
+    if 400 <= status < 500 and status not in RETRYABLE_CLIENT_ERRORS:
+        if "x-should-retry" not in names:
+            extra.append(("x-should-retry", "false"))
+    if status in RETRY_LATER and "retry-after" not in names:
+        extra.append(("retry-after", str(RETRY_AFTER_SEC)))
+    return headers + tuple(extra)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> ApiError:

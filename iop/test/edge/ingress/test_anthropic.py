@@ -559,3 +559,67 @@ class FakeMessagesUpstreamTests(SynchronousTestCase):
         self.assertEqual(json.loads(data)["type"], "error")
         code, _ = self.post("/v1/messages", {**self.REQUEST, "max_tokens": None})
         self.assertEqual(code, 400)
+
+
+class ClaudeCodeShapeTests(IngressCase):
+    """What Claude Code sends: ``?beta=true``, a long ``anthropic-beta``, a mid-conversation
+    system message, ``cache_control``, adaptive thinking, ``context_management``."""
+
+    BETA = "claude-code-20250219,interleaved-thinking-2025-05-14,some-future-beta-2099-01-01"
+
+    def request(self, model: str) -> dict[str, Any]:
+        return {
+            "model": model,
+            "max_tokens": 100,
+            "stream": True,
+            "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "system", "content": [{"type": "text", "text": "env"}]},
+            ],
+            "tools": TOOLS,
+            "metadata": {"user_id": "device-1"},
+            "thinking": {"type": "adaptive", "display": "omitted"},
+            "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
+            "output_config": {"effort": "high"},
+        }
+
+    def post(self, model: str, body: dict[str, Any] | None = None) -> Deferred[Any]:
+        d = self.edge.post(
+            "/v1/messages?beta=true",
+            body or self.request(model),
+            headers={"anthropic-beta": self.BETA},
+        )
+        self.edge.flush()
+        return d
+
+    def expected_messages(self) -> list[dict[str, Any]]:
+        return [
+            {"role": "system", "content": "sys"},
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": "env"},
+        ]
+
+    def test_over_the_chat_bridge(self) -> None:
+        self.post("bare")
+        chat = json.loads(self.edge.tunnel_request().body)
+        self.assertEqual(chat["messages"], self.expected_messages())
+        self.assertEqual(chat["user"], "device-1")
+        self.assertNotIn("context_management", chat)
+
+    def test_over_runs(self) -> None:
+        for model in ("llama", "cli"):
+            self.post(model)
+            chat = json.loads(self.edge.run_request().input)
+            self.assertEqual(chat["messages"], self.expected_messages(), model)
+
+    def test_images_on_a_cli_agent_are_refused_naming_the_block(self) -> None:
+        image = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": "x"},
+        }
+        body = {**self.request("cli"), "messages": [{"role": "user", "content": [image]}]}
+        self.assertAnthropicError(
+            self.post("cli", body), 400, "invalid_request_error", "messages[0].content[0]:"
+        )
+        self.assertEqual(self.edge.requests("run_request"), [])

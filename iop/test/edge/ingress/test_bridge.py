@@ -498,7 +498,7 @@ class MessagesToChatTests(SynchronousTestCase):
             request(max_tokens=True),
             request(messages=[]),
             request(messages="hi"),
-            request(messages=[{"role": "system", "content": "x"}]),
+            request(messages=[{"role": "moderator", "content": "x"}]),
             request(messages=[{"role": "user"}]),
             request(messages=[{"role": "user", "content": 5}]),
             request(messages=[{"role": "user", "content": [{"type": "video"}]}]),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -21,6 +22,7 @@ from iop.test.edge.ingress.harness import (
     error,
     start,
 )
+from iop.test.edge.ingress.test_channel import ChannelCase, chat, post
 
 
 class ErrorShapeTests(IngressCase):
@@ -230,3 +232,67 @@ class RedactedAnswerTests(IngressCase):
         _, _, data = self.answer(d)
         self.assertIn(b"x-api-key: [redacted]", data)
         self.assertNotIn(b"abcdefghijk", data)
+
+
+class RetryHintTests(IngressCase):
+    """``x-should-retry: false`` on errors a retry cannot fix, ``retry-after`` on 429/503."""
+
+    def hints(self, d: Any) -> tuple[int, list[str] | None, list[str] | None]:
+        code, headers, _ = self.answer(d)
+        return code, headers.getRawHeaders("x-should-retry"), headers.getRawHeaders("retry-after")
+
+    def test_headers_of_api_errors(self) -> None:
+        for status in (400, 401, 403, 404, 405, 413, 422, 431):
+            self.assertIn(("x-should-retry", "false"), ApiError(status, "x").headers, status)
+        for status in (408, 409, 429, 500, 502, 503, 504):
+            self.assertNotIn(("x-should-retry", "false"), ApiError(status, "x").headers, status)
+        for status in (429, 503, 529):
+            self.assertIn(("retry-after", "1"), ApiError(status, "x").headers, status)
+        given = ApiError(503, "x", headers=[("Retry-After", "7")]).headers
+        self.assertEqual(given, (("Retry-After", "7"),))
+        self.assertEqual(ApiError(502, "x").headers, ())
+
+    def test_both_surfaces(self) -> None:
+        surfaces: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/chat/completions", CHAT),
+            ("/v1/messages", MESSAGES),
+        ]
+        for path, request in surfaces:
+            # 401: a wrong key; 400: a bad field; 404: no such model.
+            self.assertEqual(
+                self.hints(self.edge.post(path, request, key="sk-wrong")), (401, ["false"], None)
+            )
+            self.assertEqual(
+                self.hints(self.edge.post(path, {**request, "stream": "yes"})),
+                (400, ["false"], None),
+            )
+            self.assertEqual(
+                self.hints(self.edge.post(path, {**request, "model": "nope"})),
+                (404, ["false"], None),
+            )
+        self.assertEqual(self.hints(self.edge.get("/v1/messages")), (405, ["false"], None))
+        self.edge.registry.disconnected(self.edge.conn)
+        for path, request in surfaces:
+            self.assertEqual(self.hints(self.edge.post(path, request)), (503, None, ["1"]))
+
+    def test_upstream_client_error_over_the_bridge(self) -> None:
+        d = self.edge.post("/v1/messages", MESSAGES)
+        self.edge.flush()
+        upstream = b'{"error": {"message": "bad key upstream"}}'
+        self.edge.frames(self.edge.tunnel_request().run_id, start(401), body(upstream), END)
+        self.assertEqual(self.hints(d), (401, ["false"], None))
+
+
+class ChannelRetryHintTests(ChannelCase):
+    def test_refusals_before_the_app(self) -> None:
+        connection = self.exchange(chat(b"Content-Length: %d\r\n" % (BODY_LIMIT + 1)))
+        response = self.assertRefused(connection, 413)
+        self.assertEqual(response.header("x-should-retry"), "false")
+        connection = self.exchange(
+            post(
+                "/v1/messages",
+                b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n",
+            )
+        )
+        response = self.assertRefused(connection, 400, surface="anthropic")
+        self.assertEqual(response.header("x-should-retry"), "false")
