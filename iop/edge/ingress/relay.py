@@ -75,7 +75,9 @@ __all__ = [
 # A non-streaming upstream answer the Edge must read whole (to convert it) may be this large.
 MAX_COLLECTED_BYTES = 32 * 1024 * 1024
 # Upstream response headers a passthrough keeps (besides its status and body).
-PASSTHROUGH_HEADERS = frozenset({"content-type", "retry-after", "request-id", "x-request-id"})
+PASSTHROUGH_HEADERS = frozenset(
+    {"content-type", "retry-after", "x-should-retry", "request-id", "x-request-id"}
+)
 # The cancel reason when the client goes away.
 CLIENT_GONE = "client disconnected"
 # The largest value a run's integer options take on the wire (uint32).

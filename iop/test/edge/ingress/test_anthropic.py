@@ -32,6 +32,7 @@ from iop.test.edge.ingress.harness import (
 )
 from iop.test.edge.ingress.test_bridge import check_order, validate_events, validate_message
 from iop.testing.fake_openai import FakeOpenAI
+from iop.wire import runtime_pb2 as pb
 
 TOOLS = [
     {
@@ -91,6 +92,18 @@ class NativeTests(IngressCase):
         code, _, data = self.answer(d)
         self.assertEqual((code, data), (200, upstream))
         self.assertEqual(self.edge.in_flight("p-native"), 0)
+
+    def test_passthrough_keeps_the_providers_retry_advice(self) -> None:
+        d = self.edge.post("/v1/messages", self.REQUEST)
+        self.edge.flush()
+        sent = self.edge.tunnel_request()
+        error = b'{"type":"error","error":{"type":"authentication_error","message":"no"}}'
+        answer = start(401)
+        answer["headers"].append(pb.Header(name="x-should-retry", value="false"))
+        self.edge.frames(sent.run_id, answer, body(error), END)
+        code, headers, data = self.answer(d)
+        self.assertEqual((code, data), (401, error))
+        self.assertEqual(headers.getRawHeaders("x-should-retry"), ["false"])
 
     def test_stream_passthrough_keeps_the_client_version(self) -> None:
         d = self.edge.post(
