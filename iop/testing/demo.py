@@ -27,7 +27,11 @@ STATE = Path("var/demo")
 ADMIN = ("127.0.0.1", 8081)
 # Fake upstreams: slow enough per token that streaming is visible.
 FAKES = (
-    ("fake_openai", 9001, ("--delay-ms", "80", "--tokens", "40")),
+    (
+        "fake_openai",
+        9001,
+        ("--delay-ms", "80", "--tokens", "40", "--anthropic-api", "--responses-api"),
+    ),
     ("fake_ollama", 9002, ("--delay-ms", "80", "--tokens", "40")),
 )
 

@@ -139,11 +139,31 @@ class ConfigInStepTests(SynchronousTestCase):
         self.assertEqual((key.name, key.models), ("demo", ()))
         self.assertIsNone(api.key_for("sk-iop-demo "))
         ids = [m.id for m in config.models] + [r.model for r in config.model_routes]
-        self.assertEqual(ids, ["demo-pool", "demo-llama", "demo-openai", "demo-ollama", "demo-cli"])
+        self.assertEqual(
+            ids,
+            [
+                "demo-pool",
+                "demo-llama",
+                "demo-claude",
+                "demo-responses",
+                "demo-openai",
+                "demo-ollama",
+                "demo-cli",
+            ],
+        )
         pool = config.models[0]
         self.assertEqual(pool.token_counter, "approximate")
         chat = next(p for p in config.nodes[0].providers if p.id == "demo-a-chat")
-        [profile] = config.protocol_profiles
+        profiles = {p.name: p for p in config.protocol_profiles}
+        self.assertEqual(
+            {name: p.driver for name, p in profiles.items()},
+            {
+                "openai-chat": "openai_chat",
+                "anthropic-native": "anthropic_messages",
+                "openai-responses": "openai_responses",
+            },
+        )
+        profile = profiles["openai-chat"]
         self.assertEqual((chat.profile, profile.driver), ("openai-chat", "openai_chat"))
         self.assertEqual(profile.operations, (("chat_completions", "/chat/completions"),))
         self.assertEqual(set(profile.capabilities), {"chat", "streaming", "tools"})
