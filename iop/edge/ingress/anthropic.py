@@ -87,14 +87,13 @@ from iop.edge.ingress.profiles import (
     thinking_allowed,
 )
 from iop.edge.ingress.relay import (
+    ChatStream,
     Collect,
     Exchange,
     Gateway,
-    Head,
     PassThrough,
     RunCollect,
     RunStream,
-    Stop,
     TunnelSource,
     open_run,
     open_tunnel,
@@ -103,8 +102,6 @@ from iop.edge.ingress.relay import (
 )
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
-from iop.edge.tunnel import TunnelOutcome
-from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import RuntimeEvent
 
 __all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicSurface"]
@@ -273,7 +270,7 @@ class AnthropicSurface:
         show = allowed and thinking_requested(body)
         if placement.wire == "tunnel":
             if stream:
-                tunnel_transform: BridgeStream | Collect = BridgeStream(model, show)
+                tunnel_transform: ChatStream[Event] | Collect = bridge_stream(model, show)
             else:
 
                 def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
@@ -385,78 +382,14 @@ def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:
     return budget
 
 
-class BridgeStream:
-    """
-    The relay transform of a streamed Chat answer through a tunnel, converted to Anthropic
-    stream events. An upstream error status is collected and answered in the Anthropic error
-    shape with that status; a provider stream that cannot be converted ends with an ``error``
-    event and stops the provider.
-    """
-
-    def __init__(self, model: str, show: bool) -> None:
-        self._converter = ChatStreamToMessages(model=model, thinking_allowed=show)
-        self._parser = SSEParser()
-        self._status = 0
-        self._error: list[bytes] | None = None
-        self._failed = False
-
-    def head(self, start: tuple[int, list[tuple[str, str]]]) -> Head | None:
-        self._status, _ = start
-        if not _is_success(self._status):
-            self._error = []
-            return None
-        return Head(200, "text/event-stream")
-
-    def feed(self, item: bytes) -> bytes:
-        if self._error is not None:
-            self._error.append(item)
-            return b""
-        if self._converter.done:
-            return b""
-        try:
-            items = self._parser.feed(item)
-        except SSEError as e:
-            out = _sse(self._converter.fail(f"the provider's stream is malformed: {e}"))
-            self._failed = True
-        else:
-            out = self._events(items)
-        if self._failed:
-            # The answer failed before the provider's body ended: stop the provider.
-            raise Stop("the provider's stream could not be converted", out)
-        return out
-
-    def end(self, ending: TunnelOutcome) -> bytes:
-        if self._error is not None:
-            raise upstream_error(self._status, b"".join(self._error))
-        out = b""
-        if not self._converter.done:
-            out += self._events(self._parser.finish())
-        if not self._converter.done:
-            if ending.ok:
-                out += _sse(self._converter.finish())
-            else:
-                out += _sse(self._converter.fail(f"the provider's stream failed: {ending.error}"))
-        return out
-
-    def _events(self, items: list[SSEEvent]) -> bytes:
-        out = b""
-        converter = self._converter
-        for item in items:
-            if converter.done:
-                break
-            if item.is_done:
-                events = converter.finish()
-            else:
-                try:
-                    chunk = json.loads(item.data)
-                except ValueError:
-                    events = converter.fail("the provider sent a malformed stream chunk")
-                else:
-                    events = converter.feed(chunk)
-            out += _sse(events)
-            if any(name == "error" for name, _ in events):
-                self._failed = True
-        return out
+def bridge_stream(model: str, show: bool) -> ChatStream[Event]:
+    """A streamed Chat answer through a tunnel as Anthropic stream events (an ``error`` event
+    ends a stream that cannot be converted)."""
+    return ChatStream(
+        ChatStreamToMessages(model=model, thinking_allowed=show),
+        _sse,
+        lambda events: any(name == "error" for name, _ in events),
+    )
 
 
 def _sse(events: list[Event]) -> bytes:

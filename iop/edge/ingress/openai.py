@@ -71,6 +71,7 @@ from iop.edge.ingress.http import (
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
 from iop.edge.ingress.relay import (
+    ChatStream,
     Collect,
     Exchange,
     Gateway,
@@ -84,12 +85,13 @@ from iop.edge.ingress.relay import (
 )
 from iop.edge.ingress.responses import (
     ChatToResponses,
-    ResponsesBridgeStream,
     RunEventsToResponses,
     chat_completion_to_response,
     format_events,
+    responses_stream,
     responses_to_chat,
 )
+from iop.edge.ingress.responses import Event as ResponsesEvent
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.tools import (
     MARKER_MATCH,
@@ -658,7 +660,7 @@ class OpenAISurface:
         converter = ChatToResponses(model=model, request=body, created=created, names=bridged.names)
         if not run:
             if stream:
-                tunnel_transform: ResponsesBridgeStream | Collect = ResponsesBridgeStream(converter)
+                tunnel_transform: ChatStream[ResponsesEvent] | Collect = responses_stream(converter)
             else:
 
                 def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:

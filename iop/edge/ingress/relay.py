@@ -23,14 +23,16 @@ Relay (:func:`relay`)
     placement's lease lives exactly as long as the work on the node.
 
 Transforms here: :class:`PassThrough` (tunnel bytes untouched), :class:`Collect` (a tunnel's
-whole body, for a caller that converts it), :class:`RunStream` (each run event converted) and
-:class:`RunCollect` (all of a run's events, one answer). The Anthropic bridge stream and the
-admin NDJSON stream are defined where they are used.
+whole body, for a caller that converts it), :class:`ChatStream` (a tunnel's Chat SSE answer,
+converted chunk by chunk: the Anthropic and Responses bridges), :class:`RunStream` (each run
+event converted) and :class:`RunCollect` (all of a run's events, one answer). The admin NDJSON
+stream is defined where it is used.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -43,10 +45,11 @@ from twisted.web.iweb import IRequest
 from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.errors import DispatchError, PoolError, TunnelFailed
 from iop.edge.gateway import Placement
-from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error
+from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error, upstream_error
 from iop.edge.ingress.http import json_bytes
 from iop.edge.runs import RunHandle
 from iop.edge.tunnel import TunnelOutcome, TunnelStream
+from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import EventType, RuntimeEvent
 from iop.security.redact import redact_secrets
 
@@ -54,6 +57,8 @@ __all__ = [
     "CLIENT_GONE",
     "MAX_COLLECTED_BYTES",
     "PASSTHROUGH_HEADERS",
+    "ChatStream",
+    "ChatStreamConverter",
     "Collect",
     "Cut",
     "Exchange",
@@ -550,6 +555,106 @@ class PassThrough:
         if not ending.ok:
             raise Cut(ending.error)
         return b""
+
+
+class ChatStreamConverter(Protocol[E]):
+    """A Chat stream chunk converter (the Anthropic and Responses bridges' streams)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def feed(self, chunk: Mapping[str, Any]) -> list[E]: ...
+
+    def finish(self) -> list[E]: ...
+
+    def fail(self, message: str) -> list[E]: ...
+
+
+class ChatStream(Generic[E]):
+    """
+    A streamed Chat answer through a tunnel, converted chunk by chunk for another surface. An
+    upstream error status is collected and answered with that status in the surface's shape; a
+    provider stream that cannot be converted (bad SSE, a chunk that is not a JSON object, or a
+    chunk the converter fails on — ``failed``) ends with the converter's failure and stops the
+    provider. ``encode`` writes the converter's events as SSE.
+    """
+
+    def __init__(
+        self,
+        converter: ChatStreamConverter[E],
+        encode: Callable[[list[E]], bytes],
+        failed: Callable[[list[E]], bool],
+    ) -> None:
+        self._converter = converter
+        self._encode = encode
+        self._failed = failed
+        self._parser = SSEParser()
+        self._status = 0
+        self._error: list[bytes] | None = None
+
+    def head(self, start: tuple[int, HeaderList]) -> Head | None:
+        self._status, _ = start
+        if not 200 <= self._status < 300:
+            self._error = []
+            return None
+        return Head(200, "text/event-stream")
+
+    def feed(self, item: bytes) -> bytes:
+        if self._error is not None:
+            self._error.append(item)
+            return b""
+        converter = self._converter
+        if converter.done:
+            return b""
+        out: list[E] = []
+        try:
+            events = self._parser.feed(item)
+        except SSEError as e:
+            out += converter.fail(f"the provider's stream is malformed: {e}")
+            raise Stop(_UNCONVERTIBLE, self._encode(out)) from None
+        self._convert(events, out)
+        if self._failed(out):
+            # The answer failed before the provider's body ended: stop the provider.
+            raise Stop(_UNCONVERTIBLE, self._encode(out))
+        return self._encode(out)
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if self._error is not None:
+            raise upstream_error(self._status, b"".join(self._error))
+        converter = self._converter
+        if converter.done:
+            return b""
+        out: list[E] = []
+        try:
+            self._convert(self._parser.finish(), out)
+        except SSEError as e:
+            out += converter.fail(f"the provider's stream is malformed: {e}")
+        if not converter.done:
+            if ending.ok:
+                out += converter.finish()
+            else:
+                out += converter.fail(f"the provider's stream failed: {ending.error}")
+        return self._encode(out)
+
+    def _convert(self, events: list[SSEEvent], out: list[E]) -> None:
+        converter = self._converter
+        for event in events:
+            if converter.done:
+                return
+            if event.is_done:
+                out += converter.finish()
+                continue
+            try:
+                chunk = json.loads(event.data)
+            except ValueError:
+                chunk = None
+            if not isinstance(chunk, dict):
+                out += converter.fail("the provider sent a malformed stream chunk")
+                return
+            out += converter.feed(chunk)
+
+
+_UNCONVERTIBLE = "the provider's stream could not be converted"
 
 
 class Collect:

@@ -13,7 +13,7 @@ Pure conversion, plus the relay transform of a bridged tunnel stream:
   ``chat.completion`` (so streamed and whole answers have the same output items).
 - :class:`RunEventsToResponses`: a normalized run's events → Responses events, through the
   surface's run-events-to-chunks converter.
-- :class:`ResponsesBridgeStream`: the relay transform of a streamed Chat answer over a tunnel.
+- :func:`responses_stream`: the relay transform of a streamed Chat answer over a tunnel.
 
 Request mapping:
 
@@ -65,11 +65,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from iop.edge.ingress.errors import ApiError, bad_request, upstream_error
-from iop.edge.ingress.relay import Head, Stop
+from iop.edge.ingress.errors import ApiError, bad_request
+from iop.edge.ingress.relay import ChatStream
 from iop.edge.ingress.tools import new_call_id
-from iop.edge.tunnel import TunnelOutcome
-from iop.formats.sse import SSEError, SSEParser, format_event
+from iop.formats.sse import format_event
 from iop.formats.usage import openai_chat_usage
 from iop.runtime.events import RuntimeEvent
 
@@ -77,10 +76,10 @@ __all__ = [
     "NAMESPACE_JOIN",
     "Bridged",
     "ChatToResponses",
-    "ResponsesBridgeStream",
     "RunEventsToResponses",
     "chat_completion_to_response",
     "format_events",
+    "responses_stream",
     "responses_to_chat",
 ]
 
@@ -726,79 +725,7 @@ class RunEventsToResponses:
 # -- the tunnel stream -------------------------------------------------------------------------
 
 
-class ResponsesBridgeStream:
-    """
-    The relay transform of a streamed Chat answer through a tunnel, as Responses events. An
-    upstream error status is collected and answered in the OpenAI error shape with that status;
-    a provider stream that cannot be converted ends with ``response.failed`` and stops the
-    provider.
-    """
-
-    def __init__(self, converter: ChatToResponses) -> None:
-        self._converter = converter
-        self._parser = SSEParser()
-        self._status = 0
-        self._error: list[bytes] | None = None
-
-    def head(self, start: tuple[int, list[tuple[str, str]]]) -> Head | None:
-        self._status, _ = start
-        if not 200 <= self._status < 300:
-            self._error = []
-            return None
-        return Head(200, "text/event-stream")
-
-    def feed(self, item: bytes) -> bytes:
-        if self._error is not None:
-            self._error.append(item)
-            return b""
-        converter = self._converter
-        if converter.done:
-            return b""
-        out: list[Event] = converter.start()
-        try:
-            events = self._parser.feed(item)
-        except SSEError as e:
-            out += converter.fail(f"the provider's stream is malformed: {e}")
-            raise Stop("the provider's stream could not be converted", format_events(out)) from None
-        for event in events:
-            if converter.done:
-                break
-            if event.is_done:
-                out += converter.finish()
-                continue
-            try:
-                chunk = json.loads(event.data)
-            except ValueError:
-                chunk = None
-            if not isinstance(chunk, dict):
-                out += converter.fail("the provider sent a malformed stream chunk")
-                raise Stop("the provider's stream could not be converted", format_events(out))
-            out += converter.feed(chunk)
-            if converter.status == "failed":
-                raise Stop("the provider's stream failed", format_events(out))
-        return format_events(out)
-
-    def end(self, ending: TunnelOutcome) -> bytes:
-        if self._error is not None:
-            raise upstream_error(self._status, b"".join(self._error))
-        converter = self._converter
-        if converter.done:
-            return b""
-        out: list[Event] = converter.start()
-        try:
-            events = self._parser.finish()
-        except SSEError:
-            events = []
-        for event in events:
-            if not event.is_done and not converter.done:
-                try:
-                    chunk = json.loads(event.data)
-                except ValueError:
-                    continue
-                if isinstance(chunk, dict):
-                    out += converter.feed(chunk)
-        if ending.ok:
-            out += converter.finish()
-        else:
-            out += converter.fail(f"the provider's stream failed: {ending.error}")
-        return format_events(out)
+def responses_stream(converter: ChatToResponses) -> ChatStream[Event]:
+    """A streamed Chat answer through a tunnel as Responses events (``response.failed`` ends a
+    stream that cannot be converted)."""
+    return ChatStream(converter, format_events, lambda _: converter.status == "failed")
