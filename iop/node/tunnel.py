@@ -77,6 +77,9 @@ __all__ = [
     "upstream_request_headers",
 ]
 
+# At most this many dropped request header names are logged per tunnel.
+_LOGGED_HEADER_NAMES = 16
+
 # A BODY frame carries at most this many bytes; larger upstream chunks are split.
 BODY_FRAME_BYTES = 256 * 1024
 DEFAULT_IDLE_TIMEOUT = 120.0
@@ -705,10 +708,13 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             has_body=bool(request.body),
         )
         if dropped:
+            # Names the Edge sent (a client's, really): a bounded number, each clipped.
+            names = sorted(set(dropped))
             self.log.debug(
-                "tunnel {run_id}: request headers not forwarded: {names}",
+                "tunnel {run_id}: {count} request headers not forwarded: {names}",
                 run_id=request.run_id,
-                names=sorted(set(dropped)),
+                count=len(names),
+                names=[name[:64] for name in names[:_LOGGED_HEADER_NAMES]],
                 node_id=self._node_id,
             )
         return _Tunnel(
