@@ -29,6 +29,7 @@ from iop.config.errors import (
 from iop.config.model import (
     ADAPTER_TYPES,
     DEFAULT_CLIENT_IDLE_TIMEOUT_SEC,
+    DEFAULT_CORS_MAX_AGE_SEC,
     DEFAULT_HEARTBEAT_INTERVAL_SEC,
     DEFAULT_HEARTBEAT_TIMEOUT_SEC,
     DEFAULT_LISTEN_BACKLOG,
@@ -45,6 +46,7 @@ from iop.config.model import (
     AdapterConfig,
     ClientAPIConfig,
     ClientKey,
+    CorsConfig,
     EdgeConfig,
     HeartbeatConfig,
     ModelConfig,
@@ -865,10 +867,41 @@ class _EdgeParser:
                 )
             if auth and not keys and not self.issues:
                 self.issues.add("openai.auth.keys", "auth is on: configure at least one key")
+        cors = self._cors(openai, auth)
         openai.finish()
         return routes, ClientAPIConfig(
-            listen=listen, auth=auth, keys=tuple(keys), max_body_bytes=max_body, **limits
+            listen=listen,
+            auth=auth,
+            keys=tuple(keys),
+            max_body_bytes=max_body,
+            cors=cors,
+            **limits,
         )
+
+    def _cors(self, openai: Section, auth: bool) -> CorsConfig | None:
+        """``openai.cors``: origins exactly as a browser sends them, or ``*`` alone with auth."""
+        section = openai.section("cors")
+        if section is None:
+            return None
+        path = section.path_of("allow_origins")
+        given = section.has("allow_origins")
+        origins = section.string_list("allow_origins", unique=True)
+        max_age = section.integer("max_age_sec", DEFAULT_CORS_MAX_AGE_SEC, minimum=0, maximum=86400)
+        section.finish()
+        if not given:
+            self.issues.add(path, "list the origins allowed (or remove openai.cors)")
+        elif not origins and isinstance(section.data.get("allow_origins"), list):
+            self.issues.add(path, "is empty: list at least one origin (or remove openai.cors)")
+        for i, origin in enumerate(origins):
+            problem = origin_problem(origin)
+            if origin == "*":
+                if len(origins) > 1:
+                    problem = "'*' allows every origin: give it alone"
+                elif not auth:
+                    problem = "'*' needs openai.auth on: without keys any page could use the API"
+            if problem is not None:
+                self.issues.add(f"{path}[{i}]", problem)
+        return CorsConfig(allow_origins=origins, max_age_sec=max_age)
 
     def _client_limits(self, openai: Section, listen: str | None) -> dict[str, Any]:
         """The client listener's deadlines, connection caps and listen backlog."""
@@ -1063,3 +1096,34 @@ def _infer_type(ref: str, adapters: list[_Adapter]) -> str:
         if adapter.config.name == ref:
             return adapter.config.type if adapter.config.type in ADAPTER_TYPES else ""
     return ref if ref in ADAPTER_TYPES else ""
+
+
+_ORIGIN = re.compile(
+    r"(?P<scheme>[a-z][a-z0-9+.-]*)://(?P<host>[a-z0-9.-]+|\[[0-9a-f:.]+\])(?::(?P<port>[0-9]{1,5}))?"
+)
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
+
+
+def origin_problem(origin: str) -> str | None:
+    """
+    Why ``origin`` is not an origin as a browser sends it in ``Origin`` (RFC 6454 §6.2:
+    lowercase scheme and host, the port only when it is not the scheme's default, no path),
+    or None. ``*`` passes (the caller checks where it may stand); ``null`` never does.
+    """
+    if origin == "*":
+        return None
+    if origin.lower() == "null":
+        return "'null' is the origin of sandboxed and file: pages: it cannot be allowed safely"
+    shape = "must be an origin as browsers send it: scheme://host[:port], no path"
+    match = _ORIGIN.fullmatch(origin.lower())
+    if match is None:
+        return f"{shape} (got {origin!r})"
+    if origin != origin.lower():
+        return f"browsers send origins in lowercase: write {origin.lower()!r}"
+    port = match.group("port")
+    if port is not None and _DEFAULT_PORTS.get(match.group("scheme")) == port:
+        default = f"{match.group('scheme')}://{match.group('host')}"
+        return f"browsers leave the default port out: write {default!r}"
+    if port is not None and not 0 < int(port) < 65536:
+        return f"port {port} is out of range"
+    return None

@@ -245,6 +245,27 @@ DEFAULT_CLIENT_IDLE_TIMEOUT_SEC = 60.0
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 1024
 DEFAULT_LISTEN_BACKLOG = 1024
+# How long a browser may cache a CORS preflight answer (Chromium caps it at 7200).
+DEFAULT_CORS_MAX_AGE_SEC = 600
+
+
+@dataclass(frozen=True)
+class CorsConfig:
+    """
+    ``openai.cors``: the web origins whose pages may call the client API from a browser.
+    ``allow_origins`` holds serialized origins (``https://app.example.com``) or ``*`` alone
+    (any origin; only with auth on). ``max_age_sec``: how long a preflight answer is cached.
+    """
+
+    allow_origins: tuple[str, ...]
+    max_age_sec: int = DEFAULT_CORS_MAX_AGE_SEC
+
+    @property
+    def any_origin(self) -> bool:
+        return self.allow_origins == ("*",)
+
+    def allows(self, origin: str) -> bool:
+        return self.any_origin or origin in self.allow_origins
 
 
 def with_backlog(endpoint: str, backlog: int) -> str:
@@ -266,7 +287,7 @@ class ClientAPIConfig:
     a connection with nothing to do is closed after ``idle_timeout_sec``. At most
     ``max_connections`` client connections at once, ``max_connections_per_peer`` from one
     address (503 past either). ``listen_backlog`` is the listen queue unless ``listen`` sets
-    ``backlog=`` itself (:attr:`listen_endpoint`).
+    ``backlog=`` itself (:attr:`listen_endpoint`). ``cors`` None = no cross-origin access.
     """
 
     listen: str | None = None
@@ -280,6 +301,7 @@ class ClientAPIConfig:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
     listen_backlog: int = DEFAULT_LISTEN_BACKLOG
+    cors: CorsConfig | None = None
 
     @property
     def listen_endpoint(self) -> str | None:

@@ -10,6 +10,7 @@ The client listener's Klein app: the OpenAI- and Anthropic-compatible surfaces o
 ``POST /v1/responses``                  :mod:`.openai`
 ``POST /v1/messages``                   :mod:`.anthropic`
 ``POST /v1/messages/count_tokens``      :mod:`.anthropic`
+``OPTIONS`` any of these                CORS preflight, with ``openai.cors`` only (:mod:`.cors`)
 =====================================  =========================================================
 
 Every error is a JSON body in the shape of the surface asked (see :mod:`.errors`); an unknown
@@ -32,6 +33,7 @@ from twisted.web.resource import IResource, Resource
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.anthropic import AnthropicSurface
+from iop.edge.ingress.cors import CorsPolicy, CorsResource
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, bad_request
 from iop.edge.ingress.http import ClientSite, header, render_error
 from iop.edge.ingress.openai import OpenAISurface
@@ -142,15 +144,31 @@ class ClientApp:
         return render_error(request, surface, ApiError(500, "internal error"))
 
     def resource(self) -> IResource:
-        return _TextURL(self.app.resource())
+        resource: IResource = _TextURL(self.app.resource())
+        if self._config.cors is not None:
+            resource = CorsResource(
+                resource,
+                CorsPolicy(self._config.cors),
+                self.allowed_methods,
+                surface_of,
+                render_error,
+            )
+        return resource
 
     def allowed_methods(self, path: str) -> list[str]:
-        """The methods the app serves at ``path`` (none: no route there)."""
-        return sorted(self.app.url_map.bind("").allowed_methods(path))
+        """The methods the app serves at ``path`` (none: no route there); with CORS on, every
+        route also answers ``OPTIONS`` (:mod:`.cors`)."""
+        methods = set(self.app.url_map.bind("").allowed_methods(path))
+        if methods and self._config.cors is not None:
+            methods.add("OPTIONS")
+        return sorted(methods)
 
     def methods(self) -> set[str]:
         """Every method some route serves."""
-        return {m for rule in self.app.url_map.iter_rules() for m in rule.methods or ()}
+        methods = {m for rule in self.app.url_map.iter_rules() for m in rule.methods or ()}
+        if self._config.cors is not None:
+            methods.add("OPTIONS")
+        return methods
 
     def site(self) -> ClientSite:
         """The ``Site`` for the client listener, enforcing ``openai:``'s limits."""

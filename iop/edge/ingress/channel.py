@@ -11,7 +11,7 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
   ``Transfer-Encoding`` lines, ``Transfer-Encoding`` with ``Content-Length``, a transfer coding
   on HTTP/1.0, two ``Content-Length`` lines or one that is not a plain decimal: 400, so no
   request can hide in another's body. A ``Content-Length`` or a sum of chunk sizes over
-  ``openai.max_body_bytes``: 413 at once, before the bytes are read;
+  ``openai.max_body_bytes``: 413 at once (at the end of the head), before the bytes are read;
 - **sizes**: a request line over the head limit (16 KiB): 414; a header line, all the headers or
   their count over the limit: 431; any other malformed head or chunk framing: 400;
 - **targets and methods**: a request target that is not a path (``*``, ``host:port``): 400; the
@@ -24,6 +24,9 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
   out, one trickling bytes does): 408 past either; ``idle_timeout_sec`` without a byte closes;
 - **connections**: at most ``max_connections`` at once and ``max_connections_per_peer`` from one
   address (:class:`ConnectionCounter`): one more is answered 503 and closed.
+
+With ``openai.cors``, a refusal to a request from an allowed origin carries the
+``Access-Control-*`` headers (:mod:`.cors`), so a page can read why it was refused.
 
 Every deadline runs on the site's clock (``callLater``). A refusal is a lingering close: the
 answer and a FIN are sent, what the client still sends is read and dropped, and a client that
@@ -48,6 +51,7 @@ from twisted.web.http import (
 )
 
 from iop.config.model import ClientAPIConfig
+from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError
 
 __all__ = ["ABORT_AFTER_SEC", "ClientChannel", "ConnectionCounter", "peer_key"]
@@ -133,12 +137,14 @@ class ClientChannel(HTTPChannel):
     """
     One client connection (see the module docstring). The
     :class:`~iop.edge.ingress.http.ClientSite` sets :attr:`config`, :attr:`clock`,
-    :attr:`counter`, :attr:`methods` and :attr:`allowed_methods` on each.
+    :attr:`counter`, :attr:`cors`, :attr:`methods` and :attr:`allowed_methods` on each.
     """
 
     config: ClientAPIConfig = ClientAPIConfig()
     clock: IReactorTime
     counter: ConnectionCounter | None = None
+    # With ``openai.cors``: a refusal to an allowed origin carries its Access-Control-* headers.
+    cors: CorsPolicy | None = None
     # Every method the app serves, and those it serves at a path ([] = no route there).
     methods: frozenset[bytes] = frozenset({b"GET", b"HEAD", b"POST"})
     allowed_methods: Callable[[str], Sequence[str]] = staticmethod(lambda path: ())
@@ -148,8 +154,10 @@ class ClientChannel(HTTPChannel):
     _in_head = False
     _closing = False
     _anthropic = False
+    _origin: bytes | None = None
     _transfer_encoding = False
     _content_length = False
+    _declared_too_large = False
     _body_start = 0.0
     _body_received = 0
     _deadline: IDelayedCall | None = None
@@ -205,6 +213,8 @@ class ClientChannel(HTTPChannel):
             # Seen here, not in headerReceived: Twisted holds each header line until the next
             # (continuations), and an answer to that next line is due in this shape already.
             self._anthropic = True
+        elif line[:7].lower() == b"origin:":
+            self._origin = line[7:].strip(b" \t")
         super().lineReceived(line)
 
     def lineLengthExceeded(self, line: bytes) -> None:
@@ -240,9 +250,11 @@ class ClientChannel(HTTPChannel):
             if self._transfer_encoding:
                 return self._bad("Transfer-Encoding and Content-Length together")
             digits = value.lstrip(b"0")
-            # Longer than any limit (and int() refuses over 4300 digits): too large unread.
+            # Longer than any limit (and int() refuses over 4300 digits): too large, refused
+            # once the head is complete (so the refusal knows the request's Origin), unread.
             if len(digits) > 18 or int(digits or b"0") > self.config.max_body_bytes:
-                return self._too_large()
+                self._declared_too_large = True
+                return True
         return bool(super().headerReceived(line))
 
     def _maybeChooseTransferDecoder(self, header: bytes, data: bytes) -> bool:
@@ -263,6 +275,9 @@ class ClientChannel(HTTPChannel):
             return
         self._cancel_deadline()
         self._in_head = False
+        if self._declared_too_large:
+            self._too_large()
+            return
         target: bytes = self._path
         if target[:8].lower().startswith((b"http://", b"https://")):
             # The absolute form (RFC 9112 §3.2.2): served as its path.
@@ -303,6 +318,7 @@ class ClientChannel(HTTPChannel):
         self._cancel_deadline()
         self._phase = _HANDLING
         self._transfer_encoding = self._content_length = self._anthropic = False
+        self._origin = None
         super().allContentReceived()
 
     def requestDone(self, request: Any) -> None:
@@ -371,6 +387,8 @@ class ClientChannel(HTTPChannel):
         self._closing = True
         self._cancel_deadline()
         self.setTimeout(None)
+        if self.cors is not None:
+            headers = [*headers, *self.cors.answer_headers(self._origin)]
         error = ApiError(status, message, code=code, headers=headers)
         body = json.dumps(error.body(self._surface()), separators=(",", ":")).encode()
         head = [

@@ -29,6 +29,7 @@ from zope.interface import provider
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.channel import ClientChannel, ConnectionCounter
+from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ApiError, bad_request
 
 __all__ = [
@@ -134,6 +135,7 @@ class ClientSite(Site):
             config.max_connections, config.max_connections_per_peer
         )
         self._methods = frozenset(m.encode("ascii") for m in methods)
+        self._cors = CorsPolicy(config.cors) if config.cors is not None else None
         self._allowed_methods = allowed_methods
 
     def buildProtocol(self, addr: Any) -> Any:
@@ -141,6 +143,7 @@ class ClientSite(Site):
         channel.config = self.config
         channel.clock = self.reactor
         channel.counter = self.connections
+        channel.cors = self._cors
         channel.methods = self._methods
         channel.allowed_methods = self._allowed_methods
         return channel

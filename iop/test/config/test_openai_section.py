@@ -8,7 +8,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, parse_edge_config
-from iop.config.model import ModelRoute
+from iop.config.model import CorsConfig, ModelRoute
 
 BASE: dict[str, Any] = {
     "listen": {"nodes": "tcp:7443:interface=127.0.0.1"},
@@ -245,3 +245,68 @@ class ClientLimitTests(SynchronousTestCase):
             e = self.assertRaises(ConfigError, parse_openai, {**self.OPEN, **extra})
             self.assertIn(f"{path}: ", str(e), extra)
             self.assertIn(fragment, str(e), extra)
+
+
+class CorsTests(SynchronousTestCase):
+    """``openai.cors``: origins exactly as browsers send them; ``*`` alone, with auth."""
+
+    KEYS = {"enabled": True, "keys": [{"name": "k", "key_sha256": "0" * 64}]}
+
+    def cors(self, cors: Any, auth: Any = None) -> Any:
+        section: dict[str, Any] = {"cors": cors}
+        if auth is not None:
+            section["auth"] = auth
+        return parse_openai(section).client_api.cors
+
+    def test_absent_is_off(self) -> None:
+        self.assertIsNone(parse_openai({}).client_api.cors)
+
+    def test_origins(self) -> None:
+        origins = [
+            "https://app.example.com",
+            "http://localhost:5173",
+            "http://127.0.0.1:8000",
+            "http://[::1]:3000",
+            "chrome-extension://abcdefghijklmnop",
+        ]
+        cors = self.cors({"allow_origins": origins, "max_age_sec": 60})
+        self.assertEqual(cors, CorsConfig(tuple(origins), 60))
+        self.assertTrue(cors.allows("http://localhost:5173"))
+        self.assertFalse(cors.allows("http://localhost:5174"))
+        self.assertFalse(cors.any_origin)
+        self.assertEqual(self.cors({"allow_origins": ["https://a.example"]}).max_age_sec, 600)
+
+    def test_any_origin_with_auth(self) -> None:
+        cors = self.cors({"allow_origins": ["*"]}, auth=self.KEYS)
+        self.assertTrue(cors.any_origin)
+        self.assertTrue(cors.allows("https://whatever.example"))
+
+    def test_rules(self) -> None:
+        path = "openai.cors.allow_origins"
+        cases: list[tuple[Any, Any, str, str]] = [
+            ({"allow_origins": ["*"]}, {"enabled": False}, f"{path}[0]", "needs openai.auth on"),
+            ({"allow_origins": ["*", "https://a.example"]}, None, f"{path}[0]", "alone"),
+            ({"allow_origins": ["null"]}, None, f"{path}[0]", "cannot be allowed"),
+            ({"allow_origins": ["https://a.example/"]}, None, f"{path}[0]", "no path"),
+            ({"allow_origins": ["https://a.example/app"]}, None, f"{path}[0]", "no path"),
+            ({"allow_origins": ["a.example"]}, None, f"{path}[0]", "scheme://host"),
+            ({"allow_origins": ["https://A.example"]}, None, f"{path}[0]", "'https://a.example'"),
+            ({"allow_origins": ["https://a.example:443"]}, None, f"{path}[0]", "default port"),
+            ({"allow_origins": ["http://a.example:80"]}, None, f"{path}[0]", "'http://a.example'"),
+            ({"allow_origins": ["http://a.example:99999"]}, None, f"{path}[0]", "out of range"),
+            ({"allow_origins": ["https://a.example"] * 2}, None, f"{path}[1]", "duplicate"),
+            ({"allow_origins": [7]}, None, f"{path}[0]", "must be a string"),
+            ({"allow_origins": []}, None, path, "at least one origin"),
+            ({}, None, path, "list the origins"),
+            ({"allow_origins": ["https://a.example"], "max_age_sec": -1}, None, "max_age_sec", ""),
+            (
+                {"allow_origins": ["https://a.example"], "credentials": True},
+                None,
+                "credentials",
+                "",
+            ),
+        ]
+        for cors, auth, where, fragment in cases:
+            e = self.assertRaises(ConfigError, self.cors, cors, auth)
+            self.assertIn(f"{where}: ", str(e), cors)
+            self.assertIn(fragment, str(e), cors)

@@ -25,6 +25,7 @@ from iop.config.model import (
     AdapterConfig,
     ClientAPIConfig,
     ClientKey,
+    CorsConfig,
     EdgeConfig,
     HeartbeatConfig,
     ModelConfig,
@@ -106,7 +107,7 @@ def model(mid: str, pid: str, target: str, **policy: Any) -> ModelConfig:
     return ModelConfig(id=mid, providers=(ModelProviderRef(pid, target),), **policy)
 
 
-def ingress_config(auth: bool = True) -> EdgeConfig:
+def ingress_config(auth: bool = True, cors: CorsConfig | None = None) -> EdgeConfig:
     node = NodeConfig(
         id="node-a",
         token=NodeToken.from_plaintext(NODE_TOKEN),
@@ -161,6 +162,7 @@ def ingress_config(auth: bool = True) -> EdgeConfig:
                 ClientKey("limited", NodeToken.from_plaintext(LIMITED_KEY), ("chat",)),
             ),
             max_body_bytes=BODY_LIMIT,
+            cors=cors,
         ),
     )
 
@@ -183,9 +185,9 @@ class Recording(Resource):
 class Ingress:
     """The client app over a real gateway and one ready, scripted node."""
 
-    def __init__(self, auth: bool = True) -> None:
+    def __init__(self, auth: bool = True, cors: CorsConfig | None = None) -> None:
         self.clock = Clock()
-        self.config = ingress_config(auth)
+        self.config = ingress_config(auth, cors)
         self.pool = ProviderPool(self.config, self.clock)
         self.registry = NodeRegistry(
             self.config,
@@ -340,9 +342,10 @@ class IngressCase(SynchronousTestCase):
     """A test case with an :class:`Ingress` and helpers to read answers."""
 
     auth = True
+    cors: CorsConfig | None = None
 
     def setUp(self) -> None:
-        self.edge = Ingress(self.auth)
+        self.edge = Ingress(self.auth, self.cors)
 
     def answer(self, d: Deferred[Any]) -> tuple[int, Any, bytes]:
         """Flush, then the response's status, headers and whole body (it must have ended)."""

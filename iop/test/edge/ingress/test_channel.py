@@ -32,7 +32,7 @@ def chat(headers: bytes, body: bytes = b"") -> bytes:
 
 
 class ChannelCase(SynchronousTestCase):
-    limits: dict[str, object] = {}
+    limits: dict[str, Any] = {}
 
     def setUp(self) -> None:
         self.wire = Wire(**self.limits)

@@ -18,6 +18,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
+from iop.config.model import CorsConfig
 from iop.edge.ingress.http import ClientSite
 from iop.test.edge.ingress.harness import Ingress
 
@@ -140,8 +141,8 @@ class Connection:
 class Wire:
     """The client listener over an in-memory Edge."""
 
-    def __init__(self, **limits: Any) -> None:
-        self.edge = Ingress()
+    def __init__(self, cors: CorsConfig | None = None, **limits: Any) -> None:
+        self.edge = Ingress(cors=cors)
         config = dataclasses.replace(self.edge.config.client_api, **limits)
         self.clock = self.edge.clock
         self.site = ClientSite(
