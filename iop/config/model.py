@@ -26,6 +26,14 @@ DEFAULT_RECONNECT_MAX_ATTEMPTS = 10
 DEFAULT_RECONNECT_INTERVAL_SEC = 10.0
 DEFAULT_STORE_PATH = "file:iop.db?cache=shared&mode=rwc"
 
+# Managed mode (``security:`` in edge.yaml and node.yaml).
+SECURITY_MODES = frozenset({"legacy", "managed"})
+# A node's workload DNS-ID is ``<node-id>.node.<trust domain>``.
+DEFAULT_TRUST_DOMAIN = "iop.internal"
+DEFAULT_LEASE_TTL_SEC = 30.0
+MAX_LEASE_TTL_SEC = 300.0
+DEFAULT_LEASE_CLOCK_SKEW_SEC = 5.0
+
 
 class Secret:
     """
@@ -124,6 +132,9 @@ class ProfileConfig:
     capabilities: tuple[str, ...] = ()
     extensions: tuple[tuple[str, bool], ...] = ()
     auth_header: str = ""
+    # The credential's scheme in ``auth_header`` ("Bearer" → ``Authorization: Bearer <secret>``;
+    # "" → the bare secret, as ``x-api-key`` takes it).
+    auth_scheme: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,6 +186,8 @@ class ProviderConfig:
     queue_timeout_sec: float = 0.0
     profile: str = ""
     usage_attribution: str = ""
+    # Managed mode: the ``credentials[]`` slot whose secret a lease carries to this provider.
+    credential: str = ""
 
 
 @dataclass(frozen=True)
@@ -188,6 +201,8 @@ class NodeConfig:
     concurrency: int = 0
     adapters: tuple[AdapterConfig, ...] = ()
     providers: tuple[ProviderConfig, ...] = ()
+    # Managed mode: the node's lease recipient public key (written by ``iop keys recipient``).
+    recipient_key_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -323,6 +338,43 @@ TOKEN_COUNTERS = frozenset({"approximate"})
 
 
 @dataclass(frozen=True)
+class CredentialSlot:
+    """
+    ``credentials[]``: a provider credential held on the Edge only. ``secret`` comes by
+    reference (``${ENV}`` or a file); ``revision`` is bound into every lease, so changing it
+    invalidates leases in flight; a disabled slot issues none (its requests fail closed).
+    """
+
+    name: str
+    secret: Secret
+    revision: int = 1
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class EdgeSecurity:
+    """
+    ``security:`` in edge.yaml. ``legacy``: no leases, adapters carry their own headers.
+    ``managed``: nodes prove their workload name (``<node-id>.node.<trust_domain>``) with a
+    client certificate, and tunnel requests carry a lease signed with ``signing_key_file``
+    (Ed25519, ``iop keys issuer``) valid ``lease_ttl_sec``.
+    """
+
+    mode: str = "legacy"
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    signing_key_file: str | None = None
+    lease_ttl_sec: float = DEFAULT_LEASE_TTL_SEC
+
+    @property
+    def managed(self) -> bool:
+        return self.mode == "managed"
+
+    def node_workload(self, node_id: str) -> str:
+        """The DNS-ID a node's client certificate must carry."""
+        return f"{node_id}.node.{self.trust_domain}"
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     """The whole edge.yaml."""
 
@@ -340,6 +392,8 @@ class EdgeConfig:
     protocol_profiles: tuple[ProfileConfig, ...] = ()
     model_routes: tuple[ModelRoute, ...] = ()
     client_api: ClientAPIConfig = ClientAPIConfig()
+    security: EdgeSecurity = EdgeSecurity()
+    credentials: tuple[CredentialSlot, ...] = ()
     source_path: str = ""
 
     @property
@@ -384,6 +438,25 @@ class ReconnectPolicy:
 
 
 @dataclass(frozen=True)
+class NodeSecurity:
+    """
+    ``security:`` in node.yaml. ``managed``: the node presents its client certificate
+    (``edge.cert_file``/``key_file``), opens leases with its recipient private key
+    (``recipient_key_file``) and accepts only leases signed by ``issuer_key_file`` (the Edge's
+    public signing key), allowing ``clock_skew_sec`` on expiry.
+    """
+
+    mode: str = "legacy"
+    recipient_key_file: str | None = None
+    issuer_key_file: str | None = None
+    clock_skew_sec: float = DEFAULT_LEASE_CLOCK_SKEW_SEC
+
+    @property
+    def managed(self) -> bool:
+        return self.mode == "managed"
+
+
+@dataclass(frozen=True)
 class NodeDaemonConfig:
     """The whole node.yaml: only what a node needs to find and prove itself to its Edge."""
 
@@ -397,4 +470,5 @@ class NodeDaemonConfig:
     store_path: str = DEFAULT_STORE_PATH
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     handshake_timeout_sec: float = 10.0
+    security: NodeSecurity = NodeSecurity()
     source_path: str = ""
