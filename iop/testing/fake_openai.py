@@ -30,11 +30,15 @@ Routes:
   (400) as the real API does; errors use the Anthropic error shape. No tools, no thinking.
 - ``GET /_fake/stats``: :class:`FakeStats` as JSON.
 
+With ``expect_header`` (``--expect-header NAME``, the value from ``$IOP_FAKE_EXPECT_VALUE``),
+a chat completion without exactly that credential is answered 401 — a provider that checks
+its API key, for managed mode's credential leases.
+
 Token delays run on the injected clock, so unit tests drive them with ``task.Clock``.
 
 CLI: ``python -m iop.testing.fake_openai --port 9001 [--host 127.0.0.1] [--tokens N]
 [--chunk-tokens N] [--delay-ms N] [--reject-tools] [--models a,b] [--responses-api]
-[--anthropic-api]``.
+[--anthropic-api] [--expect-header NAME]``.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -123,6 +128,9 @@ class FakeSettings:
     models: tuple[str, ...] = ("demo-model",)
     responses_api: bool = False
     anthropic_api: bool = False
+    # A credential every chat completion must carry: header name (lowercase) and exact value.
+    expect_header: str = ""
+    expect_value: str = field(default="", repr=False)
 
 
 @dataclass
@@ -139,6 +147,9 @@ class FakeStats:
     client_disconnects: int = 0
     dropped_streams: int = 0
     rejected_requests: int = 0
+    # With an expected credential: requests that carried it exactly, and those that did not.
+    authorized_requests: int = 0
+    unauthorized_requests: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -188,6 +199,8 @@ class FakeOpenAI:
         models: Sequence[str] = ("demo-model",),
         responses_api: bool = False,
         anthropic_api: bool = False,
+        expect_header: str = "",
+        expect_value: str = "",
     ) -> None:
         if tokens < 0 or chunk_tokens < 1 or delay_ms < 0:
             raise ValueError("tokens >= 0, chunk_tokens >= 1 and delay_ms >= 0, please")
@@ -200,6 +213,8 @@ class FakeOpenAI:
             tuple(models),
             responses_api,
             anthropic_api,
+            expect_header.lower(),
+            expect_value,
         )
         self.requests: list[ReceivedRequest] = []
         self._stats = FakeStats()
@@ -240,6 +255,14 @@ class FakeOpenAI:
             name.decode("latin-1").lower(): values[0].decode("latin-1")
             for name, values in request.requestHeaders.getAllRawHeaders()
         }
+        expected = self.settings.expect_header
+        if expected:
+            if headers.get(expected) != self.settings.expect_value:
+                self._stats.unauthorized_requests += 1
+                return self._reject(
+                    request, 401, f"missing or wrong {expected}", kind="authentication_error"
+                )
+            self._stats.authorized_requests += 1
         try:
             body = json.loads(raw)
         except ValueError:
@@ -845,6 +868,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="also answer POST /v1/messages and /v1/messages/count_tokens (Anthropic-shaped)",
     )
+    parser.add_argument(
+        "--expect-header",
+        default="",
+        help="answer chat completions 401 unless this header carries exactly the value in "
+        "$IOP_FAKE_EXPECT_VALUE (a credential, kept off the command line)",
+    )
     return parser.parse_args(list(argv))
 
 
@@ -864,6 +893,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         responses_api=args.responses_api,
         anthropic_api=args.anthropic_api,
         models=models or ["demo-model"],
+        expect_header=args.expect_header,
+        expect_value=os.environ.get("IOP_FAKE_EXPECT_VALUE", ""),
     )
     port = reactor.listenTCP(args.port, fake.site(), interface=args.host)
     print(f"fake-openai listening on {args.host}:{port.getHost().port}", flush=True)

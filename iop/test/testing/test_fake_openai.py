@@ -415,3 +415,17 @@ class CommandLineTests(SynchronousTestCase):
     def test_badSettings(self) -> None:
         self.assertRaises(ValueError, FakeOpenAI, Clock(), chunk_tokens=0)
         self.assertRaises(ValueError, FakeOpenAI, Clock(), delay_ms=-1)
+
+
+class ExpectedCredentialTests(FakeCase):
+    def test_only_the_exact_credential_is_answered(self) -> None:
+        fake, http = self.serve(expect_header="Authorization", expect_value="Bearer x")
+        self.assertEqual(self.post(http, chat()).code, 200)
+        d = http.post(URL, data=json.dumps(chat()).encode(), headers={"Authorization": "Bearer y"})
+        http.flush()
+        response = self.successResultOf(d)
+        self.assertEqual(response.code, 401)
+        self.assertEqual(self.json(http, response)["error"]["type"], "authentication_error")
+        stats = fake.stats()
+        self.assertEqual((stats.authorized_requests, stats.unauthorized_requests), (1, 1))
+        self.assertNotIn("Bearer x", repr(fake.settings))
