@@ -468,6 +468,34 @@ class CredentialBinding(_message.Message):
     projection_generation: int
     def __init__(self, principal: _Optional[str] = ..., slot: _Optional[str] = ..., route: _Optional[str] = ..., profile: _Optional[str] = ..., target: _Optional[str] = ..., node_recipient: _Optional[str] = ..., credential_revision: _Optional[int] = ..., route_revision: _Optional[int] = ..., projection_generation: _Optional[int] = ...) -> None: ...
 
+class CredentialLeaseEnvelope(_message.Message):
+    __slots__ = ("payload", "signature", "issuer_key_id")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    signature: bytes
+    issuer_key_id: str
+    def __init__(self, payload: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., issuer_key_id: _Optional[str] = ...) -> None: ...
+
+class CredentialLeasePayload(_message.Message):
+    __slots__ = ("lease_id", "issued_at_ms", "expires_at_ms", "binding", "recipient_key_id", "kem", "sealed")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    RECIPIENT_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEM_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
+    lease_id: bytes
+    issued_at_ms: int
+    expires_at_ms: int
+    binding: CredentialBinding
+    recipient_key_id: str
+    kem: str
+    sealed: bytes
+    def __init__(self, lease_id: _Optional[bytes] = ..., issued_at_ms: _Optional[int] = ..., expires_at_ms: _Optional[int] = ..., binding: _Optional[_Union[CredentialBinding, _Mapping]] = ..., recipient_key_id: _Optional[str] = ..., kem: _Optional[str] = ..., sealed: _Optional[bytes] = ...) -> None: ...
+
 class ProviderTunnelFrame(_message.Message):
     __slots__ = ("run_id", "kind", "sequence", "status_code", "headers", "body", "end", "error", "usage", "metadata")
     class MetadataEntry(_message.Message):
