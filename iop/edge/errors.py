@@ -7,7 +7,8 @@ Messages are safe to show a client: they name the model, node or run asked for, 
 key or endpoint.
 
 - :class:`DispatchError` and its kinds: a run, tunnel or command could not be sent
-  (:class:`NoRoute`, :class:`NodeUnavailable`, :class:`TunnelFailed`).
+  (:class:`NoRoute`, :class:`NodeUnavailable`, :class:`TunnelFailed`,
+  :class:`CredentialRefused`).
 - :class:`PoolError` and its kinds: an acquire on the provider pool produced no lease
   (:class:`UnknownModel`, :class:`Unavailable`, :class:`Overloaded`, :class:`QueueTimeout`);
   ``code`` is a stable machine name.
@@ -42,6 +43,13 @@ class TunnelFailed(DispatchError):
     def __init__(self, message: str, code: ErrorCode | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class CredentialRefused(DispatchError):
+    """
+    Managed mode: a tunnel's credential binding does not hold (slot disabled or unknown, no
+    recipient key for the node, binding stale by send time). Nothing was sent; no fallback.
+    """
 
 
 class PoolError(Exception):
@@ -110,6 +118,7 @@ class CommandFailed(Exception):
 
 __all__ = [
     "CommandFailed",
+    "CredentialRefused",
     "DispatchError",
     "NoRoute",
     "NodeUnavailable",

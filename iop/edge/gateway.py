@@ -27,6 +27,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
+from iop.edge.credentials import CredentialIssuer
 from iop.edge.errors import UnknownModel
 from iop.edge.pool import Lease, ProviderPool
 from iop.edge.runs import RunDispatcher, RunHandle
@@ -50,6 +51,8 @@ class Placement:
     usage_attribution: str = ""
     policy: ModelConfig | None = None
     lease: Lease | None = field(default=None, repr=False)
+    # Who asked: the client key's name ("" with auth off); bound into managed credential leases.
+    principal: str = ""
 
     @property
     def wire(self) -> str:
@@ -81,8 +84,10 @@ class EdgeGateway:
         runs: RunDispatcher,
         tunnels: TunnelDispatcher,
         on_finished: Callable[[Placement, Usage | None, str], None] | None = None,
+        credentials: CredentialIssuer | None = None,
     ) -> None:
         self._config = config
+        self._credentials = credentials
         self._pool = pool
         self._runs = runs
         self._tunnels = tunnels
@@ -195,7 +200,14 @@ class EdgeGateway:
         method: str = "POST",
         timeout_sec: int = 0,
     ) -> TunnelStream:
-        """Open the raw provider tunnel for ``placement``; its end is reported."""
+        """
+        Open the raw provider tunnel for ``placement``; its end is reported. In managed mode
+        the request carries a credential lease: bound (and validated) here, sealed (validated
+        again) by the dispatcher immediately before it sends; :class:`CredentialRefused` when
+        the binding does not hold — never a fallback to another provider.
+        """
+        issuer = self._credentials
+        seal = issuer.sealer(placement) if issuer is not None else None
         tunnel = self._tunnels.open(
             placement.node_id,
             adapter=placement.adapter,
@@ -207,6 +219,7 @@ class EdgeGateway:
             stream=stream,
             timeout_sec=timeout_sec,
             profile=placement.profile.name if placement.profile else "",
+            seal=seal,
         )
 
         def finished(outcome: TunnelOutcome) -> TunnelOutcome:

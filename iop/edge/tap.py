@@ -24,6 +24,7 @@ from iop.config import ConfigError, load_edge_config
 from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
 from iop.edge.commands import NodeCommander
+from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus, UsageEvent
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
@@ -35,6 +36,7 @@ from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import Usage
+from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
 
 
@@ -88,8 +90,15 @@ class EdgeService(MultiService):
         handlers["provider_tunnel_frame"] = lambda conn, env: self.tunnels.frame(
             conn, env.provider_tunnel_frame
         )
+        # Managed mode: provider credentials leave the Edge only sealed in per-request leases.
+        self.credentials = CredentialIssuer.from_config(config, reactor)
         self.gateway = EdgeGateway(
-            config, self.pool, self.runs, self.tunnels, on_finished=self.request_finished
+            config,
+            self.pool,
+            self.runs,
+            self.tunnels,
+            on_finished=self.request_finished,
+            credentials=self.credentials,
         )
         self.clients = ClientApp(self.gateway, config.client_api, reactor)
         self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
@@ -119,7 +128,10 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
 
         reactor = _reactor  # type: ignore[assignment]
     config = options.edge_config
-    edge = EdgeService(config, reactor)
+    try:
+        edge = EdgeService(config, reactor)
+    except KeyFileError as e:
+        raise usage.UsageError(f"managed mode: {e}") from None
 
     node_factory: Any = edge.node_factory
     if config.tls is not None and not config.plaintext_nodes:

@@ -335,17 +335,21 @@ class TunnelDispatcher:
         metadata: Mapping[str, str] | None = None,
         profile: str = "",
         run_id: str | None = None,
+        seal: Callable[[], tuple[pb.CredentialBinding, bytes]] | None = None,
     ) -> TunnelStream:
         """
         Send a ``ProviderTunnelRequest`` to ``node_id``'s ready connection. Raises
         :class:`~iop.edge.errors.NodeUnavailable` when that node is not dispatch-ready and
         :class:`~iop.edge.errors.DispatchError` for a run id already in use. A send failure
-        returns a stream that has already ended with an error.
+        returns a stream that has already ended with an error. ``seal`` (managed mode) gives
+        the credential binding and lease, called immediately before the request is sent; what
+        it raises (a refused binding) is raised here and nothing is sent.
         """
         connection = self._registry.ready_connection(node_id)
         ownership = self._registry.ownership_of(connection) if connection is not None else None
         if connection is None or ownership is None:
             raise NodeUnavailable(f"node {node_id!r} is not connected")
+        sealed = seal() if seal is not None else None
         rid = run_id or f"tun-{uuid.uuid4().hex}"
         tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._max_buffered)
         self._tunnels.add(rid, tunnel, node_id, connection, ownership.generation)
@@ -362,6 +366,9 @@ class TunnelDispatcher:
             timeout_sec=timeout_sec,
             profile=profile,
         )
+        if sealed is not None:
+            request.credential_binding.CopyFrom(sealed[0])
+            request.credential_lease = sealed[1]
         request.metadata.update(dict(metadata or {}))
         try:
             self._send(connection, pb.Envelope(provider_tunnel_request=request))

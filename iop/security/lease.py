@@ -205,12 +205,12 @@ def issue_lease(
 ) -> bytes:
     """
     A serialized ``CredentialLeaseEnvelope`` carrying ``secret`` sealed to ``recipient`` for
-    exactly ``binding``, valid from ``now`` for ``ttl_sec`` seconds, signed by ``issuer``.
+    exactly ``binding``, valid from ``now`` for ``ttl_sec`` seconds, signed by ``issuer``. An
+    empty ``secret`` is the lease of a provider that takes no credential: the request is still
+    authorized for exactly ``binding``, and the node adds no header.
     """
     if not 0 < ttl_sec <= MAX_LEASE_TTL_SEC:
         raise ValueError(f"a lease lives more than 0 and at most {MAX_LEASE_TTL_SEC:g} seconds")
-    if not secret:
-        raise ValueError("a lease needs a secret")
     if not binding.node_recipient:
         raise ValueError("a lease binding needs its node recipient")
     issued_at_ms = _ms(now)

@@ -228,7 +228,7 @@ class AnthropicSurface:
             return await self._messages(exchange, placement, body, policy, stream, has_tools)
 
         return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_messages(body), answer
+            self._gateway, exchange, model, estimate_prompt_tokens_messages(body), answer, key
         )
 
     async def _messages(
@@ -358,7 +358,7 @@ class AnthropicSurface:
                 ),
             )
 
-        return await with_placement(self._gateway, exchange, model, 0, answer)
+        return await with_placement(self._gateway, exchange, model, 0, answer, key)
 
 
 def _images_for(placement: Placement) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from iop.edge.errors import (
+    CredentialRefused,
     DispatchError,
     NodeUnavailable,
     NoRoute,
@@ -177,6 +178,8 @@ def client_error(error: BaseException) -> ApiError | None:
         return ApiError(503, str(error), code="node_unavailable")
     if isinstance(error, NoRoute):
         return ApiError(503, str(error), code="no_route")
+    if isinstance(error, CredentialRefused):
+        return ApiError(503, str(error), code="credential_unavailable")
     if isinstance(error, DispatchError):
         return ApiError(502, str(error), code="dispatch_failed")
     return None

@@ -512,7 +512,7 @@ class OpenAISurface:
             return await self._chat(exchange, placement, body, limits, stream, include_usage, tools)
 
         return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer
+            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
         )
 
     async def _chat(
@@ -639,7 +639,7 @@ class OpenAISurface:
             return await self._bridged_responses(exchange, placement, body, limit, stream)
 
         return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer
+            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
         )
 
     async def _bridged_responses(

@@ -42,7 +42,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from iop.config.model import ModelConfig, ProfileConfig
+from iop.config.model import ClientKey, ModelConfig, ProfileConfig
 from iop.edge.errors import DispatchError, PoolError, TunnelFailed
 from iop.edge.gateway import Placement
 from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error, upstream_error
@@ -221,13 +221,15 @@ async def with_placement(
     model: str,
     prompt_tokens: int,
     answer: Callable[[Placement], Awaitable[T]],
+    principal: ClientKey | None = None,
 ) -> T:
     """
-    Place the request, then ``answer`` it. The placement is released here, exactly once,
-    however ``answer`` ends: a run or tunnel it opened is relayed by :func:`relay`, which
-    returns only once that work has ended on its node.
+    Place the request for ``principal`` (the authenticated client key), then ``answer`` it.
+    The placement is released here, exactly once, however ``answer`` ends: a run or tunnel it
+    opened is relayed by :func:`relay`, which returns only once that work has ended on its node.
     """
     placement = await await_placement(gateway, model, prompt_tokens)
+    placement.principal = principal.name if principal is not None else ""
     closing = False
     try:
         if exchange.gone:

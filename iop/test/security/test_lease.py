@@ -225,15 +225,16 @@ class RoundTripTests(LeaseTestCase):
         h.lease(ttl=MAX_LEASE_TTL_SEC)
         with self.assertRaises(ValueError):
             h.lease(node_recipient="")
-        with self.assertRaises(ValueError):
-            issue_lease(
-                binding=binding(),
-                secret=b"",
-                recipient=h.recipient.public_key(),
-                issuer=ISSUER,
-                now=NOW,
-                ttl_sec=TTL,
-            )
+        # A provider without a credential: the lease authorizes the request, carries nothing.
+        empty = issue_lease(
+            binding=binding(),
+            secret=b"",
+            recipient=h.recipient.public_key(),
+            issuer=ISSUER,
+            now=NOW,
+            ttl_sec=TTL,
+        )
+        self.assertEqual(h.open(empty), bytearray())
 
     def test_lease_error_codes(self) -> None:
         self.assertEqual(

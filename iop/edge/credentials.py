@@ -1,0 +1,168 @@
+# -*- test-case-name: iop.test.edge.test_credentials -*-
+"""
+Managed mode's credential leases, on the Edge: provider keys stay here; a node gets, per tunnel
+request, only a lease sealed to it.
+
+:class:`CredentialIssuer` holds the ``credentials[]`` catalog, the lease-signing key and each
+managed node's recipient public key (all loaded at startup: :meth:`CredentialIssuer.from_config`
+fails, naming the file, when one is missing or of the wrong kind). For one tunnel:
+
+1. :meth:`~CredentialIssuer.bind` builds the exact :class:`CredentialBinding` of the placement
+   — principal (the client key's name), slot, route, profile, target, node recipient,
+   credential revision, route revision, projection generation — and validates it: the slot
+   exists and is enabled, the node has a recipient key. Refused: :class:`CredentialRefused`.
+2. :meth:`~CredentialIssuer.seal`, called by the tunnel dispatcher immediately before the request
+   is sent, validates the binding again against the current catalog (a slot disabled or a
+   revision changed since step 1 fails closed) and issues the lease
+   (:func:`iop.security.lease.issue_lease`: signed, sealed to that node with the binding as HPKE
+   ``info``, valid ``security.lease_ttl_sec``).
+
+A provider without a ``credential`` slot still gets a lease in managed mode, with an empty
+secret: a managed node accepts no tunnel the Edge did not sign for that exact request, and adds
+no header. There is no fallback: a refused binding ends the request; the Edge never tries
+another provider, route or credential for it.
+
+The binding's ``route`` is ``<model>:<node>/<provider>`` (``/<adapter>`` for a direct route);
+``route_revision`` and ``projection_generation`` are the issuer's :attr:`generation` (the
+config generation: 1 until a refresh applies a new config).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from twisted.internet.interfaces import IReactorTime
+
+from iop.config.model import CredentialSlot, EdgeConfig, ProviderConfig
+from iop.edge.errors import CredentialRefused
+from iop.security.keys import (
+    IssuerSigningKey,
+    KeyFileError,
+    RecipientPublicKey,
+    load_issuer_private,
+    load_recipient_public,
+)
+from iop.security.lease import issue_lease
+from iop.wire import runtime_pb2 as pb
+
+if TYPE_CHECKING:
+    from iop.edge.gateway import Placement
+
+__all__ = ["CredentialIssuer", "Sealed"]
+
+# What the tunnel dispatcher puts on a request: the binding and the serialized lease.
+Sealed = tuple[pb.CredentialBinding, bytes]
+
+
+class CredentialIssuer:
+    """Binds and seals credential leases for tunnel requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        signing_key: IssuerSigningKey,
+        recipients: Mapping[str, RecipientPublicKey],
+        clock: IReactorTime,
+        generation: int = 1,
+    ) -> None:
+        self._signing_key = signing_key
+        self._recipients = dict(recipients)
+        self._clock = clock
+        self.update(config, generation)
+
+    def update(self, config: EdgeConfig, generation: int) -> None:
+        """
+        Take a new config's catalog (slots, revisions, provider slots, lease TTL) as config
+        ``generation``: a binding made before no longer seals (it is stale).
+        """
+        self._ttl = config.security.lease_ttl_sec
+        self.generation = generation
+        self._slots: dict[str, CredentialSlot] = {s.name: s for s in config.credentials}
+        self._providers: dict[str, ProviderConfig] = {
+            p.id: p for n in config.nodes for p in n.providers
+        }
+
+    @classmethod
+    def from_config(cls, config: EdgeConfig, clock: IReactorTime) -> CredentialIssuer | None:
+        """
+        The issuer for a managed Edge (None in legacy mode). Loads every key file; raises
+        :class:`~iop.security.keys.KeyFileError` naming the one missing or of the wrong kind.
+        """
+        security = config.security
+        if not security.managed:
+            return None
+        # The config's validation already refuses these; kept as the loader's own guard.
+        if security.signing_key_file is None:
+            raise KeyFileError("security.lease.signing_key_file: managed mode needs it")
+        recipients: dict[str, RecipientPublicKey] = {}
+        for node in config.nodes:
+            if node.recipient_key_file is None:
+                raise KeyFileError(
+                    f"nodes[{node.id}].recipient_key_file: managed mode needs every node's key"
+                )
+            recipients[node.id] = load_recipient_public(node.recipient_key_file)
+        return cls(config, load_issuer_private(security.signing_key_file), recipients, clock)
+
+    @property
+    def issuer_key_id(self) -> str:
+        return self._signing_key.key_id
+
+    def sealer(self, placement: Placement) -> Callable[[], Sealed]:
+        """Bind ``placement`` now (validated); the result seals it when called, just before
+        the request is sent."""
+        binding = self.bind(placement)
+        return lambda: self.seal(placement, binding)
+
+    def bind(self, placement: Placement) -> pb.CredentialBinding:
+        """The exact binding for ``placement``, validated (first time, before the lease)."""
+        slot = self._slot_for(placement)
+        if placement.node_id not in self._recipients:
+            raise CredentialRefused(f"node {placement.node_id!r} has no lease recipient key")
+        where = placement.provider_id or placement.adapter
+        return pb.CredentialBinding(
+            principal=placement.principal,
+            slot=slot.name if slot is not None else "",
+            route=f"{placement.model}:{placement.node_id}/{where}",
+            profile=placement.profile.name if placement.profile is not None else "",
+            target=placement.target,
+            node_recipient=placement.node_id,
+            credential_revision=slot.revision if slot is not None else 0,
+            route_revision=self.generation,
+            projection_generation=self.generation,
+        )
+
+    def seal(self, placement: Placement, binding: pb.CredentialBinding) -> Sealed:
+        """
+        Validate ``binding`` again, against the catalog as it is now, and issue its lease:
+        ``(binding, lease bytes)``. Called immediately before the request is sent.
+        """
+        current = self.bind(placement)
+        if current != binding:
+            raise CredentialRefused(
+                "the credential binding went stale before the request was sent "
+                "(revision or configuration changed)"
+            )
+        slot = self._slot_for(placement)
+        secret = slot.secret.reveal().encode() if slot is not None else b""
+        lease = issue_lease(
+            binding=binding,
+            secret=secret,
+            recipient=self._recipients[placement.node_id],
+            issuer=self._signing_key,
+            now=self._clock.seconds(),
+            ttl_sec=self._ttl,
+        )
+        return binding, lease
+
+    def _slot_for(self, placement: Placement) -> CredentialSlot | None:
+        provider = self._providers.get(placement.provider_id or "")
+        name = provider.credential if provider is not None else ""
+        if not name:
+            return None
+        slot = self._slots.get(name)
+        if slot is None:
+            raise CredentialRefused(f"credential slot {name!r} is not configured")
+        if not slot.enabled:
+            raise CredentialRefused(f"credential slot {name!r} is disabled")
+        return slot
