@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.config import ConfigError, parse_node_config
+from iop.config import ConfigError, load_edge_config, load_node_config, parse_node_config
 from iop.config.model import (
     DEFAULT_LEASE_CLOCK_SKEW_SEC,
     DEFAULT_LEASE_TTL_SEC,
@@ -995,3 +996,40 @@ class NodeValidationTableTests(NodeSecurityTestCase):
         )
         for issue in error.issues:
             self.assertIn(MANAGED, issue.message)
+
+
+class ExampleFileTests(ManagedEdgeMixin, SynchronousTestCase):
+    """The documented examples stay in legacy mode, with the managed parts commented out."""
+
+    def setUp(self) -> None:
+        self.make_managed_base(self)
+
+    def test_edge_example(self) -> None:
+        example = os.path.join(edge_tests.EXAMPLE_DIR, "edge.yaml")
+        if not os.path.exists(example):
+            raise self.skipTest("etc/iop/edge.yaml is not in this tree")
+        shutil.copy(example, os.path.join(self.base, "edge.yaml"))
+        self.write("secrets/build-c.token", "token-build-c\n")
+        environ = {
+            "IOP_NODE_GPU_A_TOKEN": "a",
+            "IOP_VLLM_API_KEY": "b",
+            "IOP_AGENT_API_KEY": "c",
+            "IOP_UPSTREAM_KEY": "d",
+        }
+        config = load_edge_config(os.path.join(self.base, "edge.yaml"), environ)
+        self.assertEqual(config.security, EdgeSecurity())
+        self.assertEqual(config.credentials, ())
+        self.assertEqual(
+            [(p.name, p.auth_header, p.auth_scheme) for p in config.protocol_profiles],
+            [("openai-chat", "Authorization", "Bearer"), ("anthropic-native", "x-api-key", "")],
+        )
+
+    def test_node_example(self) -> None:
+        example = os.path.join(node_tests.EXAMPLE_DIR, "node.yaml")
+        if not os.path.exists(example):
+            raise self.skipTest("etc/iop/node.yaml is not in this tree")
+        shutil.copy(example, os.path.join(self.base, "node.yaml"))
+        self.write("node.token", "t\n")
+        self.assertEqual(
+            load_node_config(os.path.join(self.base, "node.yaml"), {}).security, NodeSecurity()
+        )
