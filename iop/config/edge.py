@@ -431,7 +431,8 @@ class _EdgeParser:
                 self.issues.add(lease.path_of("ttl_sec"), f"must be <= {MAX_LEASE_TTL_SEC:g}")
                 ttl = DEFAULT_LEASE_TTL_SEC
             lease.finish()
-        if managed and signing_key_file is None and not (lease and lease.has("signing_key_file")):
+        given = lease is not None and lease.has("signing_key_file")
+        if managed and signing_key_file is None and not given:
             self.issues.add(
                 "security.lease.signing_key_file",
                 f"is required with {_MANAGED}: the Edge signs every credential lease with "
