@@ -98,7 +98,9 @@ _DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
 CREDENTIAL_ADAPTER_TYPES = frozenset({"openai_compat", "vllm"})
 # Header names that carry a credential whatever the profiles say; in managed mode no adapter
 # may set them (nor any profile's auth_header): a node never holds a provider key.
-CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key"})
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+)
 _MANAGED = "security.mode: managed"
 _TCP_ARGUMENTS = ("port", "interface", "backlog")
 _LEGACY_REJECTED = {
@@ -325,6 +327,7 @@ class _EdgeParser:
     providers: dict[str, _ProviderInfo] = field(default_factory=dict)
     security: EdgeSecurity = field(default_factory=EdgeSecurity)
     slot_names: set[str] = field(default_factory=set)
+    slots: dict[str, CredentialSlot] = field(default_factory=dict)
     # False when an entry could not be read far enough to learn its name/id: references that
     # do not resolve may then point at it, so they are not reported (no cascades).
     profiles_complete: bool = True
@@ -508,9 +511,9 @@ class _EdgeParser:
             enabled = section.boolean("enabled", True)
             section.finish()
             if secret is not None:
-                result.append(
-                    CredentialSlot(name=name, secret=secret, revision=revision, enabled=enabled)
-                )
+                slot = CredentialSlot(name=name, secret=secret, revision=revision, enabled=enabled)
+                self.slots.setdefault(name, slot)
+                result.append(slot)
         return tuple(result)
 
     # -- node_transport ----------------------------------------------------------------------
@@ -1034,11 +1037,26 @@ class _EdgeParser:
             )
             return
         found = self.profiles.get(profile)
-        if found is not None and not found[1].auth_header:
+        if found is None:
+            return
+        profile_path, profile_config = found
+        if not profile_config.auth_header:
             self.issues.add(
                 path,
-                f"profile {profile!r} ({found[0]}) has no auth_header to carry the credential",
+                f"profile {profile!r} ({profile_path}) has no auth_header to carry the credential",
             )
+            return
+        scheme = profile_config.auth_scheme
+        bound = self.slots.get(slot)
+        if scheme and bound is not None:
+            # A key pasted with its scheme would be sent as "Bearer Bearer <key>". Says only
+            # that the secret starts with the scheme, never any of the key itself.
+            if bound.secret.reveal()[: len(scheme) + 1].lower() == f"{scheme.lower()} ":
+                self.issues.add(
+                    path,
+                    f"the secret of credential slot {slot!r} starts with {scheme!r}: give the "
+                    f"bare key, profile {profile!r} adds the scheme itself",
+                )
 
     def _resolve_adapter(
         self, section: Section, node_id: str, ref: str, adapters: list[_Adapter]

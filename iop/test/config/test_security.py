@@ -46,6 +46,7 @@ ENVIRON = {
     **edge_tests.ENVIRON,
     "OPENAI_API_KEY": OPENAI_KEY,
     "NEWLINE_KEY": "sk-abc\r\nX-Injected: 1",
+    "SCHEMED_KEY": "bearer sk-pasted-with-its-scheme",
 }
 MANAGED = "security.mode: managed"
 
@@ -114,6 +115,17 @@ class ManagedEdgeTests(ManagedEdgeMixin, SynchronousTestCase):
         self.assertEqual(node_a.providers[0].credential, "openai-main")
         self.assertEqual(node_a.providers[1].credential, "")
         self.assertEqual(config.protocol_profiles[0].auth_scheme, "Bearer")
+        self.assertIs(config.credential("openai-main"), openai)
+        self.assertIs(config.credential("anthropic.main_2"), anthropic)
+        self.assertIsNone(config.credential("nope"))
+
+    def test_scheme_in_secret_other_profile(self) -> None:
+        """A secret starting with a word is fine where the profile adds no scheme."""
+        data = managed_edge()
+        data["credentials"][0]["secret"] = "${SCHEMED_KEY}"
+        data["protocol_profiles"][0]["auth_header"] = "x-api-key"
+        slot = self.parse(data).credentials[0]
+        self.assertEqual(slot.secret.reveal(), ENVIRON["SCHEMED_KEY"])
 
     def test_every_option(self) -> None:
         data = managed_edge()
@@ -553,6 +565,12 @@ EDGE_ROWS = [
         "cli providers serve normalized runs",
     ),
     Row(
+        "secretWithScheme",
+        put("credentials.0.secret", "${SCHEMED_KEY}"),
+        _CREDENTIAL,
+        "the secret of credential slot 'openai-main' starts with 'Bearer': give the bare key",
+    ),
+    Row(
         "credentialOnDisabled",
         chain(put(f"{_P0}.enabled", False), put(f"{_P0}.credential", "gone")),
         _CREDENTIAL,
@@ -594,6 +612,12 @@ EDGE_ROWS = [
         ),
         "nodes[0].adapters[1].headers.X-Upstream-Auth",
         "put the key in credentials[]",
+    ),
+    Row(
+        "googleKeyHeader",
+        put("nodes.0.adapters.0.headers", {"x-goog-api-key": "x"}),
+        "nodes[0].adapters[0].headers.x-goog-api-key",
+        "must not carry a credential",
     ),
     Row(
         "proxyAuthorization",
@@ -797,6 +821,16 @@ class SecretHygieneTests(ManagedEdgeMixin, SynchronousTestCase):
         environ = {**ENVIRON, "BROKEN": f"{self.SECRET}\nX-Injected: 1"}
         error = self.assertRaises(ConfigError, self.parse, data, environ)
         self.assertGreaterEqual(len(error.issues), 6, str(error))
+        self.check_clean(error)
+
+    def test_scheme_check_not_in_errors(self) -> None:
+        data = managed_edge()
+        environ = {**ENVIRON, "OPENAI_API_KEY": f"Bearer {self.SECRET}"}
+        error = self.assertRaises(ConfigError, self.parse, data, environ)
+        assertIssue(self, error, _CREDENTIAL, "starts with 'Bearer'")
+        self.check_clean(error)
+
+    def check_clean(self, error: ConfigError) -> None:
         for text in (str(error), repr(error), *(str(i) for i in error.issues)):
             self.assertNotIn(self.SECRET, text)
             self.assertNotIn(OPENAI_KEY, text)
