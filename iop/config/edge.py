@@ -5,6 +5,11 @@ Load and validate edge.yaml into a frozen :class:`~iop.config.model.EdgeConfig`.
 :func:`parse_edge_config` works on already-loaded YAML data; :func:`load_edge_config` reads a
 file. Both collect every problem into one :class:`~iop.config.errors.ConfigError`. Relative
 file paths resolve against the config file's directory and are stored absolute.
+
+Managed mode (``security.mode: managed``) adds the ``credentials[]`` catalog and its rules:
+mTLS node transport, the lease-signing key, each node's recipient key, and credentials that
+reach a provider only through its slot and its profile's ``auth_header``. Key files are only
+checked to exist and be readable here; the Edge parses them when it starts.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from iop.config.errors import (
     Section,
     as_list,
     as_section,
+    key_path,
     read_yaml_file,
     type_name,
 )
@@ -32,6 +38,7 @@ from iop.config.model import (
     DEFAULT_CORS_MAX_AGE_SEC,
     DEFAULT_HEARTBEAT_INTERVAL_SEC,
     DEFAULT_HEARTBEAT_TIMEOUT_SEC,
+    DEFAULT_LEASE_TTL_SEC,
     DEFAULT_LISTEN_BACKLOG,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -40,14 +47,19 @@ from iop.config.model import (
     DEFAULT_REQUEST_BODY_MIN_RATE,
     DEFAULT_REQUEST_BODY_TIMEOUT_SEC,
     DEFAULT_REQUEST_HEAD_TIMEOUT_SEC,
+    DEFAULT_TRUST_DOMAIN,
+    MAX_LEASE_TTL_SEC,
     PROFILE_DRIVERS,
     PROVIDER_CATEGORIES,
+    SECURITY_MODES,
     TOKEN_COUNTERS,
     AdapterConfig,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
+    CredentialSlot,
     EdgeConfig,
+    EdgeSecurity,
     HeartbeatConfig,
     ModelConfig,
     ModelProviderRef,
@@ -58,7 +70,12 @@ from iop.config.model import (
     ProviderConfig,
     ServerTLS,
 )
-from iop.config.secrets import absolute_path, edge_node_token, resolve_references
+from iop.config.secrets import (
+    absolute_path,
+    credential_secret,
+    edge_node_token,
+    resolve_references,
+)
 
 DEFAULT_EDGE_ID = "edge"
 DEFAULT_ADMIN_LISTEN = "tcp:8081:interface=127.0.0.1"
@@ -71,6 +88,20 @@ ADAPTER_OUTPUT_FORMATS = frozenset({"", "text", "json", "stream-json"})
 
 ID_PATTERN = re.compile(r"[A-Za-z0-9._-]+\Z")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+# An HTTP auth-scheme is a token (RFC 9110 §11.1), the same characters as a header name.
+_AUTH_SCHEME = _HEADER_NAME
+SLOT_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*\Z")
+# One DNS label (RFC 1123), lowercase: trust domains and managed node ids are DNS names.
+_DNS_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+# The adapters whose providers are raw tunnels: the only requests a lease can carry a
+# credential on (ollama and cli providers are normalized runs).
+CREDENTIAL_ADAPTER_TYPES = frozenset({"openai_compat", "vllm"})
+# Header names that carry a credential whatever the profiles say; in managed mode no adapter
+# may set them (nor any profile's auth_header): a node never holds a provider key.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+)
+_MANAGED = "security.mode: managed"
 _TCP_ARGUMENTS = ("port", "interface", "backlog")
 _LEGACY_REJECTED = {
     "name": "not allowed in the legacy adapters mapping; use the list form to name instances",
@@ -235,6 +266,26 @@ def check_id(issues: Issues, path: str, value: str) -> None:
         issues.add(path, "must contain only letters, digits, '.', '_' and '-'")
 
 
+def dns_name_problem(name: str) -> str | None:
+    """
+    Why ``name`` is not a lowercase DNS name (dot-separated RFC 1123 labels, at most 253
+    characters, no trailing dot), or None.
+    """
+    if not name:
+        return "must not be empty"
+    if name != name.lower():
+        return f"DNS names are compared in lowercase: write {name.lower()!r}"
+    if len(name) > 253:
+        return "a DNS name is at most 253 characters"
+    for label in name.split("."):
+        if not _DNS_LABEL.match(label):
+            return (
+                "must be a DNS name: dot-separated labels of 1-63 lowercase letters, digits "
+                "and '-', not starting or ending with '-'"
+            )
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # The parser
 
@@ -244,6 +295,8 @@ class _Adapter:
     config: AdapterConfig
     # False if the entry had issues (references to it are not checked further).
     ok: bool
+    # (header name, config path) of each ``headers`` entry, for the managed-mode checks.
+    header_paths: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -253,17 +306,37 @@ class _ProviderInfo:
     models: tuple[str, ...] | None
 
 
+@dataclass(frozen=True)
+class _Binding:
+    """An enabled provider bound to a credential slot, on its resolved adapter instance."""
+
+    provider_id: str
+    slot: str
+    # The profile's auth_header, lowercase: the header the lease's credential goes in.
+    header: str
+
+
 @dataclass
 class _EdgeParser:
     issues: Issues
     base_dir: str
     environ: Mapping[str, str]
     profile_names: set[str] = field(default_factory=set)
+    # Profiles by name, with their config path (the first one of a duplicated name).
+    profiles: dict[str, tuple[str, ProfileConfig]] = field(default_factory=dict)
     providers: dict[str, _ProviderInfo] = field(default_factory=dict)
+    security: EdgeSecurity = field(default_factory=EdgeSecurity)
+    slot_names: set[str] = field(default_factory=set)
+    slots: dict[str, CredentialSlot] = field(default_factory=dict)
     # False when an entry could not be read far enough to learn its name/id: references that
     # do not resolve may then point at it, so they are not reported (no cascades).
     profiles_complete: bool = True
     providers_complete: bool = True
+    credentials_complete: bool = True
+    # False when security.mode (or trust_domain) could not be read: the checks that depend
+    # on it are skipped rather than guessed.
+    mode_known: bool = True
+    trust_domain_ok: bool = True
 
     def parse(self, data: object, source_path: str) -> EdgeConfig | None:
         top = as_section(self.issues, "", data)
@@ -290,8 +363,12 @@ class _EdgeParser:
                 check_tcp_endpoint(self.issues, listen.path_of("admin"), admin_listen)
             listen.finish()
 
+        # Read first: the mode decides what the rest of the file must hold.
+        self.security = self._security(top)
         transport = top.section("node_transport") or Section(self.issues, "node_transport", {})
         plaintext, tls = self._transport_security(transport, interface)
+        if self.security.managed:
+            self._managed_transport(transport, plaintext, tls)
         heartbeat = self._heartbeat(transport)
         max_frame = transport.integer(
             "max_frame_bytes", DEFAULT_MAX_FRAME_BYTES, minimum=1, maximum=MAX_FRAME_BYTES_LIMIT
@@ -302,6 +379,7 @@ class _EdgeParser:
         transport.finish()
 
         profiles = self._profiles(top)
+        credentials = self._credentials(top)
         nodes = self._nodes(top)
         models = self._models(top)
         routes, client_api = self._client_api(top, nodes, models)
@@ -323,8 +401,120 @@ class _EdgeParser:
             protocol_profiles=profiles,
             model_routes=routes,
             client_api=client_api,
+            security=self.security,
+            credentials=credentials,
             source_path=source_path,
         )
+
+    # -- security ----------------------------------------------------------------------------
+
+    def _security(self, top: Section) -> EdgeSecurity:
+        before = len(self.issues)
+        section = top.section("security")
+        if section is None:
+            self.mode_known = len(self.issues) == before
+            return EdgeSecurity()
+        mode = section.choice("mode", SECURITY_MODES, "legacy")
+        if mode not in SECURITY_MODES or len(self.issues) > before:
+            self.mode_known = False
+        before = len(self.issues)
+        trust_domain = section.string("trust_domain", DEFAULT_TRUST_DOMAIN)
+        problem = dns_name_problem(trust_domain) if len(self.issues) == before else None
+        if problem is not None:
+            self.issues.add(section.path_of("trust_domain"), problem)
+        self.trust_domain_ok = len(self.issues) == before
+        managed = mode == "managed"
+        lease = section.section("lease")
+        signing_key_file: str | None = None
+        ttl = DEFAULT_LEASE_TTL_SEC
+        if lease is not None:
+            signing_key_file = optional_file(lease, "signing_key_file", self.base_dir)
+            ttl = lease.number("ttl_sec", DEFAULT_LEASE_TTL_SEC, positive=True)
+            if ttl > MAX_LEASE_TTL_SEC:
+                self.issues.add(lease.path_of("ttl_sec"), f"must be <= {MAX_LEASE_TTL_SEC:g}")
+                ttl = DEFAULT_LEASE_TTL_SEC
+            lease.finish()
+        given = lease is not None and lease.has("signing_key_file")
+        if managed and signing_key_file is None and not given:
+            self.issues.add(
+                "security.lease.signing_key_file",
+                f"is required with {_MANAGED}: the Edge signs every credential lease with "
+                "this private key (create it with `iop keys issuer`)",
+            )
+        section.finish()
+        return EdgeSecurity(
+            mode=mode,
+            trust_domain=trust_domain,
+            signing_key_file=signing_key_file,
+            lease_ttl_sec=ttl,
+        )
+
+    def _managed_transport(
+        self, transport: Section, plaintext: bool, tls: ServerTLS | None
+    ) -> None:
+        """Managed mode: nodes connect over TLS and prove their workload with a certificate."""
+        if plaintext:
+            self.issues.add(
+                transport.path_of("plaintext"),
+                f"plaintext node connections are refused with {_MANAGED}: nodes prove their "
+                "identity with a TLS client certificate (set node_transport.tls with "
+                "client_ca_file)",
+            )
+        elif tls is not None and tls.client_ca_file is None:
+            self.issues.add(
+                "node_transport.tls.client_ca_file",
+                f"is required with {_MANAGED}: the CA that issues node client certificates "
+                "(mTLS; `iop pki init`, `iop pki issue-node NODE_ID`)",
+            )
+
+    # -- credentials -------------------------------------------------------------------------
+
+    def _credentials(self, top: Section) -> tuple[CredentialSlot, ...]:
+        items = top.items("credentials")
+        if items is None and top.has("credentials"):
+            self.credentials_complete = False
+        if items and self.mode_known and not self.security.managed:
+            # Refused rather than ignored: secrets loaded for nothing, and a config that looks
+            # protected while every adapter still sends its own headers.
+            self.issues.add(
+                "credentials",
+                f"credentials need {_MANAGED}: in legacy mode no lease carries them (remove "
+                "the catalog, or switch the Edge and its nodes to managed mode)",
+            )
+        result: list[CredentialSlot] = []
+        seen: dict[str, str] = {}
+        for path, item in items or ():
+            section = as_section(self.issues, path, item)
+            if section is None:
+                self.credentials_complete = False
+                continue
+            name = section.string("name", required=True)
+            if not name.strip():
+                self.credentials_complete = False
+            elif not SLOT_NAME_PATTERN.match(name):
+                self.issues.add(
+                    section.path_of("name"),
+                    "must start with a lowercase letter or digit and hold only lowercase "
+                    "letters, digits, '.', '_' and '-'",
+                )
+            elif name in seen:
+                self.issues.add(
+                    section.path_of("name"),
+                    f"duplicate credential slot {name!r} (also {seen[name]})",
+                )
+            else:
+                seen[name] = path
+            if name:
+                self.slot_names.add(name)
+            secret = credential_secret(section, base_dir=self.base_dir, environ=self.environ)
+            revision = section.integer("revision", 1, minimum=1, maximum=2**64 - 1)
+            enabled = section.boolean("enabled", True)
+            section.finish()
+            if secret is not None:
+                slot = CredentialSlot(name=name, secret=secret, revision=revision, enabled=enabled)
+                self.slots.setdefault(name, slot)
+                result.append(slot)
+        return tuple(result)
 
     # -- node_transport ----------------------------------------------------------------------
 
@@ -421,18 +611,38 @@ class _EdgeParser:
             auth_header = section.string("auth_header")
             if auth_header and not _HEADER_NAME.match(auth_header):
                 self.issues.add(section.path_of("auth_header"), "must be an HTTP header name")
+            auth_scheme = self._auth_scheme(section, auth_header)
             section.finish()
-            result.append(
-                ProfileConfig(
-                    name=name,
-                    driver=driver,
-                    operations=tuple(operations),
-                    capabilities=capabilities,
-                    extensions=tuple(extensions),
-                    auth_header=auth_header,
-                )
+            profile = ProfileConfig(
+                name=name,
+                driver=driver,
+                operations=tuple(operations),
+                capabilities=capabilities,
+                extensions=tuple(extensions),
+                auth_header=auth_header,
+                auth_scheme=auth_scheme,
             )
+            if name and name not in self.profiles:
+                self.profiles[name] = (path, profile)
+            result.append(profile)
         return tuple(result)
+
+    def _auth_scheme(self, section: Section, auth_header: str) -> str:
+        """
+        ``auth_scheme``: the scheme before the credential in ``auth_header``. Default
+        ``Bearer`` for ``Authorization`` (any case), else none (``x-api-key: <secret>``).
+        """
+        default = "Bearer" if auth_header.strip().lower() == "authorization" else ""
+        if not section.has("auth_scheme"):
+            section.raw("auth_scheme")
+            return default
+        scheme = section.string("auth_scheme")
+        path = section.path_of("auth_scheme")
+        if not auth_header:
+            self.issues.add(path, "needs auth_header: the scheme goes in front of the credential")
+        elif scheme and not _AUTH_SCHEME.match(scheme):
+            self.issues.add(path, "must be an HTTP auth scheme token, e.g. Bearer")
+        return scheme
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -471,8 +681,13 @@ class _EdgeParser:
                     )
                 else:
                     tokens[token.sha256] = path
+            recipient_key_file = optional_file(section, "recipient_key_file", self.base_dir)
+            if self.security.managed:
+                self._managed_node(section, node_id)
             adapters = self._adapters(section, node_id)
-            providers = self._providers(section, node_id, adapters)
+            bindings: dict[str, list[_Binding]] = {}
+            providers = self._providers(section, node_id, adapters, bindings)
+            self._adapter_credential_headers(adapters, bindings)
             section.finish()
             result.append(
                 NodeConfig(
@@ -483,9 +698,63 @@ class _EdgeParser:
                     concurrency=concurrency,
                     adapters=tuple(a.config for a in adapters),
                     providers=providers,
+                    recipient_key_file=recipient_key_file,
                 )
             )
         return tuple(result)
+
+    def _managed_node(self, section: Section, node_id: str) -> None:
+        """A managed node: its recipient key, and an id that fits in its workload DNS-ID."""
+        if not section.has("recipient_key_file"):
+            self.issues.add(
+                section.path_of("recipient_key_file"),
+                f"is required with {_MANAGED}: the node's lease recipient public key (create "
+                f"the pair with `iop keys recipient {node_id or 'NODE_ID'}` and keep the private "
+                "key on the node)",
+            )
+        if node_id and ID_PATTERN.match(node_id) and self.trust_domain_ok:
+            workload = self.security.node_workload(node_id)
+            if dns_name_problem(workload) is not None:
+                self.issues.add(
+                    section.path_of("id"),
+                    f"with {_MANAGED} a node id is part of its certificate's DNS name "
+                    f"(<id>.node.{self.security.trust_domain}): use lowercase letters, digits, "
+                    "'-' and '.', each part starting and ending with a letter or digit",
+                )
+
+    def _adapter_credential_headers(
+        self, adapters: list[_Adapter], bindings: Mapping[str, list[_Binding]]
+    ) -> None:
+        """
+        Managed mode: no adapter's ``headers`` carry a credential. The header a slot-bound
+        provider's lease fills is named with its provider; any other credential header
+        (``Authorization``, ``x-api-key``, any profile's ``auth_header``...) is refused too.
+        """
+        if not self.security.managed:
+            return
+        credential_headers = set(CREDENTIAL_HEADERS)
+        credential_headers.update(
+            p.auth_header.strip().lower() for _, p in self.profiles.values() if p.auth_header
+        )
+        for adapter in adapters:
+            bound = {b.header: b for b in bindings.get(adapter.config.name, ())}
+            for header, path in adapter.header_paths:
+                lowered = header.lower()
+                binding = bound.get(lowered)
+                if binding is not None:
+                    self.issues.add(
+                        path,
+                        f"provider {binding.provider_id!r} gets this header from credential slot "
+                        f"{binding.slot!r}; an adapter's headers must not carry a credential "
+                        f"with {_MANAGED}",
+                    )
+                elif lowered in credential_headers:
+                    self.issues.add(
+                        path,
+                        f"an adapter's headers must not carry a credential with {_MANAGED}: "
+                        "put the key in credentials[] and name its slot in the provider's "
+                        "`credential` (the node then gets it per request, sealed in a lease)",
+                    )
 
     # -- adapters ----------------------------------------------------------------------------
 
@@ -523,7 +792,7 @@ class _EdgeParser:
                 config = self._adapter_fields(
                     entry, adapter_type, adapter_type, rejected=_LEGACY_REJECTED
                 )
-                result.append(_Adapter(config, ok=len(self.issues) == before))
+                result.append(_Adapter(config, len(self.issues) == before, _header_paths(entry)))
             return result
 
         items = as_list(self.issues, path, raw)
@@ -547,7 +816,7 @@ class _EdgeParser:
             elif name:
                 names[name] = item_path
             config = self._adapter_fields(entry_, name, type_)
-            result.append(_Adapter(config, ok=len(self.issues) == before))
+            result.append(_Adapter(config, len(self.issues) == before, _header_paths(entry_)))
         return result
 
     def _adapter_fields(
@@ -611,7 +880,11 @@ class _EdgeParser:
     # -- providers ---------------------------------------------------------------------------
 
     def _providers(
-        self, node: Section, node_id: str, adapters: list[_Adapter]
+        self,
+        node: Section,
+        node_id: str,
+        adapters: list[_Adapter],
+        bindings: dict[str, list[_Binding]],
     ) -> tuple[ProviderConfig, ...]:
         result: list[ProviderConfig] = []
         items = node.items("providers")
@@ -625,6 +898,16 @@ class _EdgeParser:
             provider = self._provider(section, node_id, adapters)
             if provider is not None:
                 result.append(provider)
+                if provider.credential and provider.enabled and provider.adapter_instance:
+                    found = self.profiles.get(provider.profile)
+                    if found is not None and found[1].auth_header:
+                        bindings.setdefault(provider.adapter_instance, []).append(
+                            _Binding(
+                                provider.id,
+                                provider.credential,
+                                found[1].auth_header.strip().lower(),
+                            )
+                        )
         return tuple(result)
 
     def _provider(
@@ -671,6 +954,7 @@ class _EdgeParser:
                 f"unknown protocol profile {profile!r} (protocol_profiles defines: {defined})",
             )
         usage_attribution = section.string("usage_attribution")
+        credential = section.string("credential", nonempty=True)
         section.finish()
 
         if provider_id and provider_id not in self.providers:
@@ -703,6 +987,8 @@ class _EdgeParser:
                 section.path_of("category"),
                 f"category cli needs a cli adapter, but type is {explicit_type!r}",
             )
+        if credential.strip():
+            self._provider_credential(section, credential, profile, type_)
 
         return ProviderConfig(
             id=provider_id,
@@ -720,7 +1006,57 @@ class _EdgeParser:
             queue_timeout_sec=queue_timeout,
             profile=profile,
             usage_attribution=usage_attribution,
+            credential=credential,
         )
+
+    def _provider_credential(self, section: Section, slot: str, profile: str, type_: str) -> None:
+        """``providers[].credential``: a known slot, in managed mode, carried by a profile."""
+        path = section.path_of("credential")
+        if self.mode_known and not self.security.managed:
+            self.issues.add(
+                path,
+                f"credentials need {_MANAGED}: only a managed Edge sends a provider its "
+                "credential (sealed in a lease)",
+            )
+        if slot not in self.slot_names and self.credentials_complete:
+            defined = ", ".join(sorted(self.slot_names)) or "none"
+            self.issues.add(
+                path, f"unknown credential slot {slot!r} (credentials defines: {defined})"
+            )
+        if type_ and type_ not in CREDENTIAL_ADAPTER_TYPES:
+            self.issues.add(
+                path,
+                f"{type_} providers serve normalized runs, which carry no credential; only "
+                f"{' and '.join(sorted(CREDENTIAL_ADAPTER_TYPES))} providers (raw tunnels) do",
+            )
+        if not profile:
+            self.issues.add(
+                path,
+                "needs the provider's `profile`: the protocol profile's auth_header names the "
+                "header that carries the credential",
+            )
+            return
+        found = self.profiles.get(profile)
+        if found is None:
+            return
+        profile_path, profile_config = found
+        if not profile_config.auth_header:
+            self.issues.add(
+                path,
+                f"profile {profile!r} ({profile_path}) has no auth_header to carry the credential",
+            )
+            return
+        scheme = profile_config.auth_scheme
+        bound = self.slots.get(slot)
+        if scheme and bound is not None:
+            # A key pasted with its scheme would be sent as "Bearer Bearer <key>". Says only
+            # that the secret starts with the scheme, never any of the key itself.
+            if bound.secret.reveal()[: len(scheme) + 1].lower() == f"{scheme.lower()} ":
+                self.issues.add(
+                    path,
+                    f"the secret of credential slot {slot!r} starts with {scheme!r}: give the "
+                    f"bare key, profile {profile!r} adds the scheme itself",
+                )
 
     def _resolve_adapter(
         self, section: Section, node_id: str, ref: str, adapters: list[_Adapter]
@@ -1080,6 +1416,18 @@ class _EdgeParser:
 
 def _names(values: frozenset[str]) -> str:
     return ", ".join(sorted(values))
+
+
+def _header_paths(adapter: Section) -> tuple[tuple[str, str], ...]:
+    """``(header name, path)`` of each entry of an adapter's ``headers`` (already read)."""
+    headers = adapter.data.get("headers")
+    if not isinstance(headers, Mapping):
+        return ()
+    return tuple(
+        (name, key_path(adapter.path_of("headers"), name))
+        for name in headers
+        if isinstance(name, str)
+    )
 
 
 def _route_adapter_exists(node: NodeConfig, ref: str) -> bool:

@@ -412,6 +412,13 @@ class EdgeConfig:
                 return n
         return None
 
+    def credential(self, name: str) -> CredentialSlot | None:
+        """The ``credentials[]`` slot called ``name`` (a provider's ``credential``), if any."""
+        for slot in self.credentials:
+            if slot.name == name:
+                return slot
+        return None
+
 
 # ---------------------------------------------------------------------------------------------
 # Node

@@ -3,7 +3,10 @@
 Load and validate node.yaml into a frozen :class:`~iop.config.model.NodeDaemonConfig`.
 
 node.yaml says only how to find and prove the node to its Edge; adapters and providers are
-configured on the Edge and arrive in the registration payload.
+configured on the Edge and arrive in the registration payload. In managed mode
+(``security.mode: managed``) the node also needs its client certificate, its lease recipient
+private key and the Edge's lease-issuer public key; those files are only checked to exist and
+be readable here (the node parses them when it starts).
 """
 
 from __future__ import annotations
@@ -14,18 +17,24 @@ from collections.abc import Mapping
 from iop.config.edge import MAX_FRAME_BYTES_LIMIT, is_loopback_host, optional_file, required_file
 from iop.config.errors import ConfigError, Issues, Section, as_section, read_yaml_file
 from iop.config.model import (
+    DEFAULT_LEASE_CLOCK_SKEW_SEC,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_RECONNECT_INTERVAL_SEC,
     DEFAULT_RECONNECT_MAX_ATTEMPTS,
     DEFAULT_STORE_PATH,
+    SECURITY_MODES,
     ClientTLS,
     NodeDaemonConfig,
+    NodeSecurity,
     ReconnectPolicy,
     Secret,
 )
 from iop.config.secrets import node_daemon_token
 
 DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
+# The most a node forgives a lease's expiry for clock drift between it and its Edge.
+MAX_LEASE_CLOCK_SKEW_SEC = 60.0
+_MANAGED = "security.mode: managed"
 
 _ON_THE_EDGE = (
     "{key} are configured on the Edge (edge.yaml nodes[].{key}) and sent to the node when it "
@@ -67,7 +76,8 @@ def parse_node_config(
     if top is None:
         raise ConfigError(issues, source_path)
 
-    host, port, plaintext, tls = _edge(top, base_dir)
+    security = _security(top, base_dir)
+    host, port, plaintext, tls = _edge(top, base_dir, security.managed)
     token = node_daemon_token(top, base_dir=base_dir, environ=environ)
     reconnect = _reconnect(top)
     store = top.section("store")
@@ -94,11 +104,41 @@ def parse_node_config(
         store_path=store_path,
         max_frame_bytes=max_frame,
         handshake_timeout_sec=handshake_timeout,
+        security=security,
         source_path=source_path,
     )
 
 
-def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None]:
+def _security(top: Section, base_dir: str) -> NodeSecurity:
+    section = top.section("security")
+    if section is None:
+        return NodeSecurity()
+    mode = section.choice("mode", SECURITY_MODES, "legacy")
+    recipient = optional_file(section, "recipient_key_file", base_dir)
+    issuer = optional_file(section, "issuer_key_file", base_dir)
+    skew = section.number("clock_skew_sec", DEFAULT_LEASE_CLOCK_SKEW_SEC, minimum=0)
+    if skew > MAX_LEASE_CLOCK_SKEW_SEC:
+        section.issues.add(
+            section.path_of("clock_skew_sec"), f"must be <= {MAX_LEASE_CLOCK_SKEW_SEC:g}"
+        )
+        skew = DEFAULT_LEASE_CLOCK_SKEW_SEC
+    if mode == "managed":
+        needs = {
+            "recipient_key_file": "this node's lease recipient private key (from `iop keys "
+            "recipient NODE_ID`; the Edge holds the public half)",
+            "issuer_key_file": "the Edge's lease-issuer public key (from `iop keys issuer`): "
+            "the node accepts only leases it signed",
+        }
+        for key, what in needs.items():
+            if not section.has(key):
+                section.issues.add(section.path_of(key), f"is required with {_MANAGED}: {what}")
+    section.finish()
+    return NodeSecurity(
+        mode=mode, recipient_key_file=recipient, issuer_key_file=issuer, clock_skew_sec=skew
+    )
+
+
+def _edge(top: Section, base_dir: str, managed: bool) -> tuple[str, int, bool, ClientTLS | None]:
     edge = top.section("edge", required=True)
     if edge is None:
         return "", 0, False, None
@@ -112,6 +152,12 @@ def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None
     plaintext = edge.boolean("plaintext", False)
     tls_keys = [key for key in ("ca_file", "cert_file", "key_file") if edge.has(key)]
     tls: ClientTLS | None = None
+    if plaintext and managed:
+        edge.issues.add(
+            edge.path_of("plaintext"),
+            f"plaintext is refused with {_MANAGED}: the node proves its identity with a TLS "
+            "client certificate (set edge.ca_file, cert_file and key_file)",
+        )
     if plaintext:
         for key in tls_keys:
             edge.raw(key)
@@ -134,6 +180,14 @@ def _edge(top: Section, base_dir: str) -> tuple[str, int, bool, ClientTLS | None
         if (cert_file is None) != (key_file is None):
             missing = "key_file" if key_file is None else "cert_file"
             edge.issues.add(edge.path_of(missing), "cert_file and key_file must be given together")
+        elif managed and cert_file is None and not edge.has("cert_file"):
+            for key in ("cert_file", "key_file"):
+                edge.issues.add(
+                    edge.path_of(key),
+                    f"is required with {_MANAGED}: the node's client certificate and key, "
+                    "naming its workload <node-id>.node.<trust domain> (`iop pki issue-node "
+                    "NODE_ID`)",
+                )
         tls = ClientTLS(
             ca_file=ca_file, server_name=server_name.strip(), cert_file=cert_file, key_file=key_file
         )

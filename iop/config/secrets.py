@@ -1,11 +1,12 @@
 # -*- test-case-name: iop.test.config.test_edge_config,iop.test.config.test_node_config -*-
 """
 Secret references in configuration: ``${ENV_VAR}`` resolution, ``token_file`` reading and
-``token_sha256`` parsing.
+``token_sha256`` parsing, for node tokens, client keys and provider credentials.
 
-Tracked configuration never holds a credential: a token is given as a pure ``${ENV_VAR}``
-reference, a ``token_file`` path, or (Edge only) the token's sha256 digest. Issues raised here
-name the config path, the variable or the file, never a value.
+Tracked configuration never holds a credential: a token (or a ``credentials[]`` secret) is given
+as a pure ``${ENV_VAR}`` reference, a ``*_file`` path, or (Edge node tokens and client keys
+only) the token's sha256 digest. Issues raised here name the config path, the variable or the
+file, never a value.
 """
 
 from __future__ import annotations
@@ -67,30 +68,31 @@ def resolve_references(issues: Issues, path: str, text: str, environ: Mapping[st
     return result
 
 
-def read_token_file(issues: Issues, path: str, filename: str) -> str | None:
+def read_token_file(issues: Issues, path: str, filename: str, kind: str = "token") -> str | None:
     """
     The stripped contents of the token file ``filename``; ``None`` after recording an issue
-    at ``path`` if it is missing, unreadable, not text, too large or empty.
+    at ``path`` if it is missing, unreadable, not text, too large or empty. ``kind`` names
+    the file in messages ("token file", "secret file").
     """
     try:
         with open(filename, "rb") as f:
             data = f.read(MAX_TOKEN_FILE_BYTES + 1)
     except FileNotFoundError:
-        issues.add(path, f"token file {filename} does not exist")
+        issues.add(path, f"{kind} file {filename} does not exist")
         return None
     except OSError as e:
-        issues.add(path, f"cannot read token file {filename}: {e.strerror or e}")
+        issues.add(path, f"cannot read {kind} file {filename}: {e.strerror or e}")
         return None
     if len(data) > MAX_TOKEN_FILE_BYTES:
-        issues.add(path, f"token file {filename} is larger than {MAX_TOKEN_FILE_BYTES} bytes")
+        issues.add(path, f"{kind} file {filename} is larger than {MAX_TOKEN_FILE_BYTES} bytes")
         return None
     try:
         token = data.decode("utf-8").strip()
     except UnicodeDecodeError:
-        issues.add(path, f"token file {filename} is not UTF-8 text")
+        issues.add(path, f"{kind} file {filename} is not UTF-8 text")
         return None
     if not token:
-        issues.add(path, f"token file {filename} is empty")
+        issues.add(path, f"{kind} file {filename} is empty")
         return None
     return token
 
@@ -109,18 +111,24 @@ def parse_sha256_hex(issues: Issues, path: str, value: object) -> bytes | None:
 
 
 def resolve_token_reference(
-    issues: Issues, path: str, value: object, environ: Mapping[str, str], hint: str
+    issues: Issues,
+    path: str,
+    value: object,
+    environ: Mapping[str, str],
+    hint: str,
+    kind: str = "token",
 ) -> str | None:
     """
     A ``token:`` value, which must be exactly ``${NAME}``; returns the variable's stripped
-    value. A literal token is rejected (``hint`` says what to use instead).
+    value. A literal token is rejected (``hint`` says what to use instead; ``kind`` names
+    what it is: "token", "secret").
     """
     if not isinstance(value, str):
         issues.add(path, f"must be a ${{ENV_VAR}} reference string, got {type_name(value)}")
         return None
     match = _PURE_REFERENCE.match(value.strip())
     if match is None:
-        issues.add(path, f"literal tokens are not allowed in config; {hint}")
+        issues.add(path, f"literal {kind}s are not allowed in config; {hint}")
         return None
     name = match.group(1)
     token = environ.get(name)
@@ -136,6 +144,10 @@ def resolve_token_reference(
 
 _EDGE_HINT = "use token: ${ENV_VAR}, token_file or token_sha256"
 _NODE_HINT = "use token: ${ENV_VAR} or token_file"
+_SECRET_HINT = "use secret: ${ENV_VAR} or secret_file"
+# What may not appear in a secret that becomes an HTTP header value (RFC 9110 field-value:
+# no control characters but HTAB).
+_HEADER_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def _one_of(section: Section, keys: tuple[str, ...]) -> str | None:
@@ -183,6 +195,32 @@ def node_daemon_token(
     return None if token is None else Secret(token)
 
 
+def credential_secret(
+    section: Section, *, base_dir: str, environ: Mapping[str, str]
+) -> Secret | None:
+    """
+    ``credentials[].secret`` / ``secret_file`` (exactly one) as a :class:`Secret`: a provider
+    credential, which the Edge sends only sealed in a lease, as an HTTP header value (so no
+    control characters).
+    """
+    key = _one_of(section, ("secret", "secret_file"))
+    if key is None:
+        return None
+    secret = _plaintext_token(
+        section, key, section.raw(key), base_dir, environ, _SECRET_HINT, "secret", kind="secret"
+    )
+    if secret is None:
+        return None
+    if _HEADER_UNSAFE.search(secret):
+        section.issues.add(
+            section.path_of(key),
+            "the secret contains a line break or another control character; it must fit in "
+            "one HTTP header value",
+        )
+        return None
+    return Secret(secret)
+
+
 def _plaintext_token(
     section: Section,
     key: str,
@@ -191,12 +229,13 @@ def _plaintext_token(
     environ: Mapping[str, str],
     hint: str,
     name: str,
+    kind: str = "token",
 ) -> str | None:
     path = section.path_of(key)
     if key == name:
-        return resolve_token_reference(section.issues, path, value, environ, hint)
+        return resolve_token_reference(section.issues, path, value, environ, hint, kind)
     if not isinstance(value, str) or not value.strip():
         shown = "empty" if isinstance(value, str) else type_name(value)
         section.issues.add(path, f"must be a file path, got {shown}")
         return None
-    return read_token_file(section.issues, path, absolute_path(base_dir, value))
+    return read_token_file(section.issues, path, absolute_path(base_dir, value), kind)
