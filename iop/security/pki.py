@@ -63,11 +63,13 @@ CA_KEY_FILE = "ca.key"
 BACKDATE = datetime.timedelta(minutes=5)
 
 _MAX_DNS_NAME = 253
-# One DNS label of a workload name. Underscores are allowed because node ids may carry them
-# (the config's id rule) and the Edge compares names exactly; hyphens never lead or trail.
-_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?\Z")
-# A host name proper (the Edge's name, the trust domain): letters, digits and inner hyphens.
-_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\Z")
+# One label of a DNS name we put in a certificate (RFC 1123, lowercase): the names are compared
+# in lowercase, and managed-mode config holds node ids and the trust domain to the same rule.
+_LABEL = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\Z")
+_DNS_RULE = (
+    "dot-separated labels of 1-63 lowercase letters, digits and '-', not starting or ending "
+    "with '-' (no wildcard, no trailing dot)"
+)
 
 
 class PKIError(ValueError):
@@ -81,28 +83,29 @@ class PKIError(ValueError):
 # Names
 
 
-def _check_name(name: str, what: str, label: re.Pattern[str], rule: str) -> None:
+def _dns_problem(name: str) -> str | None:
+    """Why C{name} is not a lowercase DNS name, or None."""
     if not name:
-        raise PKIError(f"{what}: must not be empty")
+        return "must not be empty"
+    if name != name.lower():
+        return f"DNS names are compared in lowercase: write {name.lower()!r}"
     if len(name) > _MAX_DNS_NAME:
-        raise PKIError(f"{what} {name!r}: longer than {_MAX_DNS_NAME} characters")
-    for part in name.split("."):
-        if not label.match(part):
-            raise PKIError(f"{what} {name!r}: {rule}")
+        return f"longer than {_MAX_DNS_NAME} characters"
+    if not all(_LABEL.match(label) for label in name.split(".")):
+        return f"must be a DNS name: {_DNS_RULE}"
+    return None
 
 
 def check_dns_name(name: str, what: str = "DNS name") -> None:
     """
-    Refuse anything but a plain host name (dot-separated labels of letters, digits and inner
-    hyphens): no wildcard, no IP address, no trailing dot.
+    Refuse anything but a plain lowercase host name: no wildcard, no IP address, no trailing
+    dot, no underscore.
 
     @raise PKIError: naming C{what} and the value.
     """
-    rule = (
-        "must be a DNS name: labels of letters, digits and inner '-', separated by '.' "
-        "(no wildcard, no trailing dot)"
-    )
-    _check_name(name, what, _HOST_LABEL, rule)
+    problem = _dns_problem(name)
+    if problem is not None:
+        raise PKIError(f"{what} {name!r}: {problem}")
     try:
         ipaddress.ip_address(name)
     except ValueError:
@@ -112,9 +115,9 @@ def check_dns_name(name: str, what: str = "DNS name") -> None:
 
 def check_node_id(node_id: str) -> None:
     """
-    A node id must be a valid edge.yaml node id (letters, digits, '.', '_' and '-') and make a
-    well-formed workload name: no empty label, none longer than 63 characters, no label that
-    starts or ends with '-'.
+    A node id must be a valid edge.yaml node id (letters, digits, '.', '_' and '-') that can be
+    part of its workload DNS name, as managed mode requires: lowercase letters, digits, '-' and
+    '.', each part starting and ending with a letter or digit.
 
     @raise PKIError: naming the id.
     """
@@ -125,11 +128,12 @@ def check_node_id(node_id: str) -> None:
             f"node id {node_id!r}: must contain only letters, digits, '.', '_' and '-' "
             "(as nodes[].id in edge.yaml)"
         )
-    rule = (
-        "must make a DNS name: no empty part between dots, no part longer than 63 characters "
-        "or starting or ending with '-'"
-    )
-    _check_name(node_id, "node id", _LABEL, rule)
+    problem = _dns_problem(node_id)
+    if problem is not None:
+        raise PKIError(
+            f"node id {node_id!r}: is part of the certificate's DNS name "
+            f"(<id>.node.<trust domain>): {problem}"
+        )
 
 
 def node_workload_name(node_id: str, trust_domain: str = DEFAULT_TRUST_DOMAIN) -> str:
