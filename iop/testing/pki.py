@@ -1,14 +1,16 @@
 # -*- test-case-name: iop.test.security.test_tls -*-
 """
-A small development/test PKI built with ``cryptography`` (EC P-256, so it is fast).
+The development/test PKI: the certificates a local Edge and its Nodes need, made with the
+production code in L{iop.security.pki} (EC P-256) plus a few test conveniences.
 
-- :func:`make_ca` makes a self-signed root CA (or, with ``issuer=``, an intermediate CA);
-- :func:`issue` issues a leaf certificate with DNS/IP subjectAltNames for server and/or
-  client authentication;
-- :func:`write_pem` writes certificates and keys (keys with mode 0600);
-- :func:`create_dev_pki` lays out the files a local Edge and its Nodes need.
+- :func:`make_ca`, :func:`issue` and :func:`write_pem` are L{iop.security.pki}'s, except that
+  this :func:`write_pem` replaces an existing file (tests and the demo re-issue in place);
+- :func:`create_dev_pki` lays out the files a local Edge and its Nodes need, idempotently: the
+  Edge certificate also names C{localhost} and C{127.0.0.1}, node certificates are
+  C{node-<name>.crt}.
 
-Not for production: the CA key sits next to the certificates it signs.
+Not for production: the CA key sits next to the certificates it signs. Operators use
+``iop pki`` (L{iop.cli.pki}).
 
 Command line::
 
@@ -19,167 +21,53 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import ipaddress
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterable, Sequence
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    load_pem_private_key,
-)
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
-PrivateKey = ec.EllipticCurvePrivateKey
-KeyPair = tuple[PrivateKey, x509.Certificate]
+from iop.config.model import DEFAULT_TRUST_DOMAIN
+from iop.security import pki as _pki
+from iop.security.pki import CA_DAYS, KeyPair, PrivateKey, issue, make_ca
+
+__all__ = [
+    "CA_DAYS",
+    "DEFAULT_EDGE_NAME",
+    "DEFAULT_NODE_NAMES",
+    "LEAF_DAYS",
+    "NODE_DOMAIN",
+    "KeyPair",
+    "PrivateKey",
+    "create_dev_pki",
+    "issue",
+    "main",
+    "make_ca",
+    "node_workload_name",
+    "write_pem",
+]
 
 DEFAULT_EDGE_NAME = "edge.iop.internal"
 DEFAULT_NODE_NAMES: tuple[str, ...] = ("node1",)
-NODE_DOMAIN = "node.iop.internal"
-CA_DAYS = 3650
+NODE_DOMAIN = f"node.{DEFAULT_TRUST_DOMAIN}"
+# Dev leaves live longer than production ones (L{iop.security.pki.LEAF_DAYS}): a demo checkout
+# should not need re-issuing every year. Stale ones are re-issued on the next run anyway.
 LEAF_DAYS = 825
-# Certificates are back-dated a little so that small clock skew does not make them "not yet valid".
-_BACKDATE = datetime.timedelta(minutes=5)
 
+# Dev node names are single DNS labels (stricter than node ids): their files are node-<name>.*.
 _NODE_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$", re.IGNORECASE)
 
 
 def node_workload_name(node_name: str) -> str:
     """The DNS-ID a node's client certificate carries: C{<name>.node.iop.internal}."""
-    return f"{node_name}.{NODE_DOMAIN}"
-
-
-def _new_key() -> PrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
+    return _pki.node_workload_name(node_name)
 
 
 def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
-
-
-def make_ca(common_name: str, *, issuer: KeyPair | None = None, days: int = CA_DAYS) -> KeyPair:
-    """
-    A CA key and certificate: self-signed, or signed by C{issuer} (an intermediate CA, which may
-    then only sign leaves).
-    """
-    key = _new_key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = _now()
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(
-            x509.BasicConstraints(ca=True, path_length=None if issuer is None else 0),
-            critical=True,
-        )
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-    )
-    if issuer is None:
-        signer_key, issuer_name = key, name
-    else:
-        signer_key, issuer_cert = issuer
-        issuer_name = issuer_cert.subject
-        builder = builder.add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(signer_key.public_key()),
-            critical=False,
-        )
-    cert = builder.issuer_name(issuer_name).sign(signer_key, hashes.SHA256())
-    return key, cert
-
-
-def issue(
-    ca: KeyPair,
-    *,
-    dns_names: Sequence[str],
-    ip_addresses: Sequence[str] = (),
-    client: bool = False,
-    server: bool = True,
-    days: int = LEAF_DAYS,
-    common_name: str | None = None,
-) -> KeyPair:
-    """
-    Issue a leaf certificate signed by C{ca} (a C{(key, certificate)} pair).
-
-    @param dns_names: DNS subjectAltNames (workload names); the first is also the subject CN
-        unless C{common_name} is given.
-    @param ip_addresses: IP subjectAltNames, as text.
-    @param client: allow TLS client authentication (extendedKeyUsage clientAuth).
-    @param server: allow TLS server authentication (extendedKeyUsage serverAuth).
-    """
-    if not dns_names and not ip_addresses:
-        raise ValueError("a certificate needs at least one DNS name or IP address")
-    if not (client or server):
-        raise ValueError("a certificate must allow client or server authentication")
-    ca_key, ca_cert = ca
-    key = _new_key()
-    cn = common_name or (dns_names[0] if dns_names else ip_addresses[0])
-    sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns_names]
-    sans += [x509.IPAddress(ipaddress.ip_address(a)) for a in ip_addresses]
-    usages = []
-    if server:
-        usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-    if client:
-        usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-    now = _now()
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - _BACKDATE)
-        .not_valid_after(now + datetime.timedelta(days=days))
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    return key, cert
 
 
 def write_pem(path: str | os.PathLike[str], *items: x509.Certificate | PrivateKey) -> None:
@@ -189,32 +77,7 @@ def write_pem(path: str | os.PathLike[str], *items: x509.Certificate | PrivateKe
 
     The file is replaced atomically: a reader never sees half a file.
     """
-    if not items:
-        raise ValueError("nothing to write")
-    chunks: list[bytes] = []
-    secret = False
-    for item in items:
-        if isinstance(item, x509.Certificate):
-            chunks.append(item.public_bytes(Encoding.PEM))
-        else:
-            secret = True
-            chunks.append(item.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption()))
-    path = os.fspath(path)
-    directory = os.path.dirname(path) or "."
-    # mkstemp creates the file with mode 0600, so a key is never readable by others.
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".pem")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if not secret:
-                os.fchmod(f.fileno(), 0o644)
-            f.write(b"".join(chunks))
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _pki.write_pem(path, *items, overwrite=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -263,15 +126,19 @@ def _leaf_fits(
     if pair is None:
         return False
     cert = pair[1]
-    try:
-        cert.verify_directly_issued_by(ca_cert)
-    except (ValueError, TypeError, InvalidSignature):
+    if not _pki.verify_issued_by(cert, ca_cert):
         return False
     if not (cert.not_valid_before_utc <= _now() < cert.not_valid_after_utc):
         return False
     return sorted(_dns_names(cert)) == sorted(dns_names) and sorted(_ip_addresses(cert)) == sorted(
         ip_addresses
     )
+
+
+def _leaf_days(ca_cert: x509.Certificate) -> int:
+    """L{LEAF_DAYS}, or fewer under a CA that expires sooner (a leaf never outlives its CA)."""
+    left = (ca_cert.not_valid_after_utc - _now()).days
+    return max(1, min(LEAF_DAYS, left))
 
 
 def _create_dev_pki(
@@ -315,7 +182,12 @@ def _create_dev_pki(
         existing = None if overwrite else _load_pair(crt, key)
         if not _leaf_fits(existing, ca[1], dns, ips):
             leaf_key, leaf_cert = issue(
-                ca, dns_names=dns, ip_addresses=ips, client=client, server=server
+                ca,
+                dns_names=dns,
+                ip_addresses=ips,
+                client=client,
+                server=server,
+                days=_leaf_days(ca[1]),
             )
             write_pem(key, leaf_key)
             write_pem(crt, leaf_cert)
@@ -374,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         _, written = _create_dev_pki(args.out, args.edge_name, nodes, args.force)
     except (OSError, ValueError) as e:
+        # PKIError is a ValueError; its message names the file, never key material.
         print(f"error: {e}", file=sys.stderr)
         return 1
     for p in written:
