@@ -16,6 +16,7 @@ from typing import Any
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("iop-tunnel", "direct", "IOP tunnel / direct"),
     ("iop-tunnel", "litellm", "IOP tunnel / LiteLLM"),
+    ("iop-managed", "iop-tunnel", "IOP managed tunnel / legacy tunnel"),
     ("iop-run", "direct-ollama", "IOP run / direct (Ollama upstream)"),
     ("iop-run", "litellm", "IOP run / LiteLLM (different upstream wire)"),
     ("litellm", "direct", "LiteLLM / direct"),
@@ -115,7 +116,7 @@ def derive(results: dict[str, Any]) -> None:
     results["ratios"] = ratios
 
 
-GATEWAY_PROCESSES = ("iop-edge", "iop-node", "litellm")
+GATEWAY_PROCESSES = ("iop-edge", "iop-node", "iop-managed-edge", "iop-managed-node", "litellm")
 
 
 def gateway_cpu_ms(run: dict[str, Any]) -> float:
@@ -178,7 +179,9 @@ def markdown(results: dict[str, Any]) -> str:
         "Targets: `direct` = the load generator calls the fake OpenAI upstream itself; "
         "`direct-ollama` = the same for the fake Ollama upstream; `iop-tunnel` = Edge "
         "OpenAI-compatible listener → pooled model → Node over TLS → `openai_compat` provider "
-        "(raw provider tunnel); `iop-run` = the same listener → pooled model → `ollama` provider "
+        "(raw provider tunnel); `iop-managed` = the same in managed mode (mTLS workload "
+        "identity, a signed, sealed credential lease per request, opened on the Node); "
+        "`iop-run` = the same listener → pooled model → `ollama` provider "
         "(normalized RunRequest/RunEvent path, NDJSON → SSE on the Edge); `litellm` = LiteLLM "
         "proxy → the fake OpenAI upstream.",
         "",

@@ -9,6 +9,9 @@ Throughput scenario (upstream without delay). Targets, all answering a streaming
 - ``direct-ollama``: the same for the fake Ollama upstream (the baseline of ``iop-run``);
 - ``iop-tunnel``: the Edge's OpenAI-compatible listener, pooled model over an ``openai_compat``
   provider: the raw provider tunnel (Edge ⇄ Node ``ProviderTunnel*`` frames, bytes untouched);
+- ``iop-managed``: ``iop-tunnel`` on a second Edge + Node in managed mode: mTLS workload
+  identity, and per request a credential lease signed and sealed on the Edge and verified and
+  opened on the Node (the provider key injected in memory) — the cost of managed mode;
 - ``iop-run``: the same listener, pooled model over an ``ollama`` provider: the normalized path
   (``RunRequest`` to the Node, Ollama NDJSON → ``RunEvent`` deltas → OpenAI SSE chunks on the
   Edge). This is the path every non-OpenAI provider takes;
@@ -73,7 +76,7 @@ from bench.systems import (
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_VENV = BENCH_DIR / ".venv-litellm"
-ALL_TARGETS = ("direct", "direct-ollama", "iop-tunnel", "iop-run", "litellm")
+ALL_TARGETS = ("direct", "direct-ollama", "iop-tunnel", "iop-managed", "iop-run", "litellm")
 HOST_ALIAS = f"python-{os.cpu_count() or 0}core"
 PROMPT = "Write a short story about a gateway that measured itself."
 
@@ -141,6 +144,8 @@ class World:
     openai: Upstream | None = None
     ollama: Upstream | None = None
     iop: IOP | None = None
+    # The same Edge + Node in managed mode (a credential lease per tunnel request).
+    managed: IOP | None = None
     litellm: LiteLLM | None = None
 
     def samples(self) -> dict[str, ProcSample]:
@@ -195,6 +200,18 @@ def build_targets(world: World, names: list[str]) -> list[Target]:
                     chat_body(TUNNEL_MODEL),
                     "sse",
                     ["iop-edge", "iop-node", "fake-openai"],
+                    "direct",
+                )
+            )
+        elif name == "iop-managed" and world.managed is not None:
+            targets.append(
+                Target(
+                    name,
+                    world.managed.client_port,
+                    "/v1/chat/completions",
+                    chat_body(TUNNEL_MODEL),
+                    "sse",
+                    ["iop-managed-edge", "iop-managed-node", "fake-openai"],
                     "direct",
                 )
             )
@@ -298,6 +315,17 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
         )
         world.pids["iop-edge"] = world.iop.edge.pid
         world.pids["iop-node"] = world.iop.node.pid
+    if "iop-managed" in settings.targets:
+        world.managed = start_iop(
+            world.children,
+            scratch / "iop-managed",
+            openai_port=world.openai.port,
+            ollama_port=None,
+            capacity=max(settings.levels) + 16,
+            managed=True,
+        )
+        world.pids["iop-managed-edge"] = world.managed.edge.pid
+        world.pids["iop-managed-node"] = world.managed.node.pid
     if "litellm" in settings.targets:
         world.litellm = start_litellm(
             world.children, scratch / "litellm", settings.litellm_venv, world.openai.port

@@ -6,6 +6,10 @@ The systems under test, each started as real processes on loopback in a private 
   random node token (handed over in the environment, never written to a file), the Edge's
   OpenAI-compatible client listener on loopback without auth, and optionally many extra
   ``nodes[]`` entries (``token_sha256`` only) for :mod:`bench.fakenodes`;
+- IOP in managed mode (``managed=True``): the same, plus mTLS with the node's workload
+  certificate, a lease-signing key and the node's recipient key (:mod:`iop.security.keys`), and
+  the provider bound to a credential slot whose secret (random, in a 0600 file) reaches the node
+  only sealed in each tunnel request's lease;
 - the LiteLLM proxy from its own virtualenv, one model pointing at the fake OpenAI upstream.
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 import yaml
 
 from bench.procs import BenchError, Child, Children, free_port, port_open, wait_until
+from iop.security.keys import generate_issuer, generate_recipient, write_issuer, write_recipient
 from iop.testing.pki import DEFAULT_EDGE_NAME, create_dev_pki
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
@@ -117,6 +122,7 @@ def edge_config(
     ollama_port: int | None,
     capacity: int,
     fake_digests: list[str],
+    managed: bool = False,
 ) -> dict[str, Any]:
     adapters: list[dict[str, Any]] = [
         {
@@ -166,16 +172,33 @@ def edge_config(
     nodes += [
         {"id": f"fake-{i:05d}", "token_sha256": digest} for i, digest in enumerate(fake_digests)
     ]
+    managed_parts: dict[str, Any] = {}
+    tls: dict[str, Any] = {"cert_file": "pki/edge.crt", "key_file": "pki/edge.key"}
+    if managed:
+        tls["client_ca_file"] = "pki/ca.crt"
+        nodes[0]["recipient_key_file"] = "keys/node.recipient.pub"
+        providers[0].update(profile="openai-chat", credential="upstream")
+        managed_parts = {
+            "security": {"mode": "managed", "lease": {"signing_key_file": "keys/issuer.key"}},
+            "credentials": [{"name": "upstream", "secret_file": "secrets/upstream.key"}],
+            "protocol_profiles": [
+                {
+                    "name": "openai-chat",
+                    "driver": "openai_chat",
+                    "operations": {"chat_completions": "/chat/completions"},
+                    "capabilities": ["chat", "streaming", "tools"],
+                    "auth_header": "authorization",
+                }
+            ],
+        }
     return {
+        **managed_parts,
         "edge": {"id": "bench-edge"},
         "listen": {
             "nodes": f"tcp:{node_port}:interface=127.0.0.1",
             "admin": f"tcp:{admin_port}:interface=127.0.0.1",
         },
-        "node_transport": {
-            "tls": {"cert_file": "pki/edge.crt", "key_file": "pki/edge.key"},
-            "heartbeat": {"interval_sec": 2, "timeout_sec": 5},
-        },
+        "node_transport": {"tls": tls, "heartbeat": {"interval_sec": 2, "timeout_sec": 5}},
         "nodes": nodes,
         "models": models,
         "openai": {
@@ -193,10 +216,16 @@ def start_iop(
     ollama_port: int | None,
     capacity: int,
     fake_nodes: int = 0,
+    managed: bool = False,
 ) -> IOP:
-    """Write the PKI and configs under ``root``, start the Edge, then the Node; wait for ready."""
+    """
+    Write the PKI and configs under ``root``, start the Edge, then the Node; wait for ready.
+    ``managed``: managed mode (module docstring).
+    """
     root.mkdir(parents=True, exist_ok=True)
     create_dev_pki(root / "pki", node_names=[NODE_NAME])
+    if managed:
+        write_managed_keys(root)
     env = base_env()
     env["BENCH_NODE_TOKEN"] = secrets.token_urlsafe(32)
     fake_tokens = [secrets.token_urlsafe(24) for _ in range(fake_nodes)]
@@ -215,9 +244,10 @@ def start_iop(
         ollama_port=ollama_port,
         capacity=capacity,
         fake_digests=[hashlib.sha256(t.encode()).hexdigest() for t in fake_tokens],
+        managed=managed,
     )
     (root / "edge.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    node_config = {
+    node_config: dict[str, Any] = {
         "edge": {
             "host": "127.0.0.1",
             "port": node_port,
@@ -228,6 +258,15 @@ def start_iop(
         "reconnect": {"max_attempts": 0, "interval_sec": 0.5},
         "store": {"path": f"file:{root}/node.db?cache=shared&mode=rwc"},
     }
+    if managed:
+        node_config["edge"].update(
+            cert_file=f"pki/node-{NODE_NAME}.crt", key_file=f"pki/node-{NODE_NAME}.key"
+        )
+        node_config["security"] = {
+            "mode": "managed",
+            "recipient_key_file": "keys/node.recipient.key",
+            "issuer_key_file": "keys/issuer.pub",
+        }
     (root / "node.yaml").write_text(yaml.safe_dump(node_config, sort_keys=False))
 
     def twistd(plugin: str, config: str) -> list[str]:
@@ -245,6 +284,20 @@ def start_iop(
     wait_until(lambda: iop.connected_nodes() >= 1 or not node.running(), 30, "the Node to be ready")
     node.check()
     return iop
+
+
+def write_managed_keys(root: Path) -> None:
+    """The lease keys and the provider's (random) secret for a managed IOP under ``root``."""
+    keys = root / "keys"
+    keys.mkdir(exist_ok=True)
+    write_issuer(generate_issuer(), str(keys / "issuer.key"), str(keys / "issuer.pub"))
+    write_recipient(
+        generate_recipient(), str(keys / "node.recipient.key"), str(keys / "node.recipient.pub")
+    )
+    (root / "secrets").mkdir(exist_ok=True)
+    fd = os.open(root / "secrets" / "upstream.key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("sk-bench-" + secrets.token_urlsafe(24) + "\n")
 
 
 # -- LiteLLM -------------------------------------------------------------------------------------
