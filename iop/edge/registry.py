@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_registry -*-
+# -*- test-case-name: iop.test.edge.test_registry,iop.test.edge.test_registry_identity -*-
 """
 Who owns which node id: the authoritative pending → ready → closed lifecycle and the connection
 generation fence.

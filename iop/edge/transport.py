@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_transport -*-
+# -*- test-case-name: iop.test.edge.test_transport,iop.test.edge.test_transport_identity -*-
 """
 The Edge end of a node socket: framing, heartbeat and the register/ready handshake, forwarded
 to the :class:`~iop.edge.registry.NodeRegistry`, which decides.
