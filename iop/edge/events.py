@@ -27,6 +27,8 @@ class NodeEventKind(Enum):
     REJECTED = "node.rejected"
     CONNECTED = "node.connected"
     DISCONNECTED = "node.disconnected"
+    # Managed mode: the token named a node but the client certificate did not name its workload.
+    IDENTITY_REJECTED = "node.identity_rejected"
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,9 @@ class NodeEvent:
     node_id: str
     reason: str = ""
     at: float = 0.0
+    # IDENTITY_REJECTED: the workload name required, and the DNS names the certificate carried.
+    expected: str = ""
+    presented: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_registry -*-
+# -*- test-case-name: iop.test.edge.test_registry,iop.test.edge.test_registry_identity -*-
 """
 Who owns which node id: the authoritative pending → ready → closed lifecycle and the connection
 generation fence.
@@ -13,6 +13,13 @@ Authoritative consumers (the provider pool, the dispatchers, the commander) impl
 :class:`~iop.edge.interfaces.INodeLifecycleObserver` and are called synchronously inside the
 transition; the event bus only hears about it afterwards.
 
+Workload identity (managed mode, ``security.mode: managed``): after the token names a node and
+before anything is claimed, the connection's client certificate must carry exactly that node's
+workload DNS-ID (``<node-id>.node.<trust domain>``); otherwise the registration is refused with
+``REGISTER_REJECT_WORKLOAD_IDENTITY`` (fatal for the node), ``node.identity_rejected`` is
+published and nothing about the node changes. A legacy Edge checks nothing but records what a
+client certificate named. Each node's last check is :meth:`NodeRegistry.identity`.
+
 Ready is ordered here, in :meth:`NodeRegistry.ready` alone: decide, *acknowledge* (the transport
 writes ``NodeReadyResponse``), and only then mark the node ready and tell the observers, whose
 reaction (the pool pumping its queue) may dispatch to the node at once. So the node always reads
@@ -26,13 +33,21 @@ import hashlib
 import hmac
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
+from cryptography import x509
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from iop.config.model import EdgeConfig, NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.security.tls import (
+    WorkloadIdentityError,
+    certificate_common_names,
+    certificate_dns_names,
+    verify_peer_workload,
+)
 from iop.wire.runtime_pb2 import NodeConfigPayload, RegisterRejectCode
 
 
@@ -41,12 +56,130 @@ class OwnershipState(enum.Enum):
     READY = "ready"
 
 
+@dataclass(frozen=True)
+class IdentityCheck:
+    """
+    A registering connection's client certificate against the workload its node must be.
+
+    ``checked``: the Edge enforced it (managed mode). ``ok``: the certificate named exactly
+    ``expected`` (None when not checked). ``presented``: the certificate's DNS names (empty
+    without a certificate, see ``certificate``). ``reason``: why it was refused (empty when not).
+    Names only: never key material.
+    """
+
+    checked: bool
+    ok: bool | None
+    expected: str
+    presented: tuple[str, ...] = ()
+    certificate: bool = False
+    reason: str = ""
+
+    def as_status(self) -> dict[str, Any]:
+        return {
+            "checked": self.checked,
+            "ok": self.ok,
+            "expected": self.expected,
+            "presented": list(self.presented),
+            "certificate": self.certificate,
+            "reason": self.reason,
+        }
+
+
+def check_identity(
+    expected: str, certificate: x509.Certificate | None, *, enforce: bool
+) -> IdentityCheck:
+    """
+    What ``certificate`` (None: none presented) says about workload ``expected``
+    (``<node-id>.node.<trust domain>``); with ``enforce`` (managed mode) a refusal carries a
+    reason that names both sides.
+
+    Exactly that workload: the name must be a DNS subjectAltName, matched without wildcards, and
+    the certificate must not also name another node's workload (or a wildcard over them), or
+    one certificate could stand for several nodes. Other names (a host name) do not matter.
+    """
+    if certificate is None:
+        if not enforce:
+            return IdentityCheck(False, None, expected)
+        return IdentityCheck(
+            True,
+            False,
+            expected,
+            reason=(
+                f"no client certificate: managed mode requires one naming workload {expected!r}"
+            ),
+        )
+    presented = tuple(certificate_dns_names(certificate))
+    if not enforce:
+        return IdentityCheck(False, None, expected, presented, certificate=True)
+    try:
+        verify_peer_workload(certificate, expected)
+    except WorkloadIdentityError as e:
+        return IdentityCheck(
+            True,
+            False,
+            expected,
+            presented,
+            certificate=True,
+            reason=_refusal(expected, presented, certificate, e),
+        )
+    others = _other_workloads(expected, presented)
+    if others:
+        names = ", ".join(repr(n) for n in others)
+        return IdentityCheck(
+            True,
+            False,
+            expected,
+            presented,
+            certificate=True,
+            reason=(
+                f"client certificate names workload {expected!r} but also {names}: a node "
+                "certificate must name exactly one node workload"
+            ),
+        )
+    return IdentityCheck(True, True, expected, presented, certificate=True)
+
+
+def _other_workloads(expected: str, presented: tuple[str, ...]) -> list[str]:
+    """The names in ``presented`` other than ``expected`` under the same node domain."""
+    wanted = expected.rstrip(".").lower()
+    domain = "." + wanted.partition(".")[2]  # ".node.<trust domain>"
+    return [
+        name
+        for name in presented
+        if (n := name.rstrip(".").lower()) != wanted and n.endswith(domain)
+    ]
+
+
+def _refusal(
+    expected: str,
+    presented: tuple[str, ...],
+    certificate: x509.Certificate,
+    error: WorkloadIdentityError,
+) -> str:
+    head = f"client certificate does not name this node's workload {expected!r}"
+    if presented:
+        names = ", ".join(repr(n) for n in presented)
+        carried = f"it carries DNS name(s) {names}"
+        if "wildcard" in str(error):
+            carried += " (a wildcard name does not stand for one workload)"
+        return f"{head}: {carried}"
+    common = certificate_common_names(certificate)
+    if common:
+        cns = ", ".join(repr(n) for n in common)
+        return (
+            f"{head}: it carries no DNS subjectAltName (subject CN {cns} does not count: "
+            "the workload name must be a DNS subjectAltName)"
+        )
+    return f"{head}: it carries no DNS subjectAltName"
+
+
 @dataclass
 class Ownership:
     node_id: str
     connection: INodeConnection
     generation: int
     state: OwnershipState
+    identity: IdentityCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +232,10 @@ class NodeRegistry:
         self._owners: dict[str, Ownership] = {}
         self._by_connection: dict[int, Ownership] = {}
         self._generation = 0
+        # Per node id: the identity check of its last accepted or identity-refused registration,
+        # and how many registrations its identity check refused.
+        self._last_identity: dict[str, IdentityCheck] = {}
+        self._identity_refusals: dict[str, int] = {}
 
     def add_observer(self, observer: INodeLifecycleObserver) -> None:
         self._observers.append(observer)
@@ -124,10 +261,38 @@ class NodeRegistry:
     def ownership_of(self, connection: INodeConnection) -> Ownership | None:
         return self._by_connection.get(id(connection))
 
+    @property
+    def mode(self) -> str:
+        """``legacy`` or ``managed`` (``security.mode``)."""
+        return self._config.security.mode
+
+    def identity(self, node_id: str) -> dict[str, Any]:
+        """
+        ``node_id``'s identity check for status: its current connection's, else its last
+        refused (or last accepted) registration's, else not yet checked; plus ``refusals``, how
+        many registrations the check has refused since the Edge started.
+        """
+        owner = self._owners.get(node_id)
+        check = owner.identity if owner is not None else None
+        if check is None:
+            check = self._last_identity.get(node_id) or IdentityCheck(
+                False, None, self._config.security.node_workload(node_id)
+            )
+        return {**check.as_status(), "refusals": self._identity_refusals.get(node_id, 0)}
+
     # -- transitions -------------------------------------------------------------------------
 
-    def register(self, token: str, connection: INodeConnection) -> RegisterOutcome:
-        """A connection presents a token: claim pending ownership or say why not."""
+    def register(
+        self,
+        token: str,
+        connection: INodeConnection,
+        certificate: x509.Certificate | None = None,
+    ) -> RegisterOutcome:
+        """
+        A connection presents a token (and, over mTLS, its client ``certificate``): claim
+        pending ownership or say why not. In managed mode the certificate must name the token's
+        node before anything else is looked at.
+        """
         if id(connection) in self._by_connection:
             return self._reject(
                 RegisterRejectCode.REGISTER_REJECT_OTHER,
@@ -137,6 +302,12 @@ class NodeRegistry:
         node = self._lookup(token)
         if node is None:
             return self._reject(RegisterRejectCode.REGISTER_REJECT_UNKNOWN_TOKEN, "unknown token")
+        security = self._config.security
+        identity = check_identity(
+            security.node_workload(node.id), certificate, enforce=security.managed
+        )
+        if identity.ok is False:
+            return self._refuse_identity(node.id, identity)
         if node.id in self._owners:
             return self._reject(
                 RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION,
@@ -153,10 +324,16 @@ class NodeRegistry:
                 node.id,
             )
         self._generation += 1
-        owner = Ownership(node.id, connection, self._generation, OwnershipState.PENDING)
+        owner = Ownership(node.id, connection, self._generation, OwnershipState.PENDING, identity)
         self._owners[node.id] = owner
         self._by_connection[id(connection)] = owner
-        self.log.info("node {node_id} registered (pending)", node_id=node.id)
+        self._last_identity[node.id] = identity
+        self.log.info(
+            "node {node_id} registered (pending)",
+            node_id=node.id,
+            workload=identity.expected if identity.ok else None,
+            presented=list(identity.presented) or None,
+        )
         self._publish(NodeEventKind.REGISTERED, node.id)
         return RegisterAccepted(node.id, payload)
 
@@ -238,6 +415,31 @@ class NodeRegistry:
         self._publish(NodeEventKind.REJECTED, node_id, reason)
         return RegisterRejected(code, reason, node_id)
 
+    def _refuse_identity(self, node_id: str, identity: IdentityCheck) -> RegisterRejected:
+        """The certificate does not prove the token's node: refuse; nothing is claimed."""
+        self._last_identity[node_id] = identity
+        self._identity_refusals[node_id] = self._identity_refusals.get(node_id, 0) + 1
+        self.log.warn(
+            "refused node {node_id} registration: {reason}",
+            node_id=node_id,
+            reason=identity.reason,
+            expected=identity.expected,
+            presented=list(identity.presented),
+        )
+        self._bus.publish(
+            NodeEvent(
+                NodeEventKind.IDENTITY_REJECTED,
+                node_id,
+                identity.reason,
+                self._clock.seconds(),
+                expected=identity.expected,
+                presented=identity.presented,
+            )
+        )
+        return RegisterRejected(
+            RegisterRejectCode.REGISTER_REJECT_WORKLOAD_IDENTITY, identity.reason, node_id
+        )
+
     def _publish(self, kind: NodeEventKind, node_id: str, reason: str = "") -> None:
         self._bus.publish(NodeEvent(kind, node_id, reason, self._clock.seconds()))
 
@@ -245,6 +447,7 @@ class NodeRegistry:
 __all__ = [
     "Acknowledge",
     "INodeLifecycleObserver",
+    "IdentityCheck",
     "NodeRegistry",
     "Ownership",
     "OwnershipState",
@@ -252,4 +455,5 @@ __all__ = [
     "RegisterAccepted",
     "RegisterOutcome",
     "RegisterRejected",
+    "check_identity",
 ]

@@ -6,6 +6,10 @@ Configured nodes and providers never vanish from it. A node is ``connected`` onl
 dispatch-ready; a pending or disconnected node's enabled providers show ``status=unavailable``,
 ``health=offline`` and zero capacity and counters; a disabled provider shows ``status=disabled``,
 ``health=disabled``, ``capacity=0`` wherever its node is.
+
+``edge.mode`` is the security mode (``legacy`` / ``managed``); each node's ``identity`` is what
+the registry recorded of its client certificate (:meth:`~iop.edge.registry.NodeRegistry.identity`):
+workload names and the check's outcome, never key material.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ class ILiveNodes(Protocol):
     def is_ready(self, node_id: str) -> bool: ...
 
     def state(self, node_id: str) -> str: ...
+
+    def identity(self, node_id: str) -> dict[str, Any]: ...
 
 
 class ProviderCounters(Protocol):
@@ -51,13 +57,14 @@ def snapshot(
                 "alias": node.alias,
                 "connected": ready,
                 "state": nodes.state(node.id),
+                "identity": nodes.identity(node.id),
                 "providers": [p.id for p in node.providers],
             }
         )
         for provider in node.providers:
             provider_entries.append(_provider_entry(node.id, provider, ready, live))
     return {
-        "edge": {"id": config.id},
+        "edge": {"id": config.id, "mode": config.security.mode},
         "nodes": node_entries,
         "providers": provider_entries,
         "models": [

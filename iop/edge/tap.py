@@ -6,6 +6,9 @@
 config explicitly asks for loopback plaintext), the Klein admin listener and, when
 ``openai.listen`` is set, the client API listener (OpenAI- and Anthropic-compatible) into a
 MultiService. Every finished client request publishes a :class:`~iop.edge.events.UsageEvent`.
+
+Managed mode (``security.mode: managed``) will not start without mTLS on the node listener:
+node TLS with a client CA, so that every node presents a certificate the registry can check.
 """
 
 from __future__ import annotations
@@ -122,12 +125,34 @@ class EdgeService(MultiService):
         return snapshot(self.config, self.registry, self.pool)
 
 
+def check_managed_transport(config: EdgeConfig) -> None:
+    """
+    Managed mode needs node TLS with a client CA (mTLS); the config loader refuses the rest
+    already, this is the service's own guard.
+
+    @raise usage.UsageError: naming what is missing.
+    """
+    if not config.security.managed:
+        return
+    if config.tls is None or config.plaintext_nodes:
+        raise usage.UsageError(
+            "security.mode managed: node_transport.tls is required (plaintext node transport "
+            "cannot carry workload identity)"
+        )
+    if config.tls.client_ca_file is None:
+        raise usage.UsageError(
+            "security.mode managed: node_transport.tls.client_ca_file is required (mTLS: nodes "
+            "prove their workload name with a client certificate from that CA)"
+        )
+
+
 def makeService(options: Options, reactor: IReactorTime | None = None) -> IService:
     if reactor is None:
         from twisted.internet import reactor as _reactor
 
         reactor = _reactor  # type: ignore[assignment]
     config = options.edge_config
+    check_managed_transport(config)
     try:
         edge = EdgeService(config, reactor)
     except KeyFileError as e:

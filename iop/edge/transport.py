@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_transport -*-
+# -*- test-case-name: iop.test.edge.test_transport,iop.test.edge.test_transport_identity -*-
 """
 The Edge end of a node socket: framing, heartbeat and the register/ready handshake, forwarded
 to the :class:`~iop.edge.registry.NodeRegistry`, which decides.
@@ -19,6 +19,10 @@ the messages only a ready node may send (``route_after_ready``) straight to thei
 every way out of ``ready`` routes them back to the machine — an Automat input costs ~4 µs, a
 stream is a frame per token. The register timer lives in the awaiting-register state's data.
 
+Workload identity is the registry's too: the ``register`` input hands it the client certificate
+the TLS handshake verified (read with the factory's ``peer_certificate``, by default
+:func:`iop.security.tls.peer_certificate`), and a refusal closes the connection like any other.
+
 Ownership and generations stay the registry's: the machine's ``registering`` and ``readying``
 states last exactly as long as the registry takes to decide, and the registry (not this module)
 orders ready: the ``NodeReadyResponse`` is written before any observer can dispatch to the node.
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from automat import TypeMachineBuilder, pep614
+from cryptography import x509
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
@@ -39,6 +44,7 @@ from zope.interface import implementer
 
 from iop.edge.interfaces import INodeConnection
 from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted
+from iop.security.tls import peer_certificate
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import _CONNECTION_DONE, EnvelopeProtocol
 from iop.wire.heartbeat import Heartbeat
@@ -56,6 +62,8 @@ _NODE_TO_EDGE_AFTER_READY = frozenset(
 )
 
 Handler = Callable[["NodeConnection", pb.Envelope], None]
+# The client certificate a connection's transport presented (None: none, or not TLS).
+PeerCertificate = Callable[[object], x509.Certificate | None]
 
 
 # -- the lifecycle machine ---------------------------------------------------------------------
@@ -113,7 +121,9 @@ class _Core:
     log = Logger()
 
     def register(self, session: _Session, request: pb.RegisterRequest) -> None:
-        outcome = self.registry.register(request.token, self.connection)
+        outcome = self.registry.register(
+            request.token, self.connection, self.connection.peer_certificate()
+        )
         response = pb.RegisterResponse(
             heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
             heartbeat_timeout_ms=int(self.heartbeat_timeout * 1000),
@@ -371,6 +381,11 @@ class NodeConnection(EnvelopeProtocol):
 
     # INodeConnection.send_envelope is EnvelopeProtocol's own.
 
+    def peer_certificate(self) -> x509.Certificate | None:
+        """The client certificate the node presented in the TLS handshake, if any."""
+        certificate: x509.Certificate | None = self.factory.peer_certificate(self.transport)
+        return certificate
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def connectionMade(self) -> None:
@@ -423,8 +438,10 @@ class NodeConnectionFactory(Factory):
         heartbeat_timeout: float = 5.0,
         register_timeout: float = 10.0,
         max_frame_bytes: int = 16 * 1024 * 1024,
+        peer_certificate: PeerCertificate = peer_certificate,
     ) -> None:
         self.registry = registry
+        self.peer_certificate = peer_certificate
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_timeout = heartbeat_timeout

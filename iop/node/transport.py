@@ -82,6 +82,8 @@ def _accepted_node_id(response: pb.RegisterResponse) -> str:
         code = _reject_code_name(response.reject_code)
         if response.reject_code == pb.REGISTER_REJECT_UNKNOWN_TOKEN:
             raise FatalError(f"edge does not know this node's token ({code}): {reason}")
+        if response.reject_code == pb.REGISTER_REJECT_WORKLOAD_IDENTITY:
+            raise FatalError(f"edge refused this node's client certificate ({code}): {reason}")
         raise RetryableError(f"edge rejected registration ({code}): {reason}")
     if not response.node_id:
         raise RetryableError("edge accepted registration without a node id")

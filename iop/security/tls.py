@@ -8,7 +8,8 @@ TLS for the Edge-Node socket.
   certificate chains to the configured CA *and* carries the configured workload name (a DNS-ID,
   checked by ``service_identity``, independent of the address dialled).
 - :func:`verify_peer_workload` checks that an already CA-verified peer certificate (a Node's
-  client certificate, read after the handshake) carries an exact workload name.
+  client certificate, read after the handshake with :func:`peer_certificate`) carries an exact
+  workload name.
 
 Keys and certificates are handed to Twisted/pyOpenSSL as ``cryptography`` objects: pyOpenSSL 26
 deprecates its own ``X509``/``PKey`` objects and warns on every connection when given them.
@@ -33,7 +34,7 @@ from OpenSSL import SSL
 from OpenSSL.crypto import X509
 from service_identity import CertificateError, VerificationError
 from service_identity.cryptography import verify_certificate_hostname
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, ISSLTransport
 from twisted.internet.ssl import (
     Certificate,
     CertificateOptions,
@@ -286,6 +287,33 @@ def certificate_dns_names(cert: x509.Certificate) -> list[str]:
     except x509.ExtensionNotFound:
         return []
     return san.value.get_values_for_type(x509.DNSName)
+
+
+def certificate_common_names(cert: x509.Certificate) -> list[str]:
+    """The subject commonName values of C{cert} (never a workload name: only for messages)."""
+    return [
+        str(attribute.value)
+        for attribute in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME)
+    ]
+
+
+def peer_certificate(transport: object) -> x509.Certificate | None:
+    """
+    The certificate the peer of C{transport} presented in its TLS handshake, or None: not a
+    TLS transport, or no certificate (a server without a client CA does not ask for one).
+
+    Only meaningful once the handshake is done: a connection's first application data arrives
+    after it.
+    """
+    tls = ISSLTransport(transport, None)
+    if tls is None:
+        return None
+    peer: Any = tls.getPeerCertificate()
+    if peer is None:
+        return None
+    # pyOpenSSL's X509 → cryptography; not deprecated, and it does not warn.
+    cert: x509.Certificate = peer.to_cryptography()
+    return cert
 
 
 def verify_peer_workload(cert: x509.Certificate, expected_name: str) -> None:

@@ -14,6 +14,7 @@ class RegisterRejectCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REGISTER_REJECT_DUPLICATE_CONNECTION: _ClassVar[RegisterRejectCode]
     REGISTER_REJECT_CONFIG_PAYLOAD: _ClassVar[RegisterRejectCode]
     REGISTER_REJECT_OTHER: _ClassVar[RegisterRejectCode]
+    REGISTER_REJECT_WORKLOAD_IDENTITY: _ClassVar[RegisterRejectCode]
 
 class RefreshOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -52,6 +53,7 @@ REGISTER_REJECT_UNKNOWN_TOKEN: RegisterRejectCode
 REGISTER_REJECT_DUPLICATE_CONNECTION: RegisterRejectCode
 REGISTER_REJECT_CONFIG_PAYLOAD: RegisterRejectCode
 REGISTER_REJECT_OTHER: RegisterRejectCode
+REGISTER_REJECT_WORKLOAD_IDENTITY: RegisterRejectCode
 REFRESH_OUTCOME_UNSPECIFIED: RefreshOutcome
 REFRESH_APPLIED: RefreshOutcome
 REFRESH_RESTART_REQUIRED: RefreshOutcome

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -9,12 +10,14 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import EdgeConfig, EdgeSecurity
 from iop.edge.admin import AdminApp
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
+from iop.testing import pki
 
 COUNTERS = ("in_flight", "long_in_flight", "queued", "long_queued")
 
@@ -105,6 +108,62 @@ class SnapshotTests(SynchronousTestCase):
 
     def test_no_secrets(self) -> None:
         text = json.dumps(snapshot(self.config, self.registry))
+        for token in TOKENS.values():
+            self.assertNotIn(token, text)
+
+
+class IdentityStatusTests(SynchronousTestCase):
+    """The security mode once, and each node's identity check; names only, no key material."""
+
+    def build(self, config: EdgeConfig) -> NodeRegistry:
+        clock = Clock()
+        return NodeRegistry(config, lambda n: build_node_payload(config, n), EventBus(clock), clock)
+
+    def nodes(self, config: EdgeConfig, registry: NodeRegistry) -> dict[str, dict[str, Any]]:
+        return {n["id"]: n for n in snapshot(config, registry)["nodes"]}
+
+    def test_legacy_before_any_connection(self) -> None:
+        config = edge_config()
+        registry = self.build(config)
+        self.assertEqual(snapshot(config, registry)["edge"], {"id": "edge-test", "mode": "legacy"})
+        self.assertEqual(
+            self.nodes(config, registry)["node-b"]["identity"],
+            {
+                "checked": False,
+                "ok": None,
+                "expected": "node-b.node.iop.internal",
+                "presented": [],
+                "certificate": False,
+                "reason": "",
+                "refusals": 0,
+            },
+        )
+
+    def test_managed_accepted_and_refused(self) -> None:
+        ca = pki.make_ca("status test CA")
+        cert_a = pki.issue(ca, dns_names=["node-a.node.iop.internal"], client=True)[1]
+        config = dataclasses.replace(edge_config(), security=EdgeSecurity(mode="managed"))
+        registry = self.build(config)
+        conn = FakeConnection()
+        registry.register(TOKENS["node-a"], conn, cert_a)
+        registry.ready("node-a", conn)
+        registry.register(TOKENS["node-b"], FakeConnection(), cert_a)
+        snap = snapshot(config, registry)
+        self.assertEqual(snap["edge"]["mode"], "managed")
+        nodes = {n["id"]: n for n in snap["nodes"]}
+        a, b = nodes["node-a"]["identity"], nodes["node-b"]["identity"]
+        self.assertEqual(
+            (a["checked"], a["ok"], a["presented"], a["reason"], nodes["node-a"]["connected"]),
+            (True, True, ["node-a.node.iop.internal"], "", True),
+        )
+        self.assertEqual(
+            (b["checked"], b["ok"], b["expected"], b["presented"], b["refusals"]),
+            (True, False, "node-b.node.iop.internal", ["node-a.node.iop.internal"], 1),
+        )
+        self.assertEqual(nodes["node-b"]["state"], "disconnected")
+        text = json.dumps(snap)
+        for marker in ("BEGIN", "PRIVATE", "KEY-----"):
+            self.assertNotIn(marker, text)
         for token in TOKENS.values():
             self.assertNotIn(token, text)
 

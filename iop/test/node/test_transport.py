@@ -151,9 +151,13 @@ class HandshakeTests(TransportTestCase):
         self.assertTrue(edge.lost)
 
     def test_rejectCodes(self) -> None:
-        """Unknown token is fatal; every other rejection is retryable. Both abort first."""
+        """
+        Unknown token and a refused client certificate are fatal; every other rejection is
+        retryable. Both abort first.
+        """
         cases = [
             (pb.REGISTER_REJECT_UNKNOWN_TOKEN, FatalError),
+            (pb.REGISTER_REJECT_WORKLOAD_IDENTITY, FatalError),
             (pb.REGISTER_REJECT_DUPLICATE_CONNECTION, RetryableError),
             (pb.REGISTER_REJECT_CONFIG_PAYLOAD, RetryableError),
             (pb.REGISTER_REJECT_OTHER, RetryableError),

@@ -47,8 +47,10 @@ from iop.config.model import ClientTLS, ServerTLS
 from iop.security.tls import (
     TLSConfigError,
     WorkloadIdentityError,
+    certificate_common_names,
     certificate_dns_names,
     client_connection_creator,
+    peer_certificate,
     server_context_factory,
     verify_peer_workload,
 )
@@ -434,6 +436,36 @@ class WarningDetectionTests(_TLSTestCase):
         self.assertTrue(all("Passing pyOpenSSL" in m for m in messages), messages)
 
 
+class PeerCertificateTests(_TLSTestCase):
+    """L{peer_certificate}: what the Edge reads off a node connection after the handshake."""
+
+    def test_clientCertificate(self) -> None:
+        p = _pki()
+        edge, node, _ = _connect(
+            server_context_factory(_edge_tls(p.main, client_ca_file=p.main["ca.crt"])),
+            client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.main, "beta"))),
+        )
+        self.assertConnected(edge, node)
+        cert = peer_certificate(edge.transport)
+        assert cert is not None
+        self.assertEqual(certificate_dns_names(cert), ["beta.node.iop.internal"])
+        self.assertEqual(cert, edge.peer_certificate)
+        self.assertNoWarnings()
+
+    def test_noClientCertificate(self) -> None:
+        p = _pki()
+        edge, node, _ = _connect(
+            server_context_factory(_edge_tls(p.main)),
+            client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.main, "alpha"))),
+        )
+        self.assertConnected(edge, node)
+        self.assertIsNone(peer_certificate(edge.transport))
+
+    def test_notTLS(self) -> None:
+        self.assertIsNone(peer_certificate(object()))
+        self.assertIsNone(peer_certificate(None))
+
+
 # ---------------------------------------------------------------------------------------------
 # verify_peer_workload on its own
 
@@ -462,6 +494,21 @@ class VerifyPeerWorkloadTests(SynchronousTestCase):
         )
         self.assertEqual(error.presented, ())
         self.assertIn("none", str(error))
+
+    def test_commonNameIsNotAWorkloadName(self) -> None:
+        """A name in the subject CN only is refused; it is reported for messages only."""
+        _, cert = pki.issue(
+            self.ca,
+            dns_names=[],
+            ip_addresses=["127.0.0.1"],
+            common_name="alpha.node.iop.internal",
+            client=True,
+        )
+        error = self.assertRaises(
+            WorkloadIdentityError, verify_peer_workload, cert, "alpha.node.iop.internal"
+        )
+        self.assertEqual(error.presented, ())
+        self.assertEqual(certificate_common_names(cert), ["alpha.node.iop.internal"])
 
     def test_otherName(self) -> None:
         _, cert = pki.issue(self.ca, dns_names=["alpha.node.iop.internal"], client=True)
