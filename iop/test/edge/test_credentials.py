@@ -33,6 +33,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import TunnelDispatcher
 from iop.security.keys import generate_issuer, generate_recipient
 from iop.security.lease import LeaseVerifier, ReplayCache
+from iop.security.pki import issue_node, make_ca
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 
@@ -104,9 +105,12 @@ class ManagedTunnelTests(SynchronousTestCase):
             self.tunnels,
             credentials=self.issuer,
         )
+        ca = make_ca("test CA")
         for node_id in ("node-a", "node-b"):
             connection = FakeConnection()
-            self.registry.register(TOKENS[node_id], connection)
+            # Managed: each node proves its workload name with its client certificate.
+            _, certificate = issue_node(ca, node_id)
+            self.registry.register(TOKENS[node_id], connection, certificate)
             self.registry.ready(node_id, connection)
         self.events = EventLoggingObserver()
         globalLogPublisher.addObserver(self.events)

@@ -39,6 +39,7 @@ from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.tap import EdgeService, check_managed_transport
 from iop.edge.transport import NodeConnection, NodeConnectionFactory
+from iop.security.keys import generate_issuer, generate_recipient, write_issuer, write_recipient
 from iop.security.tls import client_connection_creator, server_context_factory
 from iop.test.edge.fixtures import TOKENS, edge_config, provider
 from iop.test.edge.test_transport import ScriptedNode
@@ -315,6 +316,19 @@ class LegacyRegistrationTests(SynchronousTestCase):
         )
 
 
+def _with_lease_keys(config: EdgeConfig, directory: str) -> EdgeConfig:
+    """``config`` with a lease-signing key and each node's recipient key written to files."""
+    os.makedirs(directory, exist_ok=True)
+    write_issuer(generate_issuer(), f"{directory}/issuer.key", f"{directory}/issuer.pub")
+    nodes = []
+    for node in config.nodes:
+        public = f"{directory}/{node.id}.pub"
+        write_recipient(generate_recipient(), f"{directory}/{node.id}.key", public)
+        nodes.append(dataclasses.replace(node, recipient_key_file=public))
+    security = dataclasses.replace(config.security, signing_key_file=f"{directory}/issuer.key")
+    return dataclasses.replace(config, nodes=tuple(nodes), security=security)
+
+
 def _pool_config() -> EdgeConfig:
     """Managed; model ``m`` over ``a-chat`` and ``b-chat``, capacity 1 each, a queue of 4."""
     base = edge_config()
@@ -336,7 +350,7 @@ class NothingDispatchedTests(SynchronousTestCase):
 
     def test_waiter_served_only_by_the_right_node(self) -> None:
         clock = MemoryReactorClock()
-        edge = EdgeService(_pool_config(), clock)
+        edge = EdgeService(_with_lease_keys(_pool_config(), self.mktemp()), clock)
         connections = _Connections(edge.node_factory, clock)
         busy, _edge, busy_pump = connections.connect(_cert("node-b"))
         busy.register("node-b")
