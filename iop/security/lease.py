@@ -30,17 +30,17 @@ for, independently of the signature.
 :class:`LeaseVerifier.open` checks, in this order, and stops at the first failure with a
 :class:`LeaseError` whose :attr:`~LeaseError.code` is one of :data:`LEASE_ERRORS`:
 
-=========================  ======================================================================
-``lease_missing``          no lease bytes
-``lease_malformed``        not an envelope; a signed payload that is not a lease
-``lease_bad_signature``    signed by another issuer key, or the signature does not verify
-``lease_wrong_recipient``  sealed to another node, another recipient key, or another KEM
-``lease_expired``          outside ``[issued_at - skew, expires_at + skew]``
-``lease_binding_mismatch`` a field of the lease's binding differs from the request's
-``lease_replay_cache_full`` too many live leases remembered to accept one more (fail closed)
-``lease_replayed``         this lease id was opened before and has not expired
-``lease_unopenable``       validly signed, but the seal does not open with this node's key
-=========================  ======================================================================
+===========================  ================================================================
+``lease_missing``            no lease bytes
+``lease_malformed``          not an envelope; a signed payload that is not a lease
+``lease_bad_signature``      signed by another issuer key, or the signature does not verify
+``lease_wrong_recipient``    sealed to another node, another recipient key, or another KEM
+``lease_expired``            outside ``[issued_at - skew, expires_at + skew]``
+``lease_binding_mismatch``   a field of the lease's binding differs from the request's
+``lease_replay_cache_full``  too many live leases remembered to take one more (fail closed)
+``lease_replayed``           this lease id was opened before and has not expired
+``lease_unopenable``         validly signed, but the seal does not open with this node's key
+===========================  ================================================================
 
 The secret comes back as a ``bytearray`` the caller overwrites (:func:`zero`) as soon as it has
 been used. (The HPKE library hands the plaintext over as an immutable ``bytes`` first; that

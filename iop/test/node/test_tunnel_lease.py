@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, formatEvent
@@ -570,3 +572,25 @@ class ProfileDeliveryTests(TunnelCase):
         self.assertEqual((message.auth_header, message.auth_scheme), ("Authorization", "Bearer"))
         profile = runtime_profile(message)
         self.assertEqual((profile.auth_header, profile.auth_scheme), ("Authorization", "Bearer"))
+
+
+class ArbitraryLeaseTests(ManagedCase):
+    """Whatever a managed tunnel carries as a lease, it ends in one ERROR frame, gate empty."""
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        st.binary(max_size=512),
+        st.sampled_from(["", "openai", "other"]),
+        st.sampled_from(["demo-model", "other"]),
+    )
+    def test_arbitrary_lease(self, lease: bytes, profile: str, target: str) -> None:
+        scripted = self.managed()
+        self.sent.clear()
+        self.leased(lease, binding(profile=profile, target=target), profile=profile, target=target)
+        [frame] = self.frames()
+        self.assertEqual(frame.kind, pb.ERROR)
+        code = frame.error.split(":", 1)[0]
+        self.assertIn(code, LEASE_ERRORS)
+        self.assertEqual(dict(frame.metadata), {ERROR_CODE_KEY: code})
+        self.assertEqual(scripted.seen, [])
+        self.assertValid()
