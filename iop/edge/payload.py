@@ -65,6 +65,7 @@ def _profile_message(p: ProfileConfig) -> pb.RuntimeProfile:
         driver=p.driver,
         capabilities=list(p.capabilities),
         auth_header=p.auth_header,
+        auth_scheme=p.auth_scheme,
     )
     m.operations.update(dict(p.operations))
     m.extensions.update(dict(p.extensions))

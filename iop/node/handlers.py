@@ -6,7 +6,8 @@ Each session gets a :class:`~iop.node.runs.RunManager` (``run_request``), a
 :class:`~iop.node.tunnel.TunnelManager` (``provider_tunnel_request``), one ``cancel_request``
 handler routing to whichever owns the run id, and a :class:`~iop.node.commands.NodeCommandHandler`
 (``node_command_request``); when the session is lost its runs are cancelled and its tunnels
-aborted.
+aborted. A managed node's tunnel manager gets the session's lease verifier (the node's keys,
+the id the Edge registered it under, and the process-wide replay cache).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionSetup
 from iop.node.store import RunStore
 from iop.node.tunnel import TunnelManager
+from iop.security.lease import NodeLeaseKeys
 from iop.wire import runtime_pb2 as pb
 
 __all__ = ["make_session_setup"]
@@ -29,6 +31,7 @@ def make_session_setup(
     store: RunStore,
     clock: IReactorTime,
     transport_info: Callable[[], Mapping[str, object]] | None = None,
+    leases: NodeLeaseKeys | None = None,
 ) -> SessionSetup:
     """
     The handshake hook that equips each new session: a :class:`RunManager` for runs, a
@@ -37,11 +40,20 @@ def make_session_setup(
     capacity gate). The session has one cancel handler: a ``CANCEL_RUN`` naming an open tunnel
     goes to the tunnel manager, every other cancel to the run manager. When the session closes,
     its active runs are cancelled (and recorded as such) and its tunnels aborted.
+
+    ``leases`` (managed mode): the node's lease keys; each session's tunnels verify and open
+    credential leases addressed to the session's node id. None (legacy): leases are refused.
     """
 
     def setup(session: NodeSession) -> None:
         runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
-        tunnels = TunnelManager(session.registry, session.send, clock, node_id=session.node_id)
+        tunnels = TunnelManager(
+            session.registry,
+            session.send,
+            clock,
+            node_id=session.node_id,
+            leases=leases.verifier(session.node_id) if leases is not None else None,
+        )
 
         def cancel_received(envelope: pb.Envelope) -> None:
             request = envelope.cancel_request

@@ -8,6 +8,10 @@ store that cannot be opened is fatal (exit 1). Every session the supervisor esta
 equipped with its request handlers by :func:`iop.node.handlers.make_session_setup`. At shutdown
 the supervisor stops first, then the store closes.
 
+In managed mode (``security.mode: managed``) the node loads its recipient private key and the
+issuer's public key at startup (:func:`lease_keys`); a missing or unusable key file is a usage
+error naming the file, and the node does not start.
+
 When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
 the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
 shutdown (SIGTERM/SIGINT) exits 0.
@@ -39,6 +43,8 @@ from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadE
 from iop.node.supervisor import NodeSupervisor
 from iop.node.transport import EdgeConnectionFactory
 from iop.runtime.interfaces import AdapterContext, TreqClient
+from iop.security.keys import KeyFileError, load_issuer_public, load_recipient_private
+from iop.security.lease import NodeLeaseKeys
 from iop.security.tls import TLSConfigError, client_connection_creator
 
 # Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
@@ -68,6 +74,44 @@ def edge_endpoint(config: NodeDaemonConfig, reactor: Any) -> IStreamClientEndpoi
     if config.plaintext or config.tls is None:
         return endpoint
     return wrapClientTLS(client_connection_creator(config.tls), endpoint)
+
+
+def lease_keys(config: NodeDaemonConfig) -> NodeLeaseKeys | None:
+    """
+    A managed node's lease keys (None in legacy mode), loaded from ``security``'s files;
+    :class:`usage.UsageError` naming what is missing or which file is unusable.
+    """
+    security = config.security
+    if not security.managed:
+        return None
+    missing = [
+        name
+        for name, value in (
+            ("security.recipient_key_file", security.recipient_key_file),
+            ("security.issuer_key_file", security.issuer_key_file),
+        )
+        if not value
+    ]
+    if missing:
+        raise usage.UsageError(f"security.mode managed needs {' and '.join(missing)}")
+    assert security.recipient_key_file and security.issuer_key_file
+    try:
+        keys = NodeLeaseKeys(
+            recipient=load_recipient_private(security.recipient_key_file),
+            issuer=load_issuer_public(security.issuer_key_file),
+            clock_skew_sec=security.clock_skew_sec,
+        )
+    except KeyFileError as e:
+        raise usage.UsageError(f"managed mode: {e}") from None
+    log.info(
+        "managed mode: opening credential leases with {kem} recipient key {recipient_key_id},"
+        " signed by issuer key {issuer_key_id} (clock skew {skew}s)",
+        kem=keys.recipient.kem,
+        recipient_key_id=keys.recipient.key_id,
+        issuer_key_id=keys.issuer.key_id,
+        skew=security.clock_skew_sec,
+    )
+    return keys
 
 
 class _ProcessExit:
@@ -168,6 +212,7 @@ def makeService(
         endpoint = edge_endpoint(config, reactor)
     except TLSConfigError as e:
         raise usage.UsageError(str(e)) from None
+    leases = lease_keys(config)
     if store_executor is None:
         # A reactor without threads (a test's memory reactor) runs the store inline.
         store_executor = (
@@ -197,7 +242,10 @@ def makeService(
 
     factory = EdgeConnectionFactory(
         reactor,
-        SessionBuilder(adapter_context, setup=make_session_setup(store, reactor, transport_info)),
+        SessionBuilder(
+            adapter_context,
+            setup=make_session_setup(store, reactor, transport_info, leases=leases),
+        ),
         max_frame_bytes=config.max_frame_bytes,
     )
     supervisor = NodeSupervisor(

@@ -39,6 +39,18 @@ released before the last frame goes out, so an Edge that dispatches the next req
 Credentials: the adapter's configured headers are sent upstream and appear nowhere else (not in
 frames, errors or logs); a request's own headers pass only through an allow-list and can never
 replace a configured header or carry credentials of their own.
+
+Managed mode (the manager has a :class:`~iop.security.lease.LeaseVerifier`): every tunnel must
+carry ``credential_lease`` and ``credential_binding`` (else one ERROR ``lease_missing``, before
+admission). After admission — the capacity slot taken — and immediately before the provider
+call, the binding is checked against the request itself (its ``target`` and ``profile``, and
+the adapter's configured profile), the lease is verified and opened
+(:meth:`~iop.security.lease.LeaseVerifier.open`), and ``<auth_header>: <auth_scheme> <secret>``
+is put on that one upstream request only; the plaintext ``bytearray`` is zeroed as soon as the
+request has been handed to the HTTP client. Any lease failure ends the tunnel with one ERROR
+frame whose text starts with the failure class (``lease_expired: …``) and whose ``error_code``
+metadata is that class; nothing reaches the upstream. A legacy node (no verifier) refuses any
+request carrying a lease: it cannot verify one, and fails closed.
 """
 
 from __future__ import annotations
@@ -62,8 +74,18 @@ from iop.node.adapters.http_stream import ended_cleanly, read_body
 from iop.node.adapters.openai_compat import describe_failure
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
+from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import ITunnelProvider
+from iop.runtime.spec import RuntimeProfile
+from iop.security.lease import (
+    LEASE_BINDING_MISMATCH,
+    LEASE_MALFORMED,
+    LEASE_MISSING,
+    LeaseError,
+    LeaseVerifier,
+    zero,
+)
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import usage_to_proto
 
@@ -459,6 +481,7 @@ class _Tunnel:
         self._headers = headers
         self._body = request.body
         self._slot = slot
+        self._request = request if manager.leases is not None else None
         self.started_at = manager.clock.seconds()
         self.frames = TunnelFrames(self.run_id, manager._send_frame, manager.body_frame_bytes)
         self.over = False
@@ -490,15 +513,43 @@ class _Tunnel:
 
     async def _main(self) -> None:
         provider = self.provider
-        response: IResponse = await provider.http.request(
-            self.method,
-            self._url,
-            headers=self._headers,
-            data=self._body if self._body else None,
-            unbuffered=True,
-            allow_redirects=False,
-            reactor=provider.clock,
-        )
+        headers = self._headers
+        secret: bytearray | None = None
+        if self._request is not None:
+            try:
+                secret = self.manager._open_lease(self._request, provider)
+                headers = _with_credential(headers, provider.profile, secret)
+            except LeaseError as e:
+                if secret is not None:
+                    zero(secret)
+                self.manager.log.warn(
+                    "tunnel {run_id} on adapter {adapter}: credential lease refused: {error}",
+                    run_id=self.run_id,
+                    adapter=self.adapter,
+                    error=str(e),
+                    error_code=e.code,
+                    node_id=self.manager._node_id,
+                )
+                self._end(str(e), {ERROR_CODE_KEY: e.code})
+                return
+            finally:
+                self._request = None
+        try:
+            sent = provider.http.request(
+                self.method,
+                self._url,
+                headers=headers,
+                data=self._body if self._body else None,
+                unbuffered=True,
+                allow_redirects=False,
+                reactor=provider.clock,
+            )
+        finally:
+            # The request (and its headers) is the HTTP client's now: the plaintext goes.
+            if secret is not None:
+                zero(secret)
+            del headers
+        response: IResponse = await sent
         if self.over:
             return
         self._touch()
@@ -573,19 +624,47 @@ class _Tunnel:
 
     # -- the one end -------------------------------------------------------------------------
 
-    def _end(self, error: str | None) -> None:
-        """Stop timers, release the slot, send END (``error`` None) or ERROR, exactly once."""
+    def _end(self, error: str | None, metadata: Mapping[str, str] | None = None) -> None:
+        """
+        Stop timers, release the slot, send END (``error`` None) or ERROR (with ``metadata``),
+        exactly once.
+        """
         if self.over:
             return
         self.over = True
+        self._request = None
         self._disarm()
         self._slot.release()
         self.manager._forget(self)
         if error is None:
             self.frames.end()
         else:
-            self.frames.error(self.provider.redact(error))
+            self.frames.error(self.provider.redact(error), metadata)
         self.manager._ended(self, error)
+
+
+def _valid_header_value(value: bytearray) -> bool:
+    """Visible characters and spaces only (no CR, LF, NUL or other controls)."""
+    return bool(value) and all(b >= 0x20 and b != 0x7F for b in value) and value.strip() == value
+
+
+def _with_credential(
+    headers: Headers, profile: RuntimeProfile | None, secret: bytearray
+) -> Headers:
+    """
+    A copy of ``headers`` with ``<auth_header>: <auth_scheme> <secret>`` (the bare secret
+    without a scheme), replacing any value of that header. The header's value is necessarily an
+    immutable copy, held by the request until it is written; ``secret`` itself is zeroed by the
+    caller.
+    """
+    assert profile is not None and profile.auth_header  # checked at admission
+    if not _valid_header_value(secret):
+        raise LeaseError(LEASE_MALFORMED, "the leased credential is not a valid header value")
+    scheme = profile.auth_scheme.strip()
+    value = (scheme.encode("latin-1") + b" " if scheme else b"") + bytes(secret)
+    out = headers.copy()
+    out.setRawHeaders(profile.auth_header.strip().encode("latin-1"), [value])
+    return out
 
 
 # -- the manager ------------------------------------------------------------------------------
@@ -609,6 +688,8 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
     :param clock: idle and overall timeouts.
     :param node_id: for logs.
     :param body_frame_bytes: the largest body a ``BODY`` frame carries.
+    :param leases: managed mode: the verifier of this node's credential leases (None: legacy,
+        leases refused).
     """
 
     log = Logger()
@@ -624,9 +705,11 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
         clock: IReactorTime,
         node_id: str = "",
         body_frame_bytes: int = BODY_FRAME_BYTES,
+        leases: LeaseVerifier | None = None,
     ) -> None:
         super().__init__(registry, send, clock, node_id)
         self.body_frame_bytes = body_frame_bytes
+        self.leases = leases
         self._counts = {"completed": 0, "error": 0, "cancelled": 0, "rejected": 0}
 
     # -- envelope handlers (install these on the session) -------------------------------------
@@ -681,9 +764,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
                 f"adapter {instance.name!r} (type {instance.type}) cannot serve provider tunnels;"
                 " only HTTP providers (openai_compat, vllm) can"
             )
-        if request.credential_lease or request.HasField("credential_binding"):
-            # Fail closed: this node cannot verify a managed credential lease.
-            raise Refusal("managed credential leases are not supported by this node")
+        self._check_lease_presence(request, instance, provider)
         method = (request.method or "POST").upper()
         if method not in ALLOWED_METHODS:
             raise Refusal(f"method {request.method!r} is not allowed for provider tunnels")
@@ -691,6 +772,66 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
         if problem:
             raise Refusal(problem)
         return _Plan(provider, method, path)
+
+    def _check_lease_presence(
+        self,
+        request: pb.ProviderTunnelRequest,
+        instance: AdapterInstance,
+        provider: ITunnelProvider,
+    ) -> None:
+        has_lease = bool(request.credential_lease)
+        has_binding = request.HasField("credential_binding")
+        if self.leases is None:
+            if has_lease or has_binding:
+                # Fail closed: this node cannot verify a managed credential lease.
+                raise Refusal("managed credential leases are not supported by this node")
+            return
+        if not has_lease:
+            raise Refusal(
+                f"{LEASE_MISSING}: this node runs in managed mode and every provider tunnel"
+                " needs a credential lease",
+                code=ErrorCode.LEASE_MISSING,
+                adapter=instance.name,
+            )
+        if not has_binding:
+            raise Refusal(
+                f"{LEASE_MALFORMED}: a credential lease without its credential_binding",
+                code=ErrorCode.LEASE_MALFORMED,
+                adapter=instance.name,
+            )
+        profile = provider.profile
+        if profile is None or not profile.auth_header.strip():
+            raise Refusal(
+                f"adapter {instance.name!r} has no protocol profile naming an auth_header:"
+                " a leased credential has no header to go in",
+                adapter=instance.name,
+            )
+
+    def _open_lease(
+        self, request: pb.ProviderTunnelRequest, provider: ITunnelProvider
+    ) -> bytearray:
+        """
+        The binding against the request itself, then the lease opened: the secret (zero it),
+        or :class:`LeaseError`.
+        """
+        assert self.leases is not None
+        binding = request.credential_binding
+        profile = provider.profile
+        mismatched = [
+            name
+            for name, same in (
+                ("target", binding.target == request.target),
+                ("profile", binding.profile == request.profile),
+                ("adapter profile", profile is not None and binding.profile == profile.name),
+            )
+            if not same
+        ]
+        if mismatched:
+            raise LeaseError(
+                LEASE_BINDING_MISMATCH,
+                f"the credential binding does not match the request's {', '.join(mismatched)}",
+            )
+        return self.leases.open(request.credential_lease, binding, self.clock.seconds())
 
     def _open(
         self,

@@ -21,6 +21,17 @@ ERROR_CODE_KEY = "error_code"
 class ErrorCode(enum.StrEnum):
     # The node's own gate for the adapter instance is full: try later or elsewhere (503).
     PROVIDER_AT_CAPACITY = "provider_at_capacity"
+    # Managed mode: the tunnel's credential lease was refused (iop.security.lease's classes).
+    # Fail closed: never retried on another route, provider or credential.
+    LEASE_MISSING = "lease_missing"
+    LEASE_MALFORMED = "lease_malformed"
+    LEASE_BAD_SIGNATURE = "lease_bad_signature"
+    LEASE_WRONG_RECIPIENT = "lease_wrong_recipient"
+    LEASE_EXPIRED = "lease_expired"
+    LEASE_BINDING_MISMATCH = "lease_binding_mismatch"
+    LEASE_REPLAY_CACHE_FULL = "lease_replay_cache_full"
+    LEASE_REPLAYED = "lease_replayed"
+    LEASE_UNOPENABLE = "lease_unopenable"
 
 
 def error_code(metadata: Mapping[str, str]) -> ErrorCode | None:

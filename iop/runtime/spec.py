@@ -55,6 +55,8 @@ class RuntimeProfile:
     extensions: Mapping[str, bool] = field(default_factory=dict)
     # The header that carries the credential, e.g. Authorization or x-api-key ("" = default).
     auth_header: str = ""
+    # What precedes a leased credential in ``auth_header`` ("Bearer"); "" = the bare credential.
+    auth_scheme: str = ""
 
     def __post_init__(self) -> None:
         _freeze(self, ("operations", "extensions"), ("capabilities",))

@@ -30,17 +30,17 @@ for, independently of the signature.
 :class:`LeaseVerifier.open` checks, in this order, and stops at the first failure with a
 :class:`LeaseError` whose :attr:`~LeaseError.code` is one of :data:`LEASE_ERRORS`:
 
-=========================  ======================================================================
-``lease_missing``          no lease bytes
-``lease_malformed``        not an envelope; a signed payload that is not a lease
-``lease_bad_signature``    signed by another issuer key, or the signature does not verify
-``lease_wrong_recipient``  sealed to another node, another recipient key, or another KEM
-``lease_expired``          outside ``[issued_at - skew, expires_at + skew]``
-``lease_binding_mismatch`` a field of the lease's binding differs from the request's
-``lease_replay_cache_full`` too many live leases remembered to accept one more (fail closed)
-``lease_replayed``         this lease id was opened before and has not expired
-``lease_unopenable``       validly signed, but the seal does not open with this node's key
-=========================  ======================================================================
+===========================  ================================================================
+``lease_missing``            no lease bytes
+``lease_malformed``          not an envelope; a signed payload that is not a lease
+``lease_bad_signature``      signed by another issuer key, or the signature does not verify
+``lease_wrong_recipient``    sealed to another node, another recipient key, or another KEM
+``lease_expired``            outside ``[issued_at - skew, expires_at + skew]``
+``lease_binding_mismatch``   a field of the lease's binding differs from the request's
+``lease_replay_cache_full``  too many live leases remembered to take one more (fail closed)
+``lease_replayed``           this lease id was opened before and has not expired
+``lease_unopenable``         validly signed, but the seal does not open with this node's key
+===========================  ================================================================
 
 The secret comes back as a ``bytearray`` the caller overwrites (:func:`zero`) as soon as it has
 been used. (The HPKE library hands the plaintext over as an immutable ``bytes`` first; that
@@ -87,6 +87,7 @@ __all__ = [
     "SIGNATURE_CONTEXT",
     "LeaseError",
     "LeaseVerifier",
+    "NodeLeaseKeys",
     "ReplayCache",
     "binding_info",
     "issue_lease",
@@ -424,3 +425,43 @@ class LeaseVerifier:
         del plain
         self.replay.remember(payload.lease_id, (payload.expires_at_ms + skew_ms) / 1000.0, now)
         return secret
+
+
+class NodeLeaseKeys:
+    """
+    What a managed node loads at startup to open leases: its ``recipient`` key, the
+    ``issuer``'s public key, the clock skew it allows, and one :class:`ReplayCache` for the
+    whole process (a reconnect must not forget the ids already opened). Each session gets its
+    :meth:`verifier` once the Edge has told the node its id.
+    """
+
+    def __init__(
+        self,
+        *,
+        recipient: RecipientPrivateKey,
+        issuer: IssuerPublicKey,
+        clock_skew_sec: float,
+        replay: ReplayCache | None = None,
+    ) -> None:
+        if clock_skew_sec < 0:
+            raise ValueError("clock skew cannot be negative")
+        self.recipient = recipient
+        self.issuer = issuer
+        self.clock_skew_sec = clock_skew_sec
+        self.replay = replay if replay is not None else ReplayCache()
+
+    def verifier(self, node_id: str) -> LeaseVerifier:
+        """The verifier of the leases sent to ``node_id``."""
+        return LeaseVerifier(
+            node_id=node_id,
+            recipient=self.recipient,
+            issuer=self.issuer,
+            clock_skew_sec=self.clock_skew_sec,
+            replay=self.replay,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<NodeLeaseKeys recipient={self.recipient.kem}:{self.recipient.key_id}"
+            f" issuer={self.issuer.key_id}>"
+        )

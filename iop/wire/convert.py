@@ -88,6 +88,7 @@ def runtime_profile(message: pb.RuntimeProfile) -> RuntimeProfile:
         capabilities=tuple(message.capabilities),
         extensions=dict(message.extensions),
         auth_header=message.auth_header,
+        auth_scheme=message.auth_scheme,
     )
 
 

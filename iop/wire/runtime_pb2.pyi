@@ -248,7 +248,7 @@ class AdapterConfig(_message.Message):
     def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., enabled: _Optional[bool] = ..., base_url: _Optional[str] = ..., headers: _Optional[_Mapping[str, str]] = ..., request_timeout_ms: _Optional[int] = ..., idle_timeout_ms: _Optional[int] = ..., max_concurrency: _Optional[int] = ..., command: _Optional[str] = ..., args: _Optional[_Iterable[str]] = ..., env: _Optional[_Mapping[str, str]] = ..., workspace: _Optional[str] = ..., mode: _Optional[str] = ..., resume_args: _Optional[_Iterable[str]] = ..., output_format: _Optional[str] = ..., prompt_placement: _Optional[str] = ..., context_size: _Optional[int] = ..., profile: _Optional[_Union[RuntimeProfile, _Mapping]] = ..., settings: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class RuntimeProfile(_message.Message):
-    __slots__ = ("name", "driver", "operations", "capabilities", "extensions", "auth_header")
+    __slots__ = ("name", "driver", "operations", "capabilities", "extensions", "auth_header", "auth_scheme")
     class OperationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -269,13 +269,15 @@ class RuntimeProfile(_message.Message):
     CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
     EXTENSIONS_FIELD_NUMBER: _ClassVar[int]
     AUTH_HEADER_FIELD_NUMBER: _ClassVar[int]
+    AUTH_SCHEME_FIELD_NUMBER: _ClassVar[int]
     name: str
     driver: str
     operations: _containers.ScalarMap[str, str]
     capabilities: _containers.RepeatedScalarFieldContainer[str]
     extensions: _containers.ScalarMap[str, bool]
     auth_header: str
-    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., operations: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., extensions: _Optional[_Mapping[str, bool]] = ..., auth_header: _Optional[str] = ...) -> None: ...
+    auth_scheme: str
+    def __init__(self, name: _Optional[str] = ..., driver: _Optional[str] = ..., operations: _Optional[_Mapping[str, str]] = ..., capabilities: _Optional[_Iterable[str]] = ..., extensions: _Optional[_Mapping[str, bool]] = ..., auth_header: _Optional[str] = ..., auth_scheme: _Optional[str] = ...) -> None: ...
 
 class NodeConfigRefreshRequest(_message.Message):
     __slots__ = ("request_id", "config")

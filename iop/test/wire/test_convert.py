@@ -94,7 +94,8 @@ class AdapterSpecTests(SynchronousTestCase):
                 operations={"chat_completions": "/v2/chat"},
                 capabilities=["chat", "tools"],
                 extensions={"thinking": True},
-                auth_header="x-api-key",
+                auth_header="Authorization",
+                auth_scheme="Bearer",
             )
         )
         self.assertEqual(
@@ -105,7 +106,8 @@ class AdapterSpecTests(SynchronousTestCase):
                 operations={"chat_completions": "/v2/chat"},
                 capabilities=("chat", "tools"),
                 extensions={"thinking": True},
-                auth_header="x-api-key",
+                auth_header="Authorization",
+                auth_scheme="Bearer",
             ),
         )
 
