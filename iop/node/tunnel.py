@@ -518,7 +518,8 @@ class _Tunnel:
         if self._request is not None:
             try:
                 secret = self.manager._open_lease(self._request, provider)
-                headers = _with_credential(headers, provider.profile, secret)
+                slot = self._request.credential_binding.slot
+                headers = _with_credential(headers, provider.profile, slot, secret)
             except LeaseError as e:
                 if secret is not None:
                     zero(secret)
@@ -649,14 +650,19 @@ def _valid_header_value(value: bytearray) -> bool:
 
 
 def _with_credential(
-    headers: Headers, profile: RuntimeProfile | None, secret: bytearray
+    headers: Headers, profile: RuntimeProfile | None, slot: str, secret: bytearray
 ) -> Headers:
     """
     A copy of ``headers`` with ``<auth_header>: <auth_scheme> <secret>`` (the bare secret
     without a scheme), replacing any value of that header. The header's value is necessarily an
     immutable copy, held by the request until it is written; ``secret`` itself is zeroed by the
-    caller.
+    caller. A lease bound to no credential ``slot`` (a provider that takes none) authorizes the
+    request and carries an empty secret: ``headers`` go as they are.
     """
+    if not slot:
+        if secret:
+            raise LeaseError(LEASE_MALFORMED, "a lease bound to no credential carries a secret")
+        return headers
     assert profile is not None and profile.auth_header  # checked at admission
     if not _valid_header_value(secret):
         raise LeaseError(LEASE_MALFORMED, "the leased credential is not a valid header value")
@@ -800,7 +806,8 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
                 adapter=instance.name,
             )
         profile = provider.profile
-        if profile is None or not profile.auth_header.strip():
+        needs_header = bool(request.credential_binding.slot)
+        if needs_header and (profile is None or not profile.auth_header.strip()):
             raise Refusal(
                 f"adapter {instance.name!r} has no protocol profile naming an auth_header:"
                 " a leased credential has no header to go in",
@@ -822,7 +829,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             for name, same in (
                 ("target", binding.target == request.target),
                 ("profile", binding.profile == request.profile),
-                ("adapter profile", profile is not None and binding.profile == profile.name),
+                ("adapter profile", binding.profile == (profile.name if profile else "")),
             )
             if not same
         ]

@@ -173,6 +173,9 @@ def client_error(error: BaseException) -> ApiError | None:
     if isinstance(error, TunnelFailed):
         if error.code == ErrorCode.PROVIDER_AT_CAPACITY:
             return ApiError(503, str(error), code="provider_busy")
+        if error.code is not None and error.code.value.startswith("lease_"):
+            # Managed mode: the node refused the credential lease (the text names the class).
+            return ApiError(502, str(error), code=error.code.value)
         return ApiError(502, str(error), code="upstream_error")
     if isinstance(error, NodeUnavailable):
         return ApiError(503, str(error), code="node_unavailable")

@@ -230,6 +230,23 @@ class ManagedTunnelTests(ManagedCase):
         self.assertEqual(len(scripted.seen), 1)
         self.assertTrue(self.last("t2").error.startswith("lease_missing: "))
 
+    def test_a_provider_without_a_credential_slot(self) -> None:
+        """A lease bound to no slot authorizes the request and adds no header, even where the
+        profile names none."""
+        for i, profile in enumerate((PROFILE, pb.RuntimeProfile(name="openai", driver="x"))):
+            scripted = self.managed(profile=profile, headers={"X-Local": "1"})
+            run_id = f"t{i}"
+            self.leased(self.lease(secret=b"", slot=""), binding(slot=""), run_id=run_id)
+            self.assertEqual(self.kinds(run_id), ["start", "body+", "end"])
+            [(_, _, headers, _)] = scripted.seen
+            self.assertNotIn("authorization", headers)
+            self.assertEqual(headers["x-local"], ["1"])
+
+    def test_a_secret_under_no_slot_is_refused(self) -> None:
+        scripted = self.managed()
+        self.leased(self.lease(slot=""), binding(slot=""))
+        self.assertFailed("lease_malformed", scripted)
+
     def test_the_manager_describes_no_secret(self) -> None:
         self.managed(Hanging())
         self.leased()

@@ -8,7 +8,14 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.errors import Overloaded, QueueTimeout, TunnelFailed, Unavailable, UnknownModel
+from iop.edge.errors import (
+    CredentialRefused,
+    Overloaded,
+    QueueTimeout,
+    TunnelFailed,
+    Unavailable,
+    UnknownModel,
+)
 from iop.edge.ingress.errors import ApiError, client_error, run_error, upstream_error
 from iop.runtime.codes import ErrorCode
 from iop.runtime.events import RuntimeEvent
@@ -166,6 +173,15 @@ class MappingTests(SynchronousTestCase):
             assert mapped is not None
             self.assertEqual(mapped.status, status, exc)
         self.assertIsNone(client_error(ValueError("x")))
+
+    def test_a_refused_lease_names_its_class(self) -> None:
+        for code in (ErrorCode.LEASE_EXPIRED, ErrorCode.LEASE_REPLAYED):
+            mapped = client_error(TunnelFailed(f"{code.value}: refused", code))
+            assert mapped is not None
+            self.assertEqual((mapped.status, mapped.code), (502, code.value))
+        refused = client_error(CredentialRefused("credential slot 'x' is disabled"))
+        assert refused is not None
+        self.assertEqual((refused.status, refused.code), (503, "credential_unavailable"))
 
     def test_error_bodies(self) -> None:
         e = ApiError(429, "slow down", code="overloaded", param="model")
