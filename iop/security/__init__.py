@@ -1,8 +1,9 @@
 """
 Security plumbing: TLS contexts for the Edge listener and the Node dialler, and workload
-identity checks (DNS-ID names verified with ``service_identity``).
-
-See :mod:`iop.security.tls`.
+identity checks (DNS-ID names verified with ``service_identity``): :mod:`iop.security.tls`.
+Managed mode's certificates (:mod:`iop.security.pki`), its lease keys
+(:mod:`iop.security.keys`) and the credential leases themselves (:mod:`iop.security.lease`);
+credentials kept out of text IOP writes (:mod:`iop.security.redact`).
 """
 
 from iop.security.tls import (
