@@ -201,6 +201,31 @@ def markdown(results: dict[str, Any]) -> str:
         rows.append([target, *cells])
     lines += _table(["target", *level_heads], rows)
 
+    leases = results.get("lease_cost")
+    if leases:
+        lines += [
+            "",
+            "## Managed mode: CPU per credential lease (µs)",
+            "",
+            "One lease per managed tunnel request: issued (signed, sealed to the node) on the "
+            "Edge, verified and opened on the Node. Process CPU time, by the node's recipient "
+            "key type.",
+            "",
+        ]
+        lines += _table(
+            ["recipient key", "lease bytes", "Edge: issue", "Node: verify + open", "total"],
+            [
+                [
+                    str(row["kem"]),
+                    str(row["lease_bytes"]),
+                    _fmt(row["issue_us"], 1),
+                    _fmt(row["open_us"], 1),
+                    _fmt(row["total_us"], 1),
+                ]
+                for row in leases
+            ],
+        )
+
     lines += ["", "## Added latency (ms) over the direct upstream at the same level", ""]
     rows = []
     for a in results.get("added_latency_ms", []):

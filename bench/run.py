@@ -55,7 +55,7 @@ if __package__ in (None, ""):
     # ``python bench/run.py``: make the repository root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import report
+from bench import lease, report
 from bench.loadgen import combine
 from bench.procs import BenchError, Children, ProcSample, sample, wait_until
 from bench.systems import (
@@ -705,6 +705,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs = throughput(settings, world)
         results["throughput"] = runs
         stop_quietly(world.children)
+        if "iop-managed" in settings.targets:
+            log("managed mode: CPU per credential lease (issue on the Edge, open on the Node)")
+            results["lease_cost"] = lease.measure(200 if settings.smoke else 2000)
         if not settings.skip_scale:
             results["scale"] = scale(settings, scratch)
     except BenchError as e:
