@@ -50,7 +50,7 @@ from iop.edge.refresh.report import (
 )
 from iop.security.redact import redact_secrets
 
-__all__ = ["RULES", "candidate_result", "classification_table", "classify"]
+__all__ = ["RULES", "candidate_result", "classification_table", "classify", "markdown_table"]
 
 LIVE: ChangeClass = "live"
 RESTART: ChangeClass = "restart_required"
@@ -598,3 +598,13 @@ def _rows(prefix: str, type_: type) -> Iterator[tuple[str, str, str, str]]:
             added = f"{path} (entry added or removed)"
             yield added, rule.change_class, rule.origin, rule.why
             yield from _rows(path, rule.type)
+
+
+def markdown_table() -> str:
+    """The README's classification table: one row per :func:`classification_table` entry."""
+    lines = ["| edge.yaml path | class | origin | why |", "|---|---|---|---|"]
+    for path, change_class, origin, why in classification_table():
+        shown, _, qualifier = path.partition(" ")
+        qualifier = f" {qualifier}" if qualifier else ""
+        lines.append(f"| `{shown}`{qualifier} | {change_class} | {origin} | {why} |")
+    return "\n".join(lines) + "\n"
