@@ -14,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 from unittest import SkipTest
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 import iop
@@ -388,6 +390,33 @@ def config_dataclasses() -> set[type]:
     return found
 
 
+def change_field(config: EdgeConfig, type_: type, name: str) -> EdgeConfig:
+    """``config`` with field ``name`` of its ``type_`` record (see LOCATORS) given another value."""
+    hint = typing.get_type_hints(type_, vars(config_model))[name]
+
+    def change(record: Any) -> Any:
+        return dataclasses.replace(record, **{name: _other(getattr(record, name), hint)})
+
+    return LOCATORS[type_](config, change)
+
+
+# Rows that compose: one report each, on a field no other row reports under.
+COMPOSABLE = sorted(
+    (
+        row
+        for row, expected in TABLE.items()
+        if len(expected) == 1
+        and row
+        not in {
+            (ProviderConfig, "adapter_instance"),
+            (ModelProviderRef, "provider_id"),
+            (ModelProviderRef, "target"),
+        }
+    ),
+    key=str,
+)
+
+
 def assert_no_secret(test: SynchronousTestCase, reports: list[ChangeReport]) -> None:
     text = json.dumps(candidate_result("dry_run", reports).as_dict())
     text += repr(reports) + "".join(r.describe() for r in reports)
@@ -418,16 +447,30 @@ class ClassificationTableTests(SynchronousTestCase):
         """Each row: change only that field; exactly its reports, path and class."""
         base = base_config()
         for (type_, name), expected in sorted(TABLE.items(), key=lambda i: str(i[0])):
-            hints = typing.get_type_hints(type_, vars(config_model))
-
-            def change(record: Any, name: str = name, hint: Any = hints[name]) -> Any:
-                return dataclasses.replace(record, **{name: _other(getattr(record, name), hint)})
-
-            candidate = LOCATORS[type_](base, change)
+            candidate = change_field(base, type_, name)
             reports = classify(base, candidate)
             got = [(r.path, r.change_class) for r in reports]
             self.assertEqual(got, expected, f"{type_.__name__}.{name}")
             assert_no_secret(self, reports)
+
+    @settings(max_examples=200, deadline=None, derandomize=True)
+    @given(st.lists(st.sampled_from(COMPOSABLE), unique=True, max_size=12))
+    def test_changes_together(self, rows: list[tuple[type, str]]) -> None:
+        """
+        Any set of fields changed at once gives exactly the union of their rows' reports, and
+        the candidate's outcome is the strictest of their classes.
+        """
+        base = base_config()
+        candidate = base
+        for type_, name in rows:
+            candidate = change_field(candidate, type_, name)
+        reports = classify(base, candidate)
+        expected = sorted(report for row in rows for report in TABLE[row])
+        self.assertEqual(sorted((r.path, r.change_class) for r in reports), expected)
+        classes = {change_class for _, change_class in expected}
+        outcome = "restart_required" if RESTART in classes else "applied"
+        self.assertEqual(candidate_result("apply", reports).result, outcome)
+        assert_no_secret(self, reports)
 
     def test_no_op(self) -> None:
         """The same config (or an equal one built again): no report, four empty lists."""
