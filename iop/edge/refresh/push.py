@@ -4,9 +4,10 @@ The node half of a config refresh: push the new ``NodeConfigPayload`` to the rea
 payload changed (``NodeConfigRefreshRequest``) and collect their answers
 (``NodeConfigRefreshResponse``: applied, restart required, failed), each bounded by a timeout.
 
-- Only a *ready* node is a recipient: a node still pending (registered with the payload of the
-  config before the apply) is caught up once it is ready, if what it was given differs from the
-  current payload; a node not connected gets the current payload when it registers.
+- Only a *ready* node is a recipient. A node still pending when a refresh is pushed registered
+  with the payload of the config before it: it is pushed the current payload once it is ready
+  (an unchanged payload costs the node nothing: it answers ``applied``, no change). A node not
+  connected gets the current payload when it registers.
 - Every push ends in exactly one :class:`~iop.edge.refresh.report.NodePush`: the node's answer,
   ``timeout`` when it does not answer in time, ``failed`` when its connection is fenced first or
   the request cannot be sent.
@@ -56,22 +57,13 @@ class _Pending:
     timer: IDelayedCall | None = None
 
 
-def same_content(a: pb.NodeConfigPayload, b: pb.NodeConfigPayload) -> bool:
-    """Whether two payloads carry the same config, whatever their revisions."""
-    if a.config_revision == b.config_revision:
-        return a == b
-    copy = pb.NodeConfigPayload()
-    copy.CopyFrom(b)
-    copy.config_revision = a.config_revision
-    return a == copy
-
-
 @implementer(INodeLifecycleObserver)
 class NodePusher:
     """
     Pushes refreshed payloads to ready nodes and waits for their answers.
 
     :param payload_for: the node's current payload (the running config, its revision set).
+    :param node_ids: every node id of the running config.
     :param timeout: seconds each node has to answer.
     """
 
@@ -83,6 +75,7 @@ class NodePusher:
         payload_for: PayloadFor,
         bus: EventBus,
         clock: IReactorTime,
+        node_ids: Callable[[], Iterable[str]] = tuple,
         send: Send = send_envelope,
         timeout: float = PUSH_TIMEOUT_SEC,
     ) -> None:
@@ -92,21 +85,11 @@ class NodePusher:
         self._clock = clock
         self._send = send
         self._timeout = timeout
+        self._node_ids = node_ids
         self._pending: dict[str, _Pending] = {}
-        # What each node holds, as far as the Edge knows: its registration's payload, then each
-        # push it applied.
-        self._delivered: dict[str, pb.NodeConfigPayload] = {}
+        # Nodes pending when a refresh was pushed: pushed the current payload once ready.
+        self._stale: set[str] = set()
         registry.add_observer(self)
-
-    # -- what nodes hold -----------------------------------------------------------------------
-
-    def delivered(self, node_id: str, payload: pb.NodeConfigPayload) -> None:
-        """A registration handed ``node_id`` this payload."""
-        self._delivered[node_id] = payload
-
-    def holds(self, node_id: str) -> pb.NodeConfigPayload | None:
-        """The payload ``node_id`` holds as far as the Edge knows (None: never delivered)."""
-        return self._delivered.get(node_id)
 
     # -- pushing -------------------------------------------------------------------------------
 
@@ -115,6 +98,9 @@ class NodePusher:
         Push the current payload to each of ``node_ids`` that is ready now (the others are
         skipped: see the module docstring); fires with one outcome per node pushed, in order.
         """
+        for node_id in self._node_ids():
+            if self._registry.state(node_id) == "pending":
+                self._stale.add(node_id)
         pushes: list[Deferred[NodePush]] = []
         for node_id in dict.fromkeys(node_ids):
             d = self._push_one(node_id)
@@ -171,8 +157,6 @@ class NodePusher:
         reason = response.reason
         if outcome is None:
             outcome, reason = "failed", reason or "the node gave no outcome"
-        if outcome == "applied":
-            self._delivered[pending.node_id] = pending.payload
         self._settle(response.request_id, outcome, reason)
 
     def _expired(self, request_id: str) -> None:
@@ -208,20 +192,17 @@ class NodePusher:
     # -- INodeLifecycleObserver ----------------------------------------------------------------
 
     def node_ready(self, node_id: str, generation: int) -> None:
-        """A node that registered with an older payload than the current one is caught up."""
-        held = self._delivered.get(node_id)
-        if held is None:
+        """A node that was pending when a refresh was pushed is pushed the current payload."""
+        if node_id not in self._stale:
             return
-        try:
-            current = self._payload_for(node_id)
-        except Exception:
-            return
-        if not same_content(held, current):
-            self.log.info(
-                "node {node_id} registered before the last config refresh; pushing it",
-                node_id=node_id,
-            )
-            self.push([node_id])
+        self._stale.discard(node_id)
+        self.log.info(
+            "node {node_id} registered before the last config refresh; pushing it",
+            node_id=node_id,
+        )
+        d = self._push_one(node_id)
+        if d is not None:
+            d.addErrback(lambda f: self.log.failure("catch-up push failed", f))
 
     def node_fenced(self, node_id: str, generation: int) -> None:
         for request_id, pending in list(self._pending.items()):
@@ -232,4 +213,3 @@ class NodePusher:
                     "the node disconnected before answering (it gets the new config when it "
                     "registers again)",
                 )
-        self._delivered.pop(node_id, None)

@@ -16,7 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config.model import EdgeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
 from iop.edge.payload import build_node_payload
-from iop.edge.refresh.push import NodePusher, same_content
+from iop.edge.refresh.push import NodePusher
 from iop.edge.refresh.report import NodePush
 from iop.edge.registry import NodeRegistry
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
@@ -40,7 +40,14 @@ class PushTests(SynchronousTestCase):
         self.events: list[Any] = []
         self.bus.subscribe(self.events.append)
         self.registry = NodeRegistry(self.config, self.registered, self.bus, self.clock)
-        self.pusher = NodePusher(self.registry, self.payload_for, self.bus, self.clock, timeout=10)
+        self.pusher = NodePusher(
+            self.registry,
+            self.payload_for,
+            self.bus,
+            self.clock,
+            node_ids=lambda: [n.id for n in self.config.nodes],
+            timeout=10,
+        )
         self.addCleanup(self.no_timer_left)
 
     def no_timer_left(self) -> None:
@@ -57,9 +64,7 @@ class PushTests(SynchronousTestCase):
         return self.payload(node_id)
 
     def registered(self, node: Any) -> pb.NodeConfigPayload:
-        payload = self.payload(node.id)
-        self.pusher.delivered(node.id, payload)
-        return payload
+        return self.payload(node.id)
 
     def connect(self, node_id: str, ready: bool = True) -> FakeConnection:
         connection = FakeConnection()
@@ -107,9 +112,6 @@ class PushTests(SynchronousTestCase):
         self.assertNoResult(d)
         self.answer(connection, request.request_id, pb.REFRESH_APPLIED)
         self.assertEqual(self.successResultOf(d), [NodePush("node-a", "applied")])
-        holds = self.pusher.holds("node-a")
-        assert holds is not None
-        self.assertEqual(holds.runtime.concurrency, 4)
         [event] = self.refresh_events()
         self.assertEqual((event.node_id, event.outcome), ("node-a", "applied"))
 
@@ -170,11 +172,19 @@ class PushTests(SynchronousTestCase):
         self.answer(pending, request.request_id, pb.REFRESH_APPLIED)
         self.assertEqual([e.outcome for e in self.refresh_events()], ["applied"])
 
-    def test_readyWithCurrentPayloadNotPushed(self) -> None:
+    def test_readyWithoutRefreshNotPushed(self) -> None:
         connection = self.connect("node-a", ready=False)
-        self.revision += 1  # a new revision with the same content
         self.registry.ready("node-a", connection)
         self.assertEqual(connection.sent, [])
+
+    def test_caughtUpOnce(self) -> None:
+        pending = self.connect("node-a", ready=False)
+        self.successResultOf(self.pusher.push([]))
+        self.registry.ready("node-a", pending)
+        self.answer(pending, self.request(pending).request_id, pb.REFRESH_APPLIED)
+        self.registry.disconnected(pending)
+        again = self.connect("node-a")
+        self.assertEqual(again.sent, [])
 
     def test_fenceFailsAtOnce(self) -> None:
         connection = self.connect("node-a")
@@ -185,7 +195,7 @@ class PushTests(SynchronousTestCase):
         self.assertEqual(push.outcome, "failed")
         self.assertIn("disconnected", push.reason)
         self.answer(connection, request.request_id, pb.REFRESH_APPLIED)
-        self.assertIsNone(self.pusher.holds("node-a"))
+        self.assertEqual([e.outcome for e in self.refresh_events()], ["failed"])
 
     def test_answerFromOtherConnectionIgnored(self) -> None:
         connection = self.connect("node-a")
@@ -213,12 +223,3 @@ class PushTests(SynchronousTestCase):
         self.pusher._payload_for = broken
         [push] = self.successResultOf(self.pusher.push(["node-a"]))
         self.assertEqual(push.outcome, "failed")
-
-
-class SameContentTests(SynchronousTestCase):
-    def test_revisionIgnored(self) -> None:
-        a = pb.NodeConfigPayload(node_id="n", alias="x", config_revision=1)
-        b = pb.NodeConfigPayload(node_id="n", alias="x", config_revision=2)
-        self.assertTrue(same_content(a, b))
-        self.assertEqual(b.config_revision, 2)
-        self.assertFalse(same_content(a, pb.NodeConfigPayload(node_id="n", alias="y")))
