@@ -131,7 +131,7 @@ class EdgeService(MultiService):
             )
             self.pusher = NodePusher(
                 self.registry,
-                self._node_payload,
+                self.applier.payload,
                 self.bus,
                 reactor,
                 node_ids=lambda: [n.id for n in self.config.nodes],
@@ -151,13 +151,6 @@ class EdgeService(MultiService):
     def _use_config(self, config: EdgeConfig) -> None:
         """The applier's switch (and its undo): the running config is this one."""
         self.config = config
-
-    def _node_payload(self, node_id: str) -> Any:
-        """``node_id``'s payload under the running config, with its generation."""
-        node = self.config.node(node_id)
-        if node is None:
-            raise KeyError(node_id)
-        return self.applier.payload(node)
 
     def request_finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
         """A client request ended: its usage and attribution go on the event bus."""
