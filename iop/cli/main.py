@@ -4,7 +4,8 @@ The ``iop`` console script: an argparse parser whose command groups (:data:`GROU
 their subcommands with ``register(subparsers)``.
 
 Exit codes: 0 done; 1 a user error (one line on stderr, ``iop: error: ...``); 2 a usage error
-(argparse's message and usage on stderr).
+(argparse's message and usage on stderr). A subcommand may return its own exit code (``iop
+config refresh``: 3 restart required, 1 rejected).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from iop.cli import keys, pki
+from iop.cli import config, keys, pki
 from iop.cli.command import CommandError, Report
 
 PROG = "iop"
@@ -24,7 +25,7 @@ EXIT_USAGE = 2
 
 #: The command groups, in the order ``iop --help`` lists them. A new group (status, config,
 #: token, ...) is a module with ``register(subparsers)`` added here.
-GROUPS: tuple[ModuleType, ...] = (pki, keys)
+GROUPS: tuple[ModuleType, ...] = (pki, keys, config)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=(
             "IOP operator tooling: certificates and keys for managed mode (see "
-            "docs/managed-mode.md)."
+            "docs/managed-mode.md), and the running Edge's config refresh."
         ),
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -51,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return e.code if isinstance(e.code, int) else EXIT_USAGE
     report = Report(sys.stdout)
     try:
-        args.run(args, report)
+        code = args.run(args, report)
     except CommandError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return EXIT_ERROR
@@ -60,4 +61,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {where}{e.strerror or type(e).__name__}", file=sys.stderr)
         return EXIT_ERROR
     report.finish()
-    return EXIT_OK
+    return code if isinstance(code, int) else EXIT_OK

@@ -12,6 +12,13 @@ The small admin HTTP surface (Klein), loopback by default.
   "sessions" | "ollama-tags" | "ollama-ps" | "ollama-show", "adapter"?, "target"?,
   "arguments"?}`` → the node's JSON answer.
 - ``DELETE /nodes/<node_id>/sessions/<session_id>?adapter=A&target=T``: end a CLI session.
+- ``POST /config/refresh``: ``{"mode": "dry_run" | "apply"}`` (no body, or no ``mode``:
+  ``dry_run``, which changes nothing) reads the Edge's config file again and answers the refresh
+  result document (:class:`~iop.edge.refresh.report.RefreshResult`) as JSON with 200 for
+  every result (``applied``, ``restart_required`` and ``rejected`` alike: the request was
+  served, the document says what became of the candidate; an unknown mode is a ``rejected``
+  document). 400: the body is not a JSON object, ``mode`` is not a string or an unknown field
+  is given; 503: this Edge has no refresher.
 - ``POST /tunnels`` (debug, until the client HTTP ingress exists): ``{"node"?, "adapter",
   "target", "operation", "body"?: {...}, "stream"?: bool, "method"?, "headers"?: {...},
   "timeout_sec"?}`` opens a provider raw tunnel (no node: the single-node fallback) and streams
@@ -53,6 +60,8 @@ from iop.edge.ingress.relay import (
     relay,
     with_placement,
 )
+from iop.edge.refresh.report import RefreshResult
+from iop.edge.refresh.service import ConfigRefresher
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
@@ -148,8 +157,10 @@ class AdminApp:
         commands: NodeCommander | None = None,
         tunnels: TunnelDispatcher | None = None,
         gateway: EdgeGateway | None = None,
+        refresher: ConfigRefresher | None = None,
     ) -> None:
         self._snapshot = status_snapshot
+        self._refresher = refresher
         self._runs = runs
         self._commands = commands
         self._tunnels = tunnels
@@ -221,6 +232,29 @@ class AdminApp:
             return failure  # type: ignore[return-value]
 
         return d.addCallbacks(answered, failed)
+
+    @app.route("/config/refresh", methods=["POST"])
+    def config_refresh(self, request: IRequest) -> bytes | Deferred[bytes]:
+        if self._refresher is None:
+            return _error(request, 503, "config refresh is not available on this edge")
+        raw = request.content.read()  # type: ignore[attr-defined]
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError:
+            return _error(request, 400, "request body must be JSON")
+        if not isinstance(body, dict):
+            return _error(request, 400, "request body must be a JSON object")
+        unknown = sorted(set(body) - {"mode"})
+        if unknown:
+            return _error(request, 400, f"unknown field {unknown[0]!r}")
+        mode = body.get("mode", "dry_run")
+        if not isinstance(mode, str):
+            return _error(request, 400, "'mode' must be a string")
+
+        def answered(result: RefreshResult) -> bytes:
+            return _json(request, result.as_dict())
+
+        return self._refresher.refresh(mode, trigger="admin API").addCallback(answered)
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:

@@ -29,6 +29,8 @@ class NodeEventKind(Enum):
     DISCONNECTED = "node.disconnected"
     # Managed mode: the token named a node but the client certificate did not name its workload.
     IDENTITY_REJECTED = "node.identity_rejected"
+    # A config refresh was pushed to a ready node: ``outcome`` is its answer (or ``timeout``).
+    CONFIG_REFRESHED = "node.config_refreshed"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class NodeEvent:
     # IDENTITY_REJECTED: the workload name required, and the DNS names the certificate carried.
     expected: str = ""
     presented: tuple[str, ...] = ()
+    # CONFIG_REFRESHED: applied, restart_required, failed or timeout (``reason`` says why).
+    outcome: str = ""
 
 
 @dataclass(frozen=True)

@@ -7,18 +7,25 @@ config explicitly asks for loopback plaintext), the Klein admin listener and, wh
 ``openai.listen`` is set, the client API listener (OpenAI- and Anthropic-compatible) into a
 MultiService. Every finished client request publishes a :class:`~iop.edge.events.UsageEvent`.
 
+Live config refresh (:mod:`iop.edge.refresh`): the service builds a
+:class:`~iop.edge.refresh.service.ConfigRefresher` over the config file it was started with —
+``POST /config/refresh`` on the admin listener, and SIGHUP to the process (an apply, its result
+logged; a broken file leaves the Edge serving on its running config). After an apply the new
+config is :attr:`EdgeService.config`.
+
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener:
 node TLS with a client CA, so that every node presents a certificate the registry can check.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IService, MultiService
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorFromThreads, IReactorTime
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python import usage
 from twisted.web.server import Site
@@ -33,6 +40,8 @@ from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
+from iop.edge.refresh.push import NodePusher
+from iop.edge.refresh.service import ConfigRefresher, RefreshOnSignal
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
@@ -104,7 +113,44 @@ class EdgeService(MultiService):
             credentials=self.credentials,
         )
         self.clients = ClientApp(self.gateway, config.client_api, reactor)
-        self.admin = AdminApp(self.snapshot, self.runs, self.commands, self.tunnels, self.gateway)
+        # Live config refresh: the applier switches the running parts, the pusher tells the
+        # ready nodes; the pusher observes readiness last (after every dispatcher).
+        self.applier: Any = None
+        self.pusher: NodePusher | None = None
+        self.refresher: ConfigRefresher | None = None
+        parts = _refresh_parts()
+        if parts is not None and config.source_path:
+            live_applier, classify = parts
+            self.applier = live_applier(
+                config,
+                self.pool,
+                self.gateway,
+                self.credentials,
+                self.registry,
+                listeners=[self._use_config],
+            )
+            self.pusher = NodePusher(
+                self.registry,
+                self.applier.payload,
+                self.bus,
+                reactor,
+                node_ids=lambda: [n.id for n in self.config.nodes],
+            )
+            pusher = self.pusher
+            handlers["node_config_refresh_response"] = lambda conn, env: pusher.response_received(
+                conn, env.node_config_refresh_response
+            )
+            source = config.source_path
+            self.refresher = ConfigRefresher(
+                lambda: load_edge_config(source), classify, self.applier, self.pusher, reactor
+            )
+        self.admin = AdminApp(
+            self.snapshot, self.runs, self.commands, self.tunnels, self.gateway, self.refresher
+        )
+
+    def _use_config(self, config: EdgeConfig) -> None:
+        """The applier's switch (and its undo): the running config is this one."""
+        self.config = config
 
     def request_finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
         """A client request ended: its usage and attribution go on the event bus."""
@@ -123,6 +169,21 @@ class EdgeService(MultiService):
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)
+
+
+def _refresh_parts() -> tuple[Any, Any] | None:
+    """
+    ``(LiveApplier, classify)`` of the refresh package, or None while either module is absent
+    (config refresh then answers 503 and SIGHUP is not handled).
+    """
+    try:
+        apply = importlib.import_module("iop.edge.refresh.apply")
+        classify = importlib.import_module("iop.edge.refresh.classify")
+    except ModuleNotFoundError as e:
+        if e.name not in ("iop.edge.refresh.apply", "iop.edge.refresh.classify"):
+            raise
+        return None
+    return apply.LiveApplier, classify.classify
 
 
 def check_managed_transport(config: EdgeConfig) -> None:
@@ -186,4 +247,9 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         clients._raiseSynchronously = True
         clients.setName("clients")
         clients.setServiceParent(edge)
+
+    if edge.refresher is not None and IReactorFromThreads.providedBy(reactor):
+        sighup = RefreshOnSignal(edge.refresher, reactor)
+        sighup.setName("sighup")
+        sighup.setServiceParent(edge)
     return edge

@@ -5,9 +5,11 @@ What a ready session serves: the handshake hook that installs a new session's re
 Each session gets a :class:`~iop.node.runs.RunManager` (``run_request``), a
 :class:`~iop.node.tunnel.TunnelManager` (``provider_tunnel_request``), one ``cancel_request``
 handler routing to whichever owns the run id, and a :class:`~iop.node.commands.NodeCommandHandler`
-(``node_command_request``); when the session is lost its runs are cancelled and its tunnels
-aborted. A managed node's tunnel manager gets the session's lease verifier (the node's keys,
-the id the Edge registered it under, and the process-wide replay cache).
+(``node_command_request``) and a :class:`~iop.node.refresh.ConfigRefreshHandler`
+(``node_config_refresh_request``: a live config refresh); when the session is lost its runs are
+cancelled and its tunnels aborted. A managed node's tunnel manager gets the session's lease
+verifier (the node's keys, the id the Edge registered it under, and the process-wide replay
+cache).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable, Mapping
 from twisted.internet.interfaces import IReactorTime
 
 from iop.node.commands import NodeCommandHandler, session_transport_status
+from iop.node.refresh import ConfigRefreshHandler
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionSetup
 from iop.node.store import RunStore
@@ -74,6 +77,9 @@ def make_session_setup(
         session.install("cancel_request", cancel_received)
         session.install("provider_tunnel_request", tunnels.tunnel_request_received)
         session.install("node_command_request", commands.command_received)
+        session.install(
+            "node_config_refresh_request", ConfigRefreshHandler(session).request_received
+        )
         session.when_closed().addCallback(lambda _: runs.connection_lost())
         session.when_closed().addCallback(lambda _: tunnels.connection_lost())
 
