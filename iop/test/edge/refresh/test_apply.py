@@ -1,0 +1,623 @@
+"""
+LiveApplier (:mod:`iop.edge.refresh.apply`): live changes switch every Edge part together, leases
+and waiters come out exact, and a failed apply leaves everything as it was.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config.model import (
+    CredentialSlot,
+    EdgeConfig,
+    EdgeSecurity,
+    ModelConfig,
+    ModelProviderRef,
+    NodeConfig,
+    ProviderConfig,
+    Secret,
+)
+from iop.edge.credentials import CredentialIssuer
+from iop.edge.errors import CredentialRefused, Overloaded, QueueTimeout, Unavailable
+from iop.edge.events import EventBus
+from iop.edge.gateway import EdgeGateway, Placement
+from iop.edge.payload import build_node_payload
+from iop.edge.pool import Lease, ProviderPool
+from iop.edge.refresh.apply import LiveApplier, check_live_invariants
+from iop.edge.registry import NodeRegistry, RegisterAccepted
+from iop.edge.runs import RunDispatcher
+from iop.edge.status import snapshot
+from iop.edge.tunnel import TunnelDispatcher
+from iop.security.keys import generate_issuer, generate_recipient
+from iop.security.pki import issue_node, make_ca
+from iop.test.edge.fixtures import FakeConnection
+from iop.test.edge.test_pool import ModelSpec, make_config, prov
+from iop.wire import runtime_pb2 as pb
+
+# ---------------------------------------------------------------------------------------------
+# Candidate builders: a running config with one thing changed.
+
+
+def with_provider(config: EdgeConfig, provider_id: str, **changes: Any) -> EdgeConfig:
+    """``config`` with provider ``provider_id``'s fields replaced."""
+
+    def node(n: NodeConfig) -> NodeConfig:
+        providers = tuple(
+            dataclasses.replace(p, **changes) if p.id == provider_id else p for p in n.providers
+        )
+        return dataclasses.replace(n, providers=providers)
+
+    assert any(p.id == provider_id for n in config.nodes for p in n.providers), provider_id
+    return dataclasses.replace(config, nodes=tuple(node(n) for n in config.nodes))
+
+
+def with_node(config: EdgeConfig, node_id: str, **changes: Any) -> EdgeConfig:
+    return dataclasses.replace(
+        config,
+        nodes=tuple(
+            dataclasses.replace(n, **changes) if n.id == node_id else n for n in config.nodes
+        ),
+    )
+
+
+def with_model(config: EdgeConfig, model_id: str, **changes: Any) -> EdgeConfig:
+    """``config`` with model ``model_id`` changed; ``providers`` may be provider ids."""
+    refs = changes.get("providers")
+    if refs is not None:
+        changes["providers"] = tuple(
+            r if isinstance(r, ModelProviderRef) else ModelProviderRef(r, f"{model_id}@{r}")
+            for r in refs
+        )
+    models = tuple(
+        dataclasses.replace(m, **changes) if m.id == model_id else m for m in config.models
+    )
+    if model_id not in {m.id for m in config.models}:
+        models += (ModelConfig(id=model_id, **changes),)
+    return dataclasses.replace(config, models=models)
+
+
+# ---------------------------------------------------------------------------------------------
+# The Edge's parts, wired as the service wires them, with nodes connected.
+
+
+class Edge:
+    def __init__(
+        self,
+        config: EdgeConfig,
+        *,
+        ready: Iterable[str] | None = None,
+        credentials: CredentialIssuer | None = None,
+        certificates: Mapping[str, Any] | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.clock = clock or Clock()
+        self.config = config
+        self.pool = ProviderPool(config, self.clock)
+        self.registry = NodeRegistry(
+            config,
+            lambda n: build_node_payload(config, n),
+            EventBus(self.clock),
+            self.clock,
+            [self.pool],
+        )
+        self.sent: list[pb.Envelope] = []
+        send = lambda c, e: self.sent.append(e)  # noqa: E731
+        self.runs = RunDispatcher(config, self.registry, self.clock, send)
+        self.tunnels = TunnelDispatcher(self.registry, self.clock, send)
+        self.credentials = credentials
+        self.gateway = EdgeGateway(
+            config, self.pool, self.runs, self.tunnels, credentials=credentials
+        )
+        # What the service's ``config`` attribute would hold (``/status`` reads it).
+        self.service_config = config
+        self.applier = LiveApplier(
+            config,
+            self.pool,
+            self.gateway,
+            credentials,
+            self.registry,
+            listeners=[self.set_service_config],
+        )
+        self.connections: dict[str, FakeConnection] = {}
+        certificates = certificates or {}
+        for node_id in [n.id for n in config.nodes] if ready is None else ready:
+            self.connect(node_id, certificates.get(node_id))
+
+    def set_service_config(self, config: EdgeConfig) -> None:
+        self.service_config = config
+
+    def connect(
+        self, node_id: str, certificate: Any = None, *, ready: bool = True
+    ) -> pb.NodeConfigPayload:
+        connection = FakeConnection()
+        outcome = self.registry.register(f"token-{node_id}", connection, certificate)
+        assert isinstance(outcome, RegisterAccepted), outcome
+        self.connections[node_id] = connection
+        if ready:
+            self.registry.ready(node_id, connection)
+        return outcome.payload
+
+    def status(self) -> dict[str, Any]:
+        return snapshot(self.service_config, self.registry, self.pool)
+
+    def state(self) -> Any:
+        """Everything an apply may change, comparable before/after."""
+        issuer = self.credentials
+        return (
+            self.status(),
+            self.pool.snapshot(),
+            self.applier.config,
+            self.applier.generation,
+            self.gateway.config,
+            self.registry.config,
+            self.runs.routes._config,
+            [self.registry.payload_builder(n) for n in self.applier.config.nodes],
+            (issuer.generation, issuer._slots, issuer._providers) if issuer else None,
+            len(self.clock.getDelayedCalls()),
+        )
+
+
+class Outcomes:
+    """Each acquire's outcomes, in the order they arrive."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[tuple[str, Any]] = []
+
+    def track(self, name: str, d: Deferred[Any]) -> Deferred[Any]:
+        def ok(result: Any) -> Any:
+            self.arrivals.append((name, result))
+            return result
+
+        def failed(f: Failure) -> None:
+            self.arrivals.append((name, f.value))
+
+        d.addCallbacks(ok, failed)
+        return d
+
+    def of(self, name: str) -> list[Any]:
+        return [r for n, r in self.arrivals if n == name]
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.arrivals]
+
+
+class ApplyTestCase(SynchronousTestCase):
+    def build(
+        self,
+        nodes: Mapping[str, Iterable[ProviderConfig]],
+        models: Mapping[str, ModelSpec],
+        **kwargs: Any,
+    ) -> Edge:
+        self.edge = Edge(make_config(nodes, models), **kwargs)
+        self.outcomes = Outcomes()
+        return self.edge
+
+    def lease(self, model_id: str, prompt_tokens: int = 0) -> Lease:
+        return self.successResultOf(self.edge.pool.acquire(model_id, prompt_tokens=prompt_tokens))
+
+    def wait(self, name: str, model_id: str, prompt_tokens: int = 0) -> Deferred[Lease]:
+        d = self.edge.pool.acquire(model_id, prompt_tokens=prompt_tokens)
+        self.assertNoResult(d)
+        return self.outcomes.track(name, d)
+
+    def busy(self, provider_id: str) -> int:
+        return int(self.edge.pool.snapshot()["providers"][provider_id]["in_flight"])
+
+    def waiters(self) -> int:
+        return len(self.edge.pool.snapshot()["waiters"])
+
+    def apply(self, candidate: EdgeConfig) -> list[str]:
+        return self.edge.applier.apply(candidate)
+
+    @property
+    def running(self) -> EdgeConfig:
+        return self.edge.applier.config
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class CapacityTests(ApplyTestCase):
+    def test_lowered_below_in_flight_drains(self) -> None:
+        self.build({"n1": [prov("p1", capacity=3)]}, {"m": ["p1"]})
+        held = [self.lease("m") for _ in range(3)]
+        self.apply(with_provider(self.running, "p1", capacity=1))
+        self.assertEqual(self.busy("p1"), 3, "in-flight requests keep their leases")
+        for lease in held:
+            self.assertFalse(lease.released or lease.fenced)
+        waiter = self.wait("w", "m")
+        held[0].release()
+        held[1].release()
+        self.assertEqual(self.busy("p1"), 1)
+        self.assertNoResult(waiter)
+        held[2].release()
+        lease = self.successResultOf(waiter)
+        self.assertEqual((lease.provider_id, self.busy("p1"), self.waiters()), ("p1", 1, 0))
+        lease.release()
+        self.assertEqual(self.busy("p1"), 0)
+
+    def test_raised_pumps_waiters_in_fifo_order(self) -> None:
+        self.build({"n1": [prov("p1", capacity=1)]}, {"m": ["p1"], "k": ["p1"]})
+        held = self.lease("m")
+        for name, model in (("w1", "m"), ("w2", "k"), ("w3", "m"), ("w4", "k")):
+            self.wait(name, model)
+        self.apply(with_provider(self.running, "p1", capacity=3))
+        self.assertEqual(self.outcomes.names(), ["w1", "w2"])
+        self.assertEqual((self.busy("p1"), self.waiters()), (3, 2))
+        held.release()
+        self.assertEqual(self.outcomes.names(), ["w1", "w2", "w3"])
+        for _, lease in self.outcomes.arrivals:
+            lease.release()
+        self.assertEqual(self.outcomes.names(), ["w1", "w2", "w3", "w4"])
+
+    def test_status_shows_new_values_at_once(self) -> None:
+        self.build({"n1": [prov("p1", capacity=1), prov("p2", capacity=2)]}, {"m": ["p1"]})
+        held = self.lease("m")
+        candidate = with_provider(
+            with_provider(self.running, "p1", capacity=4, priority=2), "p2", enabled=False
+        )
+        self.apply(candidate)
+        providers = {p["id"]: p for p in self.edge.status()["providers"]}
+        self.assertEqual(
+            (
+                providers["p1"]["capacity"],
+                providers["p1"]["priority"],
+                providers["p1"]["in_flight"],
+            ),
+            (4, 2, 1),
+        )
+        self.assertEqual((providers["p2"]["status"], providers["p2"]["capacity"]), ("disabled", 0))
+        self.assertEqual(self.edge.pool.snapshot()["providers"]["p1"]["capacity"], 4)
+        held.release()
+
+    def test_priority_changes_the_next_choice(self) -> None:
+        self.build(
+            {"n1": [prov("p1", priority=0, capacity=2), prov("p2", priority=1, capacity=2)]},
+            {"m": ["p1", "p2"]},
+        )
+        first = self.lease("m")
+        self.assertEqual(first.provider_id, "p1")
+        first.release()
+        self.apply(with_provider(self.running, "p1", priority=5))
+        self.assertEqual(self.lease("m").provider_id, "p2")
+
+    def test_long_capacity_is_live(self) -> None:
+        self.build(
+            {"n1": [prov("p1", capacity=3, long_threshold=100, long_capacity=1)]}, {"m": ["p1"]}
+        )
+        held = self.lease("m", prompt_tokens=500)
+        self.assertTrue(held.long)
+        waiter = self.wait("w", "m", prompt_tokens=500)
+        self.apply(with_provider(self.running, "p1", long_capacity=2))
+        self.assertTrue(self.successResultOf(waiter).long)
+        # A lease keeps the long slot it was granted with, whatever the threshold becomes.
+        self.apply(with_provider(self.running, "p1", long_context_threshold=0))
+        self.assertFalse(self.lease("m", prompt_tokens=500).long)
+        held.release()
+        self.assertEqual(self.edge.pool.snapshot()["providers"]["p1"]["long_in_flight"], 1)
+
+
+class QueueTests(ApplyTestCase):
+    def test_limits_and_timeouts_apply_to_new_waiters(self) -> None:
+        self.build({"n1": [prov("p1", max_queue=1, queue_timeout=10)]}, {"m": ["p1"]})
+        held = self.lease("m")
+        self.wait("old", "m")
+        self.apply(with_provider(self.running, "p1", max_queue=3, queue_timeout_sec=30))
+        new = self.wait("new", "m")
+        self.assertEqual([w["timeout"] for w in self.edge.pool.snapshot()["waiters"]], [10.0, 30.0])
+        self.edge.clock.advance(10)
+        self.assertIsInstance(self.outcomes.of("old")[0], QueueTimeout)
+        self.assertNoResult(new)
+        # The lowered limit refuses new waiters; the ones queued stay.
+        self.wait("third", "m")
+        self.apply(with_provider(self.running, "p1", max_queue=1))
+        self.assertEqual(self.waiters(), 2)
+        self.failureResultOf(self.edge.pool.acquire("m"), Overloaded)
+        held.release()
+        self.assertEqual(self.outcomes.names(), ["old", "new"])
+        self.assertIsInstance(self.outcomes.of("new")[0], Lease)
+
+
+class DisableTests(ApplyTestCase):
+    def test_waiters_move_or_end_unavailable_at_once(self) -> None:
+        self.build(
+            {"n1": [prov("p1"), prov("p2", enabled=False)], "n2": [prov("p3")]},
+            {"both": ["p1", "p2"], "only": ["p1"], "other": ["p3"]},
+        )
+        held = self.lease("only")
+        other = self.lease("other")
+        self.wait("both-1", "both")
+        self.wait("only-1", "only")
+        self.wait("both-2", "both")
+        self.wait("other-1", "other")
+        candidate = with_provider(
+            with_provider(self.running, "p1", enabled=False), "p2", enabled=True, capacity=2
+        )
+        self.apply(candidate)
+        # "both" moved to p2 (now enabled), "only" has no live candidate left: Unavailable now.
+        self.assertEqual(self.outcomes.names(), ["both-1", "only-1", "both-2"])
+        self.assertEqual([r.provider_id for r in self.outcomes.of("both-1")], ["p2"])
+        self.assertEqual([r.provider_id for r in self.outcomes.of("both-2")], ["p2"])
+        self.assertIsInstance(self.outcomes.of("only-1")[0], Unavailable)
+        # Only the untouched waiter keeps a timer; the ended ones left none behind.
+        self.assertEqual(len(self.edge.clock.getDelayedCalls()), 1)
+        self.assertEqual(self.waiters(), 1)
+        # The disabled provider's lease is still held and released normally.
+        self.assertFalse(held.released or held.fenced)
+        self.assertEqual(self.busy("p1"), 1)
+        held.release()
+        self.assertEqual(self.busy("p1"), 0)
+        other.release()
+        self.assertEqual(self.outcomes.names()[-1], "other-1")
+        for _, r in self.outcomes.arrivals:
+            if isinstance(r, Lease):
+                r.release()
+        self.assertEqual(self.edge.clock.getDelayedCalls(), [])
+
+    def test_reenable_pumps(self) -> None:
+        self.build({"n1": [prov("p1", enabled=False)], "n2": [prov("p2")]}, {"m": ["p1", "p2"]})
+        held = self.lease("m")
+        waiter = self.wait("w", "m")
+        self.apply(with_provider(self.running, "p1", enabled=True))
+        self.assertEqual(self.successResultOf(waiter).provider_id, "p1")
+        held.release()
+
+
+class ModelTests(ApplyTestCase):
+    def test_provider_list_change_reevaluates_waiters(self) -> None:
+        self.build(
+            {"n1": [prov("p1"), prov("p2")], "n2": [prov("p3")]},
+            {"m": ["p1"], "k": ["p1"]},
+            ready=["n1"],
+        )
+        held = self.lease("m")
+        self.wait("m-1", "m")
+        self.wait("k-1", "k")
+        self.wait("m-2", "m")
+        # m moves to p2 (one slot, on a new target); k to p3, whose node is not connected.
+        candidate = with_model(
+            with_model(self.running, "m", providers=[ModelProviderRef("p2", "moved")]),
+            "k",
+            providers=["p3"],
+        )
+        self.apply(candidate)
+        self.assertEqual(self.outcomes.names(), ["m-1", "k-1"])
+        (lease,) = self.outcomes.of("m-1")
+        self.assertEqual((lease.provider_id, lease.target), ("p2", "moved"))
+        self.assertIsInstance(self.outcomes.of("k-1")[0], Unavailable)
+        # m-2 waits for p2 (full); p1, no longer in m's list, frees a slot m cannot use.
+        held.release()
+        self.assertEqual(self.waiters(), 1)
+        lease.release()
+        self.assertEqual(self.outcomes.of("m-2")[0].provider_id, "p2")
+
+    def test_model_removed_ends_its_waiters(self) -> None:
+        self.build({"n1": [prov("p1")]}, {"m": ["p1"], "k": ["p1"]})
+        held = self.lease("k")
+        self.wait("m-1", "m")
+        self.apply(dataclasses.replace(self.running, models=self.running.models[1:]))
+        self.assertIsInstance(self.outcomes.of("m-1")[0], Unavailable)
+        self.assertEqual(self.edge.clock.getDelayedCalls(), [])
+        self.assertNotIn("m", self.edge.gateway.model_ids())
+        held.release()
+
+    def test_model_added_and_policy_for_the_next_placement(self) -> None:
+        self.build({"n1": [prov("p1")]}, {"m": ["p1"]})
+        first = self.successResultOf(self.edge.gateway.place("m"))
+        queued = self.edge.gateway.place("m")
+        candidate = with_model(
+            with_model(self.running, "m", default_max_tokens=64, display_name="M"),
+            "fresh",
+            providers=["p1"],
+        )
+        self.apply(candidate)
+        self.assertIn("fresh", self.edge.gateway.model_ids())
+        assert first.policy is not None
+        self.assertIsNone(first.policy.default_max_tokens, "a placement keeps its policy")
+        first.release()
+        second: Placement = self.successResultOf(queued)
+        assert second.policy is not None
+        self.assertEqual(
+            (second.policy.default_max_tokens, second.policy.display_name),
+            (64, "M"),
+            "a request queued across the apply gets the policy in force when it is granted",
+        )
+        second.release()
+        fresh = self.successResultOf(self.edge.gateway.place("fresh"))
+        self.assertEqual(fresh.target, "fresh@p1")
+        fresh.release()
+
+
+class PayloadTests(ApplyTestCase):
+    def test_changed_ready_nodes_and_registration_after(self) -> None:
+        self.build(
+            {"n1": [prov("p1")], "n2": [prov("p2")], "n3": [prov("p3")]},
+            {"m": ["p1"]},
+            ready=["n1", "n2"],
+        )
+        self.assertEqual(self.apply(with_provider(self.running, "p1", capacity=5)), [])
+        candidate = with_node(with_node(self.running, "n2", concurrency=8), "n3", concurrency=4)
+        # n3 is not connected: never a push recipient.
+        self.assertEqual(self.apply(candidate), ["n2"])
+        self.assertEqual(self.edge.applier.generation, 3)
+        payload = self.edge.connect("n3")
+        self.assertEqual((payload.runtime.concurrency, payload.config_revision), (4, 3))
+        node = self.running.node("n2")
+        assert node is not None
+        self.assertEqual(self.edge.applier.payload(node).runtime.concurrency, 8)
+
+    def test_pending_node_is_not_a_recipient(self) -> None:
+        self.build({"n1": [prov("p1")]}, {"m": ["p1"]}, ready=[])
+        self.edge.connect("n1", ready=False)
+        self.assertEqual(self.apply(with_node(self.running, "n1", concurrency=3)), [])
+
+
+class InvariantTests(ApplyTestCase):
+    def setUp(self) -> None:
+        self.build({"n1": [prov("p1"), prov("p2")], "n2": [prov("p3")]}, {"m": ["p1"]})
+
+    def refused(self, candidate: EdgeConfig, fragment: str) -> None:
+        before = self.edge.state()
+        e = self.assertRaises(ValueError, self.apply, candidate)
+        self.assertIn(fragment, str(e))
+        self.assertEqual(self.edge.state(), before)
+
+    def test_node_added_or_removed(self) -> None:
+        config = self.running
+        self.refused(dataclasses.replace(config, nodes=config.nodes[:1]), "removed ['n2']")
+
+    def test_provider_moved_or_removed(self) -> None:
+        n1, n2 = self.running.nodes
+        moved = (
+            dataclasses.replace(n1, providers=n1.providers[:1]),
+            dataclasses.replace(n2, providers=(*n2.providers, n1.providers[1])),
+        )
+        self.refused(dataclasses.replace(self.running, nodes=moved), "node n1: providers")
+
+    def test_dispatch_identity_changed(self) -> None:
+        for field, value in (
+            ("type", "ollama"),
+            ("category", "cli"),
+            ("adapter_instance", "other"),
+        ):
+            self.refused(with_provider(self.running, "p1", **{field: value}), field)
+
+    def test_adapters_changed(self) -> None:
+        from iop.config.model import AdapterConfig
+
+        self.refused(
+            with_node(self.running, "n1", adapters=(AdapterConfig(name="x", type="vllm"),)),
+            "adapters",
+        )
+
+    def test_pool_checks_its_own(self) -> None:
+        config = self.running
+        e = self.assertRaises(
+            ValueError, self.edge.pool.plan, dataclasses.replace(config, nodes=config.nodes[1:])
+        )
+        self.assertIn("nodes differ", str(e))
+
+    def test_order_is_not_a_change(self) -> None:
+        n1, n2 = self.running.nodes
+        reordered = (dataclasses.replace(n1, providers=n1.providers[::-1]), n2)
+        check_live_invariants(
+            self.running, dataclasses.replace(self.running, nodes=reordered[::-1])
+        )
+
+
+class FailureTests(ApplyTestCase):
+    def test_an_exception_mid_apply_changes_nothing(self) -> None:
+        self.build({"n1": [prov("p1", capacity=1)], "n2": [prov("p2")]}, {"m": ["p1"]})
+        held = self.lease("m")
+        waiter = self.wait("w", "m")
+        boom: list[EdgeConfig] = []
+
+        def failing(config: EdgeConfig) -> None:
+            if config is not self.edge.config:
+                boom.append(config)
+                raise RuntimeError("listener failed on purpose")
+
+        self.edge.applier.add_listener(failing)
+        before = self.edge.state()
+        candidate = with_node(
+            with_provider(self.running, "p1", capacity=3, enabled=True), "n1", concurrency=2
+        )
+        e = self.assertRaises(RuntimeError, self.apply, candidate)
+        self.assertIn("on purpose", str(e))
+        self.assertEqual(len(boom), 1)
+        self.assertEqual(self.edge.state(), before)
+        self.assertNoResult(waiter)
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+        held.release()
+        self.successResultOf(waiter).release()
+
+    def test_a_failing_payload_build_changes_nothing(self) -> None:
+        self.build({"n1": [prov("p1")]}, {"m": ["p1"]})
+        calls: list[int] = []
+
+        def build(config: EdgeConfig, node: NodeConfig) -> pb.NodeConfigPayload:
+            calls.append(1)
+            raise KeyError("profile")
+
+        self.edge.applier._build_payload = build
+        before = self.edge.state()
+        self.assertRaises(KeyError, self.apply, with_provider(self.running, "p1", capacity=2))
+        self.assertEqual(self.edge.state(), before)
+        self.assertTrue(calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# Managed mode: the credential issuer switches with the rest.
+
+SECRET = "sk-old-secret-0123456789"
+
+
+def managed(config: EdgeConfig, *, revision: int = 1, secret: str = SECRET) -> EdgeConfig:
+    return dataclasses.replace(
+        with_provider(config, "p1", credential="main"),
+        security=EdgeSecurity(mode="managed", lease_ttl_sec=30.0),
+        credentials=(CredentialSlot("main", Secret(secret), revision=revision),),
+    )
+
+
+class CredentialTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        clock = Clock()
+        clock.advance(1_800_000_000)
+        config = managed(make_config({"n1": [prov("p1", capacity=2)]}, {"m": ["p1"]}))
+        issuer = CredentialIssuer(
+            config, generate_issuer(), {"n1": generate_recipient().public_key()}, clock
+        )
+        ca = make_ca("test CA")
+        certificate = {"n1": issue_node(ca, "n1")[1]}
+        self.edge = Edge(config, credentials=issuer, certificates=certificate, clock=clock)
+
+    def test_revision_bump_makes_an_earlier_binding_stale(self) -> None:
+        placement = self.successResultOf(self.edge.gateway.place("m"))
+        self.addCleanup(placement.release)
+        issuer = self.edge.credentials
+        assert issuer is not None
+        seal = issuer.sealer(placement)
+        self.edge.applier.apply(managed(self.edge.applier.config, revision=2, secret="sk-new-1"))
+        self.assertEqual((issuer.generation, self.edge.applier.generation), (2, 2))
+        e = self.assertRaises(CredentialRefused, seal)
+        self.assertIn("stale", str(e))
+        # A binding made now carries the new revision and generation, and seals.
+        binding, _ = issuer.sealer(placement)()
+        self.assertEqual(
+            (binding.credential_revision, binding.route_revision, binding.projection_generation),
+            (2, 2, 2),
+        )
+
+    def test_disabled_slot_fails_closed_after_apply(self) -> None:
+        config = self.edge.applier.config
+        slot = dataclasses.replace(config.credentials[0], enabled=False)
+        self.edge.applier.apply(dataclasses.replace(config, credentials=(slot,)))
+        placement = self.successResultOf(self.edge.gateway.place("m"))
+        self.addCleanup(placement.release)
+        issuer = self.edge.credentials
+        assert issuer is not None
+        self.assertRaises(CredentialRefused, issuer.sealer, placement)
+
+    def test_failure_restores_the_issuer(self) -> None:
+        issuer = self.edge.credentials
+        assert issuer is not None
+        self.edge.applier.add_listener(self.fail_on_new)
+        before = self.edge.state()
+        self.assertRaises(
+            RuntimeError, self.edge.applier.apply, managed(self.edge.applier.config, revision=5)
+        )
+        self.assertEqual(self.edge.state(), before)
+        self.assertEqual(issuer.generation, 1)
+        self.flushLoggedErrors(RuntimeError)
+
+    def fail_on_new(self, config: EdgeConfig) -> None:
+        if config.credentials[0].revision == 5:
+            raise RuntimeError("on purpose")
