@@ -98,8 +98,8 @@ class EdgeGateway:
     def use_config(self, config: EdgeConfig) -> None:
         """
         Take ``config``'s model map, providers and protocol profiles (config refresh): the next
-        placement sees them. A placement already made keeps what it was made with; a request
-        still queued in the pool gets the model's policy as it is when its lease is granted.
+        placement sees them. A request already admitted keeps the generation policy it was
+        admitted with (the surfaces shaped its body by it), also while it waits in the pool.
         Only assignments: it cannot fail half-way.
         """
         models = {m.id: m for m in config.models}
@@ -177,8 +177,6 @@ class EdgeGateway:
         )
 
     def _from_lease(self, lease: Lease, policy: ModelConfig) -> Placement:
-        # A request that queued across a config refresh takes the policy in force now.
-        policy = self._models.get(policy.id, policy)
         _, provider = self._providers[lease.provider_id]
         return Placement(
             model=policy.id,

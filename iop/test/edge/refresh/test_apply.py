@@ -7,9 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
@@ -29,7 +40,7 @@ from iop.edge.errors import CredentialRefused, Overloaded, QueueTimeout, Unavail
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.payload import build_node_payload
-from iop.edge.pool import Lease, ProviderPool
+from iop.edge.pool import Lease, ProviderPool, is_long
 from iop.edge.refresh.apply import LiveApplier, check_live_invariants
 from iop.edge.registry import NodeRegistry, RegisterAccepted
 from iop.edge.runs import RunDispatcher
@@ -424,12 +435,15 @@ class ModelTests(ApplyTestCase):
         first.release()
         second: Placement = self.successResultOf(queued)
         assert second.policy is not None
-        self.assertEqual(
-            (second.policy.default_max_tokens, second.policy.display_name),
-            (64, "M"),
-            "a request queued across the apply gets the policy in force when it is granted",
+        self.assertIsNone(
+            second.policy.default_max_tokens, "a request admitted before keeps its policy"
         )
         second.release()
+        third = self.successResultOf(self.edge.gateway.place("m"))
+        assert third.policy is not None
+        self.assertEqual((third.policy.default_max_tokens, third.policy.display_name), (64, "M"))
+        self.assertEqual(self.edge.gateway.model("m"), third.policy)
+        third.release()
         fresh = self.successResultOf(self.edge.gateway.place("fresh"))
         self.assertEqual(fresh.target, "fresh@p1")
         fresh.release()
@@ -482,12 +496,12 @@ class InvariantTests(ApplyTestCase):
         self.refused(dataclasses.replace(self.running, nodes=moved), "node n1: providers")
 
     def test_dispatch_identity_changed(self) -> None:
-        for field, value in (
+        for name, value in (
             ("type", "ollama"),
             ("category", "cli"),
             ("adapter_instance", "other"),
         ):
-            self.refused(with_provider(self.running, "p1", **{field: value}), field)
+            self.refused(with_provider(self.running, "p1", **{name: value}), name)
 
     def test_adapters_changed(self) -> None:
         from iop.config.model import AdapterConfig
@@ -621,3 +635,229 @@ class CredentialTests(SynchronousTestCase):
     def fail_on_new(self, config: EdgeConfig) -> None:
         if config.credentials[0].revision == 5:
             raise RuntimeError("on purpose")
+
+
+# ---------------------------------------------------------------------------------------------
+# A state machine: random acquires, releases, cancels, clock advances and applies of random live
+# candidates, with the Edge's invariants checked after every step and convergence at teardown.
+
+PROPERTY_NODES = {
+    "n1": [
+        prov("p1", capacity=2, long_threshold=100, long_capacity=1, max_queue=2, queue_timeout=5),
+        prov("p2", capacity=1, priority=1, queue_timeout=20),
+    ],
+    "n2": [
+        prov("p3", capacity=2, long_threshold=50, max_queue=3, queue_timeout=10),
+        prov("p4", capacity=1, enabled=False),
+    ],
+}
+PROPERTY_MODELS: dict[str, ModelSpec] = {
+    "m1": ["p1", "p3"],
+    "m2": ["p2"],
+    "m3": ["p1", "p2", "p3", "p4"],
+    "m4": ["p4", "p1"],
+}
+PROPERTY_PROVIDERS = sorted(p.id for ps in PROPERTY_NODES.values() for p in ps)
+PROPERTY_TOKENS = [0, 10, 60, 100, 500]
+PROPERTY_ERRORS = (Unavailable, Overloaded, QueueTimeout, CancelledError)
+
+
+@st.composite
+def provider_changes(draw: st.DrawFn) -> dict[str, Any]:
+    capacity = draw(st.integers(1, 3))
+    return {
+        "capacity": capacity,
+        "long_capacity": draw(st.integers(0, capacity)),
+        "long_context_threshold": draw(st.sampled_from([0, 50, 100])),
+        "priority": draw(st.integers(0, 2)),
+        "max_queue": draw(st.integers(0, 3)),
+        "queue_timeout_sec": draw(st.sampled_from([0.0, 5.0, 20.0])),
+        "enabled": draw(st.booleans()),
+    }
+
+
+@st.composite
+def live_candidates(draw: st.DrawFn, running: EdgeConfig) -> EdgeConfig:
+    """``running`` with random live changes: provider settings and models' provider lists."""
+    candidate = running
+    for pid in draw(st.lists(st.sampled_from(PROPERTY_PROVIDERS), unique=True)):
+        candidate = with_provider(candidate, pid, **draw(provider_changes()))
+    for mid in draw(st.lists(st.sampled_from(sorted(PROPERTY_MODELS)), unique=True)):
+        refs = draw(st.lists(st.sampled_from(PROPERTY_PROVIDERS), min_size=1, unique=True))
+        candidate = with_model(candidate, mid, providers=refs)
+    return candidate
+
+
+@dataclass(eq=False)
+class Request:
+    model_id: str
+    prompt_tokens: int
+    deferred: Deferred[Lease] = field(repr=False)
+    outcomes: list[Any] = field(default_factory=list)
+    released: bool = False
+
+
+class ApplyMachine(RuleBasedStateMachine):
+    @initialize()
+    def setup(self) -> None:
+        self.edge = Edge(make_config(PROPERTY_NODES, PROPERTY_MODELS))
+        self.requests: list[Request] = []
+        self.applies = 0
+
+    def config(self) -> EdgeConfig:
+        return self.edge.applier.config
+
+    def provider(self, provider_id: str) -> ProviderConfig:
+        return next(p for n in self.config().nodes for p in n.providers if p.id == provider_id)
+
+    def candidates(self, model_id: str) -> list[str]:
+        model = next(m for m in self.config().models if m.id == model_id)
+        return [ref.provider_id for ref in model.providers]
+
+    def _record(self, request: Request, result: Any) -> None:
+        request.outcomes.append(result)
+        if not isinstance(result, Lease):
+            return
+        # Granted now, by the config in force now: a candidate of the model, enabled, and
+        # within its capacity counting this lease.
+        config = self.provider(result.provider_id)
+        assert result.provider_id in self.candidates(request.model_id), (request, result)
+        assert config.enabled, result
+        in_flight = self.edge.pool.snapshot()["providers"][result.provider_id]["in_flight"]
+        assert in_flight <= config.capacity, (result, in_flight, config.capacity)
+
+    def _pending(self) -> list[Request]:
+        return [r for r in self.requests if not r.outcomes]
+
+    def _held(self) -> list[Request]:
+        return [r for r in self.requests if r.outcomes and isinstance(r.outcomes[0], Lease)]
+
+    @rule(
+        requests=st.lists(
+            st.tuples(st.sampled_from(sorted(PROPERTY_MODELS)), st.sampled_from(PROPERTY_TOKENS)),
+            min_size=1,
+            max_size=5,
+        )
+    )
+    def acquire(self, requests: list[tuple[str, int]]) -> None:
+        for model_id, tokens in requests:
+            request = Request(model_id, tokens, Deferred())
+            self.requests.append(request)
+            d = request.deferred = self.edge.pool.acquire(model_id, prompt_tokens=tokens)
+            d.addCallbacks(
+                lambda r, q=request: self._record(q, r),
+                lambda f, q=request: self._record(q, f.value),
+            )
+
+    @precondition(lambda self: any(not r.released for r in self._held()))
+    @rule(data=st.data(), times=st.sampled_from([1, 1, 2]))
+    def release(self, data: st.DataObject, times: int) -> None:
+        request = data.draw(st.sampled_from([r for r in self._held() if not r.released]))
+        request.released = True
+        for _ in range(times):
+            request.outcomes[0].release()
+
+    @precondition(lambda self: bool(self._pending()))
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        request = data.draw(st.sampled_from(self._pending()))
+        request.deferred.cancel()
+        assert len(request.outcomes) == 1 and isinstance(request.outcomes[0], CancelledError)
+
+    @rule(seconds=st.sampled_from([1.0, 6.0, 25.0]))
+    def advance(self, seconds: float) -> None:
+        self.edge.clock.advance(seconds)
+
+    @rule(data=st.data())
+    def apply(self, data: st.DataObject) -> None:
+        candidate = data.draw(live_candidates(self.config()))
+        self.edge.applier.apply(candidate)
+        self.applies += 1
+        assert self.edge.applier.generation == self.applies + 1
+        assert self.edge.applier.config is candidate
+        assert self.edge.gateway.config is candidate
+        assert self.edge.registry.config is candidate
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def occupancy_matches_unreleased_leases(self) -> None:
+        providers = self.edge.pool.snapshot()["providers"]
+        for pid, state in providers.items():
+            held = [
+                r.outcomes[0]
+                for r in self._held()
+                if not r.released and r.outcomes[0].provider_id == pid
+            ]
+            assert state["in_flight"] == len(held), (pid, state, held)
+            assert state["long_in_flight"] == sum(1 for lease in held if lease.long)
+
+    @invariant()
+    def waiters_have_a_live_candidate_and_no_room(self) -> None:
+        snap = self.edge.pool.snapshot()
+        for waiter in snap["waiters"]:
+            live = [p for p in self.candidates(waiter["model_id"]) if snap["providers"][p]["live"]]
+            assert live, waiter
+            for pid in live:
+                config, state = self.provider(pid), snap["providers"][pid]
+                long = is_long(config, waiter["prompt_tokens"])
+                room = state["in_flight"] < config.capacity and (
+                    not long
+                    or config.long_capacity == 0
+                    or state["long_in_flight"] < config.long_capacity
+                )
+                assert not room, (waiter, pid, state)
+
+    @invariant()
+    def one_outcome_at_most(self) -> None:
+        for request in self.requests:
+            assert len(request.outcomes) <= 1, request
+            assert all(isinstance(o, (Lease, *PROPERTY_ERRORS)) for o in request.outcomes)
+        assert len(self._pending()) == len(self.edge.pool.snapshot()["waiters"])
+
+    @invariant()
+    def status_shows_the_running_config(self) -> None:
+        status = {p["id"]: p for p in self.edge.status()["providers"]}
+        for pid in PROPERTY_PROVIDERS:
+            config = self.provider(pid)
+            entry = status[pid]
+            assert entry["enabled"] == config.enabled
+            assert entry["capacity"] == (config.capacity if config.enabled else 0)
+
+    def teardown(self) -> None:
+        if not hasattr(self, "edge"):
+            return
+        for _ in range(100):
+            unreleased = [r for r in self._held() if not r.released]
+            if not unreleased and not self._pending():
+                break
+            for r in unreleased:
+                r.released = True
+                r.outcomes[0].release()
+            self.edge.clock.advance(1000)
+        snap = self.edge.pool.snapshot()
+        assert snap["waiters"] == []
+        for pid, state in snap["providers"].items():
+            assert (state["in_flight"], state["long_in_flight"]) == (0, 0), (pid, state)
+            assert set(self.edge.pool.counters(state["node_id"], pid).values()) == {0}
+        assert self.edge.clock.getDelayedCalls() == []
+        for request in self.requests:
+            assert len(request.outcomes) == 1, request
+            assert isinstance(request.outcomes[0], (Lease, *PROPERTY_ERRORS)), request
+
+
+class ApplyStateMachineTests(SynchronousTestCase):
+    def test_apply_state_machine(self) -> None:
+        # Derandomized, no example database: the same ~3 s of exploration on every run; explore
+        # more locally by raising max_examples and dropping derandomize.
+        run_state_machine_as_test(
+            ApplyMachine,
+            settings=settings(
+                max_examples=40,
+                stateful_step_count=30,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow],
+            ),
+        )
