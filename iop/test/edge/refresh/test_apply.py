@@ -22,7 +22,9 @@ from hypothesis.stateful import (
 )
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
+from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import (
@@ -45,11 +47,13 @@ from iop.edge.refresh.apply import LiveApplier, check_live_invariants
 from iop.edge.registry import NodeRegistry, RegisterAccepted
 from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
+from iop.edge.tap import EdgeService
 from iop.edge.tunnel import TunnelDispatcher
 from iop.security.keys import generate_issuer, generate_recipient
 from iop.security.pki import issue_node, make_ca
 from iop.test.edge.fixtures import FakeConnection
 from iop.test.edge.test_pool import ModelSpec, make_config, prov
+from iop.test.edge.test_transport import ScriptedNode, _pool_config
 from iop.wire import runtime_pb2 as pb
 
 # ---------------------------------------------------------------------------------------------
@@ -861,3 +865,176 @@ class ApplyStateMachineTests(SynchronousTestCase):
                 suppress_health_check=[HealthCheck.too_slow],
             ),
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The service tree as ``twistd iop-edge`` builds it, with nodes on (simulated) connections.
+
+
+class ServiceUnderLoadTests(SynchronousTestCase):
+    """
+    Applies while tunnels stream and requests queue on a real EdgeService: every request is
+    served exactly once, on the provider the config in force allows, and everything converges.
+    """
+
+    def setUp(self) -> None:
+        self.clock = MemoryReactorClock()
+        self.edge = EdgeService(_pool_config("openai_compat"), self.clock)
+        edge = self.edge
+
+        def set_config(config: EdgeConfig) -> None:
+            edge.config = config
+
+        self.applier = LiveApplier(
+            edge.config,
+            edge.pool,
+            edge.gateway,
+            edge.credentials,
+            edge.registry,
+            listeners=[set_config],
+        )
+        self.served: list[tuple[int, str, str]] = []
+        self.failed: list[tuple[int, Any]] = []
+        self.streams: dict[str, Any] = {}
+        self.nodes: dict[str, tuple[ScriptedNode, iosim.IOPump]] = {}
+
+    def connect(self, node_id: str) -> pb.RegisterResponse:
+        node, _edge, pump = iosim.connectedServerAndClient(
+            lambda: self.edge.node_factory.buildProtocol(None),  # type: ignore[arg-type]
+            ScriptedNode,
+            clock=self.clock,
+        )
+        node.register(node_id)
+        pump.flush()
+        node.ready(node_id)
+        pump.flush()
+        self.nodes[node_id] = (node, pump)
+        return node.received[0].register_response
+
+    def submit(self, index: int) -> None:
+        gateway = self.edge.gateway
+
+        def send(placement: Placement) -> None:
+            stream = gateway.tunnel(
+                placement, operation="chat_completions", body=b"{}", stream=True
+            )
+            stream.when_done().addBoth(lambda _: placement.release())
+            self.served.append((index, placement.node_id, stream.run_id))
+
+        def failed(f: Failure) -> None:
+            self.failed.append((index, f.value))
+
+        gateway.place("m").addCallbacks(send, failed)
+
+    def flush(self) -> None:
+        for _, pump in self.nodes.values():
+            pump.flush()
+
+    def finish(self, index: int) -> None:
+        _, node_id, run_id = next(s for s in self.served if s[0] == index)
+        node, pump = self.nodes[node_id]
+        for seq, kind in enumerate((pb.RESPONSE_START, pb.END), start=1):
+            node.send_envelope(
+                pb.Envelope(
+                    provider_tunnel_frame=pb.ProviderTunnelFrame(
+                        run_id=run_id, kind=kind, sequence=seq, status_code=200
+                    )
+                )
+            )
+        pump.flush()
+        self.flush()
+
+    def where(self) -> dict[int, str]:
+        return {i: n for i, n, _ in self.served}
+
+    def provider(self, provider_id: str) -> dict[str, Any]:
+        return next(p for p in self.edge.snapshot()["providers"] if p["id"] == provider_id)
+
+    def test_apply_under_load(self) -> None:
+        self.connect("node-a")
+        running = self.applier.config
+        for index in range(8):
+            self.submit(index)
+        self.flush()
+        self.assertEqual(self.where(), {0: "node-a"})
+
+        # Raise node-a's capacity: two waiters go at once, in arrival order.
+        self.applier.apply(with_provider(running, "node-a-p", capacity=3))
+        self.flush()
+        self.assertEqual(self.where(), {0: "node-a", 1: "node-a", 2: "node-a"})
+        self.assertEqual(self.provider("node-a-p")["capacity"], 3)
+
+        # node-b connects after an apply that changed its payload: it gets the new config.
+        changed = self.applier.apply(with_node(self.applier.config, "node-b", concurrency=6))
+        self.assertEqual(changed, [], "node-b was not connected: nobody to push to")
+        response = self.connect("node-b")
+        self.assertEqual(
+            (response.config.runtime.concurrency, response.config.config_revision), (6, 3)
+        )
+        self.flush()
+        self.assertEqual(self.where()[3], "node-b")
+
+        # Lower node-a to 1 under load: its three streams finish where they are; no new grant
+        # there until in_flight is below 1.
+        self.applier.apply(with_provider(self.applier.config, "node-a-p", capacity=1))
+        self.finish(0)
+        self.finish(1)
+        self.assertEqual(len(self.served), 4)
+        self.finish(2)
+        self.assertEqual(self.where()[4], "node-a")
+
+        # Disable node-b with its stream running: it finishes there; nobody else goes there.
+        self.applier.apply(with_provider(self.applier.config, "node-b-p", enabled=False))
+        self.assertEqual(self.provider("node-b-p")["status"], "disabled")
+        self.finish(3)
+        self.assertEqual(len(self.served), 5)
+
+        # Move the model to node-b only (re-enabled): the waiters go there, one at a time.
+        moved = with_model(
+            with_provider(self.applier.config, "node-b-p", enabled=True),
+            "m",
+            providers=[ModelProviderRef("node-b-p", "demo-model")],
+        )
+        self.applier.apply(moved)
+        self.flush()
+        self.assertEqual(self.where()[5], "node-b")
+        self.finish(4)
+        self.assertEqual(len(self.served), 6, "node-a is no longer a candidate of m")
+        for index in (5, 6, 7):
+            self.finish(index)
+
+        self.assertEqual(sorted(self.where()), list(range(8)))
+        self.assertEqual(self.failed, [])
+        run_ids = [r for _, _, r in self.served]
+        self.assertEqual(len(set(run_ids)), 8, "no request was sent twice")
+        for node_id, (node, _) in self.nodes.items():
+            sent = [
+                e.provider_tunnel_request.run_id
+                for e in node.received
+                if e.HasField("provider_tunnel_request")
+            ]
+            self.assertEqual(sent, [r for _, n, r in self.served if n == node_id])
+            self.assertFalse(node.lost)
+        for pid in ("node-a-p", "node-b-p"):
+            self.assertEqual(self.provider(pid)["in_flight"], 0)
+        self.assertEqual(self.edge.pool.snapshot()["waiters"], [])
+        self.assertEqual(self.edge.tunnels.active(), [])
+        self.assertEqual(
+            self.edge.snapshot()["models"][0]["providers"][0]["provider_id"], "node-b-p"
+        )
+
+    def test_disabling_the_last_candidate_ends_waiters_at_once(self) -> None:
+        self.connect("node-a")
+        for index in range(3):
+            self.submit(index)
+        self.flush()
+        candidate = with_provider(
+            with_provider(self.applier.config, "node-a-p", enabled=False), "node-b-p", enabled=False
+        )
+        self.applier.apply(candidate)
+        self.assertEqual([i for i, _ in self.failed], [1, 2])
+        for _, error in self.failed:
+            self.assertIsInstance(error, Unavailable)
+        self.finish(0)
+        self.assertEqual(self.provider("node-a-p")["in_flight"], 0)
+        self.assertEqual(self.edge.tunnels.active(), [])
