@@ -152,18 +152,29 @@ class LiveApplier:
     def add_listener(self, listener: ConfigListener) -> None:
         self._listeners.append(listener)
 
-    def payload(self, node: NodeConfig) -> pb.NodeConfigPayload:
-        """``node``'s payload under the running config, stamped with its generation."""
+    def payload(self, node_id: str) -> pb.NodeConfigPayload:
+        """
+        Node ``node_id``'s payload under the running config, ``config_revision`` = the running
+        generation (what a refresh pushes, and what a registering node gets after an apply).
+        Raises ``KeyError`` for an unconfigured node.
+        """
+        node = self.config.node(node_id)
+        if node is None:
+            raise KeyError(f"unknown node {node_id!r}")
         return self._payload(self.config, node, self.generation)
 
     def apply(self, candidate: EdgeConfig) -> list[str]:
         """
         Switch the Edge to ``candidate`` (every change live; see the module docstring). Returns
-        the ready nodes whose payload content changed. Raises ``ValueError`` when the
-        invariants do not hold, or whatever a part raised; either way nothing changed.
+        the ready nodes whose payload content changed. A candidate equal to the running config
+        changes nothing, not even the generation. Raises ``ValueError`` when the invariants do
+        not hold, or whatever a part raised; either way nothing changed.
         """
         running, generation = self.config, self.generation + 1
         check_live_invariants(running, candidate)
+        if candidate == running:
+            # Nothing to switch: the generation stays, no binding goes stale, no node is told.
+            return []
         plan = self._pool.plan(candidate)
         changed = self._changed_nodes(running, candidate)
 

@@ -467,9 +467,18 @@ class PayloadTests(ApplyTestCase):
         self.assertEqual(self.edge.applier.generation, 3)
         payload = self.edge.connect("n3")
         self.assertEqual((payload.runtime.concurrency, payload.config_revision), (4, 3))
-        node = self.running.node("n2")
-        assert node is not None
-        self.assertEqual(self.edge.applier.payload(node).runtime.concurrency, 8)
+        pushed = self.edge.applier.payload("n2")
+        self.assertEqual((pushed.runtime.concurrency, pushed.config_revision), (8, 3))
+        self.assertRaises(KeyError, self.edge.applier.payload, "ghost")
+
+    def test_no_op_changes_nothing(self) -> None:
+        self.build({"n1": [prov("p1")]}, {"m": ["p1"]})
+        before = self.edge.state()
+        same = dataclasses.replace(self.running)
+        self.assertIsNot(same, self.running)
+        self.assertEqual(self.apply(same), [])
+        self.assertEqual(self.edge.state(), before)
+        self.assertEqual(self.edge.applier.generation, 1)
 
     def test_pending_node_is_not_a_recipient(self) -> None:
         self.build({"n1": [prov("p1")]}, {"m": ["p1"]}, ready=[])
@@ -775,12 +784,13 @@ class ApplyMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def apply(self, data: st.DataObject) -> None:
         candidate = data.draw(live_candidates(self.config()))
+        changes = candidate != self.config()
         self.edge.applier.apply(candidate)
-        self.applies += 1
+        self.applies += changes
         assert self.edge.applier.generation == self.applies + 1
-        assert self.edge.applier.config is candidate
-        assert self.edge.gateway.config is candidate
-        assert self.edge.registry.config is candidate
+        running = self.edge.applier.config
+        assert running == candidate
+        assert self.edge.gateway.config is running and self.edge.registry.config is running
 
     # -- invariants --------------------------------------------------------------------------
 
