@@ -1,4 +1,4 @@
-# -*- test-case-name: iop.test.edge.test_pool -*-
+# -*- test-case-name: iop.test.edge.test_pool,iop.test.edge.refresh.test_apply -*-
 """
 The Edge provider pool: the ``models[]`` catalog, live candidates, selection and capacity leases.
 
