@@ -76,12 +76,12 @@ class CredentialIssuer:
         Take a new config's catalog (slots, revisions, provider slots, lease TTL) as config
         ``generation``: a binding made before no longer seals (it is stale).
         """
-        self._ttl = config.security.lease_ttl_sec
+        # Everything is computed before anything is assigned: the switch is all or nothing.
+        slots: dict[str, CredentialSlot] = {s.name: s for s in config.credentials}
+        providers: dict[str, ProviderConfig] = {p.id: p for n in config.nodes for p in n.providers}
+        ttl = config.security.lease_ttl_sec
+        self._slots, self._providers, self._ttl = slots, providers, ttl
         self.generation = generation
-        self._slots: dict[str, CredentialSlot] = {s.name: s for s in config.credentials}
-        self._providers: dict[str, ProviderConfig] = {
-            p.id: p for n in config.nodes for p in n.providers
-        }
 
     @classmethod
     def from_config(cls, config: EdgeConfig, clock: IReactorTime) -> CredentialIssuer | None:

@@ -30,6 +30,7 @@ from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderCon
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.errors import UnknownModel
 from iop.edge.pool import Lease, ProviderPool
+from iop.edge.routes import RouteResolver
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent, Usage
@@ -86,18 +87,38 @@ class EdgeGateway:
         on_finished: Callable[[Placement, Usage | None, str], None] | None = None,
         credentials: CredentialIssuer | None = None,
     ) -> None:
-        self._config = config
         self._credentials = credentials
         self._pool = pool
         self._runs = runs
         self._tunnels = tunnels
         self._on_finished = on_finished
-        self._models = {m.id: m for m in config.models}
         self._resolver = runs.routes
-        self._providers: dict[str, tuple[str, ProviderConfig]] = {
+        self.use_config(config)
+
+    def use_config(self, config: EdgeConfig) -> None:
+        """
+        Take ``config``'s model map, providers and protocol profiles (config refresh): the next
+        placement sees them. A request already admitted keeps the generation policy it was
+        admitted with (the surfaces shaped its body by it), also while it waits in the pool.
+        Only assignments: it cannot fail half-way.
+        """
+        models = {m.id: m for m in config.models}
+        providers: dict[str, tuple[str, ProviderConfig]] = {
             p.id: (n.id, p) for n in config.nodes for p in n.providers
         }
-        self._profiles = {p.name: p for p in config.protocol_profiles}
+        profiles = {p.name: p for p in config.protocol_profiles}
+        self._config = config
+        self._models, self._providers, self._profiles = models, providers, profiles
+
+    @property
+    def config(self) -> EdgeConfig:
+        """The config the gateway places by."""
+        return self._config
+
+    @property
+    def routes(self) -> RouteResolver:
+        """The direct-route resolver placements go through (the run dispatcher's)."""
+        return self._resolver
 
     # -- catalog -----------------------------------------------------------------------------
 

@@ -1,13 +1,14 @@
-# -*- test-case-name: iop.test.edge.test_pool -*-
+# -*- test-case-name: iop.test.edge.test_pool,iop.test.edge.refresh.test_apply -*-
 """
 The Edge provider pool: the ``models[]`` catalog, live candidates, selection and capacity leases.
 
 :class:`ProviderPool` is the one public entry. It is pure logic (no I/O; time comes from the
 injected clock) and is driven synchronously by the node registry as an
 :class:`~iop.edge.interfaces.INodeLifecycleObserver`, by the dispatcher through :meth:`acquire` and
-:meth:`Lease.release`, and by config refresh through :meth:`ProviderPool.set_enabled`. Waiting is
-delegated to :mod:`iop.edge.queue`, whose docstring states the per-model-group queue limit and
-timeout rules.
+:meth:`Lease.release`, and by config refresh through :meth:`ProviderPool.plan`,
+:meth:`~ProviderPool.switch` and :meth:`~ProviderPool.pump` (or the single toggle
+:meth:`ProviderPool.set_enabled`). Waiting is delegated to :mod:`iop.edge.queue`, whose
+docstring states the per-model-group queue limit and timeout rules.
 
 Candidates
     A model key's candidates are its ``ModelProviderRef``\\ s whose provider is enabled and whose
@@ -34,6 +35,18 @@ Queue
     ``Unavailable`` at once, also for waiters when a fence or a disable removes their last live
     candidate (not at queue timeout).
 
+Live reconfiguration
+    A refreshed config's catalog is prepared first (:meth:`ProviderPool.plan`: same nodes and
+    provider ids, else ``ValueError`` and nothing changes), switched in one step
+    (:meth:`~ProviderPool.switch`, which returns the plan back) and only then are the waiters
+    re-evaluated (:meth:`~ProviderPool.pump`), so the caller can switch its other parts in
+    between and every grant after the pump sees all of it. Live: ``capacity``,
+    ``long_capacity``, ``long_context_threshold``, ``priority``, ``max_queue``,
+    ``queue_timeout_sec``, ``enabled`` and every ``models[]`` provider list (with its targets).
+    Held leases finish where they are: a capacity lowered below ``in_flight`` grants nothing
+    until releases bring it below; a lease keeps the long slot it was granted with. Queue limit
+    and timeout changes apply to waiters that queue afterwards.
+
 Generations
     Only the node's active generation's fence changes anything: its leases are returned exactly
     once, its providers go offline, every waiter is re-evaluated. A new ready generation starts
@@ -43,7 +56,7 @@ Generations
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +208,25 @@ class _NodeState:
     seen: int = 0
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """
+    A catalog the pool switches to in one step (:meth:`ProviderPool.switch`): per provider id
+    its config, enabled toggle and the model keys listing it; per model key its candidates and
+    round-robin position. Built by :meth:`ProviderPool.plan`; only valid for that pool.
+    """
+
+    configs: Mapping[str, ProviderConfig]
+    enabled: Mapping[str, bool]
+    memberships: Mapping[str, frozenset[str]]
+    models: Mapping[str, tuple[_Candidate, ...]]
+    rr: Mapping[str, int]
+
+
+def _order(candidates: Sequence[_Candidate]) -> tuple[str, ...]:
+    return tuple(c.ref.provider_id for c in candidates)
+
+
 def select(
     candidates: Sequence[_Candidate], prompt_tokens: int, start: int, size: int
 ) -> _Candidate | None:
@@ -241,25 +273,12 @@ class ProviderPool:
             for res in resources:
                 self._resources[res.provider_id] = res
         self._models: dict[str, tuple[_Candidate, ...]] = {}
-        for model in config.models:
-            candidates: list[_Candidate] = []
-            for ref in model.providers:
-                found = self._resources.get(ref.provider_id)
-                if found is None or found.provider_id in {c.ref.provider_id for c in candidates}:
-                    self.log.warn(
-                        "model {model_id}: ignoring unknown or repeated provider {provider_id}",
-                        model_id=model.id,
-                        provider_id=ref.provider_id,
-                    )
-                    continue
-                candidates.append(_Candidate(ref, found, len(candidates)))
-                found.models.add(model.id)
-            self._models[model.id] = tuple(candidates)
         # Per model key: the config position where the next round-robin tie-break starts.
         self._rr: dict[str, int] = {}
         self._queue: WaitQueue[Lease] = WaitQueue(
             clock, expired=self._expired, discard=lambda lease: lease.release()
         )
+        self.switch(self.plan(config))
 
     # -- acquire -----------------------------------------------------------------------------
 
@@ -349,6 +368,91 @@ class ProviderPool:
             node_id=res.node_id,
             state="enabled" if enabled else "disabled",
         )
+        self._pump()
+
+    # -- live reconfiguration (config refresh) ---------------------------------------------
+
+    def plan(self, config: EdgeConfig) -> PoolPlan:
+        """
+        Prepare the switch to ``config``'s catalog without changing anything: each provider's
+        new settings (capacity, long capacity and threshold, priority, queue limits, enabled)
+        and the ``models[]`` candidate lists. The nodes and the provider ids under each node must
+        be the ones this pool was built with (adding or removing them needs a restart): raises
+        ``ValueError`` naming the difference otherwise.
+        """
+        nodes = {n.id: n for n in config.nodes}
+        if set(nodes) != set(self._nodes):
+            raise ValueError(
+                f"nodes differ: running {sorted(self._nodes)}, candidate {sorted(nodes)}"
+            )
+        configs: dict[str, ProviderConfig] = {}
+        for node_id, state in self._nodes.items():
+            running = {res.provider_id for res in state.resources}
+            candidate = {p.id: p for p in nodes[node_id].providers}
+            if set(candidate) != running or len(candidate) != len(nodes[node_id].providers):
+                raise ValueError(
+                    f"node {node_id}: providers differ: running {sorted(running)}, "
+                    f"candidate {sorted(p.id for p in nodes[node_id].providers)}"
+                )
+            configs.update(candidate)
+        models: dict[str, tuple[_Candidate, ...]] = {}
+        memberships: dict[str, set[str]] = {pid: set() for pid in configs}
+        for model in config.models:
+            candidates: list[_Candidate] = []
+            for ref in model.providers:
+                found = self._resources.get(ref.provider_id)
+                if found is None or found.provider_id in {c.ref.provider_id for c in candidates}:
+                    self.log.warn(
+                        "model {model_id}: ignoring unknown or repeated provider {provider_id}",
+                        model_id=model.id,
+                        provider_id=ref.provider_id,
+                    )
+                    continue
+                candidates.append(_Candidate(ref, found, len(candidates)))
+                memberships[found.provider_id].add(model.id)
+            models[model.id] = tuple(candidates)
+        # Round-robin positions survive only where the candidate order is unchanged.
+        rr = {
+            model_id: start
+            for model_id, start in self._rr.items()
+            if model_id in models and _order(models[model_id]) == _order(self._models[model_id])
+        }
+        return PoolPlan(
+            configs=configs,
+            enabled={pid: c.enabled for pid, c in configs.items()},
+            memberships={pid: frozenset(m) for pid, m in memberships.items()},
+            models=models,
+            rr=rr,
+        )
+
+    def switch(self, plan: PoolPlan) -> PoolPlan:
+        """
+        Take ``plan`` (from :meth:`plan` on this pool) as the catalog, at once and without
+        failing; returns the plan that switches back. Held leases are untouched: they finish on
+        the slot they hold, and a capacity lowered below ``in_flight`` grants nothing until
+        releases bring it below. Nobody's outcome changes until :meth:`pump`.
+        """
+        undo = PoolPlan(
+            configs={pid: res.config for pid, res in self._resources.items()},
+            enabled={pid: res.enabled for pid, res in self._resources.items()},
+            memberships={pid: frozenset(res.models) for pid, res in self._resources.items()},
+            models=dict(self._models),
+            rr=dict(self._rr),
+        )
+        for pid, res in self._resources.items():
+            res.config = plan.configs[pid]
+            res.enabled = plan.enabled[pid]
+            res.models = set(plan.memberships[pid])
+        self._models = dict(plan.models)
+        self._rr = dict(plan.rr)
+        return undo
+
+    def pump(self) -> None:
+        """
+        Re-evaluate every waiter now, in arrival order: granted where a live candidate has
+        room, ``Unavailable`` where the model has no live candidate left (a provider disabled or
+        taken out of the model's list, the model removed), still waiting otherwise.
+        """
         self._pump()
 
     # -- observation -------------------------------------------------------------------------
@@ -485,6 +589,7 @@ class ProviderPool:
 
 __all__ = [
     "Lease",
+    "PoolPlan",
     "ProviderPool",
     "is_long",
 ]

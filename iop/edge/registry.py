@@ -240,6 +240,25 @@ class NodeRegistry:
     def add_observer(self, observer: INodeLifecycleObserver) -> None:
         self._observers.append(observer)
 
+    def use_config(self, config: EdgeConfig, build_payload: PayloadBuilder) -> None:
+        """
+        Config refresh: registrations from now on are looked up in ``config`` and get the
+        payload ``build_payload`` makes (the new config's). Ownership, generations and the
+        connections already registered are untouched.
+        """
+        self._config = config
+        self._build_payload = build_payload
+
+    @property
+    def config(self) -> EdgeConfig:
+        """The config registrations are checked against."""
+        return self._config
+
+    @property
+    def payload_builder(self) -> PayloadBuilder:
+        """What builds a registering node's payload."""
+        return self._build_payload
+
     # -- queries -----------------------------------------------------------------------------
 
     def is_ready(self, node_id: str) -> bool:
@@ -451,6 +470,7 @@ __all__ = [
     "NodeRegistry",
     "Ownership",
     "OwnershipState",
+    "PayloadBuilder",
     "ReadyOutcome",
     "RegisterAccepted",
     "RegisterOutcome",

@@ -18,12 +18,17 @@ class RouteResolver:
     """``model_routes[]`` and node choice over the registry's ready nodes."""
 
     def __init__(self, config: EdgeConfig, registry: NodeRegistry) -> None:
-        self._config = config
         self._registry = registry
-        self._routes = {r.model: r for r in config.model_routes}
-        self._providers: dict[str, tuple[str, ProviderConfig]] = {
+        self.use_config(config)
+
+    def use_config(self, config: EdgeConfig) -> None:
+        """Resolve by ``config`` from now on (config refresh); only assignments."""
+        routes = {r.model: r for r in config.model_routes}
+        providers: dict[str, tuple[str, ProviderConfig]] = {
             p.id: (n.id, p) for n in config.nodes for p in n.providers
         }
+        self._config = config
+        self._routes, self._providers = routes, providers
 
     def route(self, model: str) -> ModelRoute | None:
         """The direct route named ``model``, or None."""

@@ -5,6 +5,7 @@ driven synchronously with a fake clock.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -637,6 +638,92 @@ class EnableTests(PoolTestCase):
     def test_unknown_provider(self) -> None:
         self.build({"n1": [prov("p1")]}, {"m": ["p1"]})
         self.assertRaises(KeyError, self.pool.set_enabled, "ghost", False)
+
+
+class ReconfigureTests(PoolTestCase):
+    """plan → switch → pump: the pool's part of a live config refresh."""
+
+    def reconfigured(self, **providers: dict[str, Any]) -> EdgeConfig:
+        config = make_config(self.nodes, self.models)
+        nodes = tuple(
+            dataclasses.replace(
+                n,
+                providers=tuple(
+                    dataclasses.replace(p, **providers.get(p.id, {})) for p in n.providers
+                ),
+            )
+            for n in config.nodes
+        )
+        return dataclasses.replace(config, nodes=nodes)
+
+    def setUp(self) -> None:
+        self.nodes = {"n1": [prov("p1"), prov("p2", capacity=2)], "n2": [prov("p3")]}
+        self.models: dict[str, ModelSpec] = {"m": ["p1", "p2"], "k": ["p3"]}
+        self.build(self.nodes, self.models)
+
+    def test_plan_changes_nothing(self) -> None:
+        before = self.pool.snapshot()
+        self.pool.plan(self.reconfigured(p1={"capacity": 5, "enabled": False}))
+        self.assertEqual(self.pool.snapshot(), before)
+
+    def test_switch_waits_for_pump_and_returns_the_way_back(self) -> None:
+        self.lease("k")
+        waiting = outcome_of(self.pool.acquire("k"))
+        before = self.pool.snapshot()
+        undo = self.pool.switch(self.pool.plan(self.reconfigured(p3={"capacity": 2})))
+        self.assertEqual(self.pool.snapshot()["providers"]["p3"]["capacity"], 2)
+        self.assertEqual(waiting, [], "nobody's outcome changes before the pump")
+        self.pool.switch(undo)
+        self.assertEqual(self.pool.snapshot(), before)
+        self.pool.switch(self.pool.plan(self.reconfigured(p3={"capacity": 2})))
+        self.pool.pump()
+        self.assertEqual([lease.provider_id for lease in waiting], ["p3"])
+
+    def test_nodes_and_provider_ids_must_stay(self) -> None:
+        config = make_config(self.nodes, self.models)
+        n1, n2 = config.nodes
+        cases = [
+            (dataclasses.replace(config, nodes=(n1,)), "nodes differ"),
+            (
+                dataclasses.replace(
+                    config,
+                    nodes=(
+                        dataclasses.replace(n1, providers=n1.providers[:1]),
+                        dataclasses.replace(n2, providers=(*n2.providers, n1.providers[1])),
+                    ),
+                ),
+                "node n1: providers differ",
+            ),
+        ]
+        before = self.pool.snapshot()
+        for candidate, message in cases:
+            e = self.assertRaises(ValueError, self.pool.plan, candidate)
+            self.assertIn(message, str(e))
+        self.assertEqual(self.pool.snapshot(), before)
+
+    def test_round_robin_kept_unless_the_order_changes(self) -> None:
+        self.pool.switch(self.pool.plan(self.reconfigured(p2={"capacity": 1})))
+        first = self.lease("m")
+        first.release()
+        self.assertEqual(first.provider_id, "p1")
+        # Same candidate order: the rotation goes on where it was.
+        self.pool.switch(self.pool.plan(self.reconfigured(p1={"priority": 0})))
+        second = self.lease("m")
+        second.release()
+        third = self.lease("m")
+        third.release()
+        self.assertEqual((second.provider_id, third.provider_id), ("p2", "p1"))
+        # A new order starts the rotation afresh, at its first candidate (kept, the rotation
+        # would have started at the second).
+        reordered = dataclasses.replace(
+            self.reconfigured(),
+            models=(
+                ModelConfig("m", (ModelProviderRef("p2", "m@p2"), ModelProviderRef("p1", "m@p1"))),
+                *make_config(self.nodes, self.models).models[1:],
+            ),
+        )
+        self.pool.switch(self.pool.plan(reordered))
+        self.assertEqual(self.lease("m").provider_id, "p2")
 
 
 class CounterTests(PoolTestCase):
