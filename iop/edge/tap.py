@@ -19,7 +19,6 @@ node TLS with a client CA, so that every node presents a certificate the registr
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
@@ -40,6 +39,8 @@ from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
+from iop.edge.refresh.apply import LiveApplier
+from iop.edge.refresh.classify import classify
 from iop.edge.refresh.push import NodePusher
 from iop.edge.refresh.service import ConfigRefresher, RefreshOnSignal
 from iop.edge.registry import NodeRegistry
@@ -115,31 +116,28 @@ class EdgeService(MultiService):
         self.clients = ClientApp(self.gateway, config.client_api, reactor)
         # Live config refresh: the applier switches the running parts, the pusher tells the
         # ready nodes; the pusher observes readiness last (after every dispatcher).
-        self.applier: Any = None
-        self.pusher: NodePusher | None = None
+        self.applier = LiveApplier(
+            config,
+            self.pool,
+            self.gateway,
+            self.credentials,
+            self.registry,
+            listeners=[self._use_config],
+        )
+        self.pusher = NodePusher(
+            self.registry,
+            self.applier.payload,
+            self.bus,
+            reactor,
+            node_ids=lambda: [n.id for n in self.config.nodes],
+        )
+        pusher = self.pusher
+        handlers["node_config_refresh_response"] = lambda conn, env: pusher.response_received(
+            conn, env.node_config_refresh_response
+        )
+        # A config read from a file can be read again (a config built in code cannot).
         self.refresher: ConfigRefresher | None = None
-        parts = _refresh_parts()
-        if parts is not None and config.source_path:
-            live_applier, classify = parts
-            self.applier = live_applier(
-                config,
-                self.pool,
-                self.gateway,
-                self.credentials,
-                self.registry,
-                listeners=[self._use_config],
-            )
-            self.pusher = NodePusher(
-                self.registry,
-                self.applier.payload,
-                self.bus,
-                reactor,
-                node_ids=lambda: [n.id for n in self.config.nodes],
-            )
-            pusher = self.pusher
-            handlers["node_config_refresh_response"] = lambda conn, env: pusher.response_received(
-                conn, env.node_config_refresh_response
-            )
+        if config.source_path:
             source = config.source_path
             self.refresher = ConfigRefresher(
                 lambda: load_edge_config(source), classify, self.applier, self.pusher, reactor
@@ -169,21 +167,6 @@ class EdgeService(MultiService):
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)
-
-
-def _refresh_parts() -> tuple[Any, Any] | None:
-    """
-    ``(LiveApplier, classify)`` of the refresh package, or None while either module is absent
-    (config refresh then answers 503 and SIGHUP is not handled).
-    """
-    try:
-        apply = importlib.import_module("iop.edge.refresh.apply")
-        classify = importlib.import_module("iop.edge.refresh.classify")
-    except ModuleNotFoundError as e:
-        if e.name not in ("iop.edge.refresh.apply", "iop.edge.refresh.classify"):
-            raise
-        return None
-    return apply.LiveApplier, classify.classify
 
 
 def check_managed_transport(config: EdgeConfig) -> None:
