@@ -3,13 +3,10 @@ Live config refresh end to end: a real Edge and node, edge.yaml edited on disk, 
 ``POST /config/refresh`` (and ``iop config refresh``): a live change shows in ``/status`` and the
 log, a node push is answered by the real node, a broken or restart-required file changes
 nothing and the Edge keeps serving.
-
-Skipped while the refresh package's classify or apply module is not importable.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -18,23 +15,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.harness import Cluster, free_port, wait_until
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(
-    not (_importable("iop.edge.refresh.classify") and _importable("iop.edge.refresh.apply")),
-    reason="the config refresh package (classify, apply) is not importable yet",
-)
 
 LISTS = ("changed_nodes", "changed_providers", "changed_models", "reports")
 

@@ -82,7 +82,10 @@ def check_live_invariants(running: EdgeConfig, candidate: EdgeConfig) -> None:
         for pid, p in old_providers.items():
             q = new_providers[pid]
             for name in ("adapter_instance", "type", "category"):
-                if getattr(p, name) != getattr(q, name):
+                before, after = getattr(p, name), getattr(q, name)
+                # A disabled provider's adapter is not resolved (its instance is empty): enabling
+                # or disabling it is not a change of adapter.
+                if before and after and before != after:
                     raise ValueError(
                         f"node {node_id}: provider {pid}: {name} changed: a restart is required"
                     )

@@ -161,7 +161,14 @@ class ConfigRefresher:
         try:
             changed = self._applier.apply(candidate)
         except Exception as e:
-            self.log.failure("config refresh: apply failed; the running config is unchanged")
+            if isinstance(e, ValueError):
+                # The applier's own refusal (a change it cannot make live): no traceback.
+                self.log.warn(
+                    "config refresh: the applier refused the candidate: {error}",
+                    error=_message(e),
+                )
+            else:
+                self.log.failure("config refresh: apply failed; the running config is unchanged")
             result.result = "rejected"
             result.errors.append(f"apply failed, nothing changed: {_message(e)}")
             return result

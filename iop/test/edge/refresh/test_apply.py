@@ -516,6 +516,16 @@ class InvariantTests(ApplyTestCase):
         ):
             self.refused(with_provider(self.running, "p1", **{name: value}), name)
 
+    def test_disabling_as_the_loader_writes_it_is_live(self) -> None:
+        """The loader leaves a disabled provider's adapter unresolved (instance ""): that is a
+        provider leaving rotation, not an adapter change, both ways."""
+        original = self.running
+        disabled = with_provider(original, "p1", enabled=False, adapter_instance="")
+        self.edge.applier.apply(disabled)
+        self.assertFalse(self.edge.pool.snapshot()["providers"]["p1"]["enabled"])
+        self.edge.applier.apply(original)
+        self.assertTrue(self.edge.pool.snapshot()["providers"]["p1"]["enabled"])
+
     def test_adapters_changed(self) -> None:
         from iop.config.model import AdapterConfig
 
