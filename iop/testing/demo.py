@@ -5,7 +5,9 @@ OpenAI-compatible upstream, an Ollama upstream and a scripted CLI coding agent.
 
 Creates ``var/demo/`` on first use (dev PKI, a random node token, the agent's workspace; kept so
 restarts reuse them), starts the fakes, ``twistd -n iop-edge`` and ``twistd -n iop-node`` as
-child processes, prints how to try it, and stops everything on Ctrl-C. The token reaches both
+child processes, prints how to try it (with each node's PID), and stops everything on Ctrl-C. A
+node that stops — `kill <pid>` to watch its queue drain to the other — leaves the Edge and the
+other node serving; the Edge or a fake stopping ends the demo. The token reaches both
 daemons as ``${IOP_DEMO_NODE_TOKEN}`` / ``${IOP_DEMO_NODE_B_TOKEN}``; never into the configs.
 """
 
@@ -110,14 +112,16 @@ def main() -> int:
         if not wait_for_port(*ADMIN, timeout=20):
             print("iop-edge did not start; see its log above", file=sys.stderr)
             return 1
-        for config in ("node.yaml", "node-b.yaml"):
-            children.append(
-                subprocess.Popen(
-                    twistd_command("iop-node", DEMO_CONFIG / config),
-                    env=env,
-                    start_new_session=True,
-                )
+        essential = list(children)
+        nodes: dict[str, subprocess.Popen[bytes]] = {}
+        for name, config in (("demo-a", "node.yaml"), ("demo-b", "node-b.yaml")):
+            node = subprocess.Popen(
+                twistd_command("iop-node", DEMO_CONFIG / config),
+                env=env,
+                start_new_session=True,
             )
+            children.append(node)
+            nodes[name] = node
         admin = f"http://{ADMIN[0]}:{ADMIN[1]}"
         run = "curl -N -X POST " + admin + '/runs -d \'{"model": "%s", "input": "hello"}\''
         chat = (
@@ -134,10 +138,22 @@ def main() -> int:
             f"  {run % 'demo-openai'}\n"
             f"  {run % 'demo-ollama'}\n"
             f"  {run % 'demo-cli'}\n"
+            + "".join(f"node {name}: pid {node.pid}\n" for name, node in nodes.items())
+            + "Stop one node (kill <pid>): the Edge and the other node keep serving.\n"
             "Ctrl-C stops everything.\n",
             flush=True,
         )
-        while all(child.poll() is None for child in children):
+        gone: set[str] = set()
+        while all(child.poll() is None for child in essential):
+            for name, node in nodes.items():
+                code = node.poll()
+                if code is not None and name not in gone:
+                    gone.add(name)
+                    print(
+                        f"node {name} (pid {node.pid}) exited ({code}); the Edge and the other"
+                        " node keep serving",
+                        flush=True,
+                    )
             time.sleep(0.5)
         return 1
     except KeyboardInterrupt:
