@@ -7,6 +7,11 @@ configured on the Edge and arrive in the registration payload. In managed mode
 (``security.mode: managed``) the node also needs its client certificate, its lease recipient
 private key and the Edge's lease-issuer public key; those files are only checked to exist and
 be readable here (the node parses them when it starts).
+
+:func:`node_config_from_flags` builds the same configuration from ``twistd iop-node``'s
+one-line join flags (``--edge HOST:PORT --token-file F --ca-file F``...): the flags become the
+node.yaml document they stand for and go through :func:`parse_node_config`, so defaults and
+validation are node.yaml's; every issue is reported under the flag that caused it.
 """
 
 from __future__ import annotations
@@ -15,13 +20,22 @@ import os
 from collections.abc import Mapping
 
 from iop.config.edge import MAX_FRAME_BYTES_LIMIT, is_loopback_host, optional_file, required_file
-from iop.config.errors import ConfigError, Issues, Section, as_section, read_yaml_file
+from iop.config.errors import (
+    ROOT,
+    ConfigError,
+    ConfigIssue,
+    Issues,
+    Section,
+    as_section,
+    read_yaml_file,
+)
 from iop.config.model import (
     DEFAULT_LEASE_CLOCK_SKEW_SEC,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_RECONNECT_INTERVAL_SEC,
     DEFAULT_RECONNECT_MAX_ATTEMPTS,
     DEFAULT_STORE_PATH,
+    DEFAULT_TRUST_DOMAIN,
     SECURITY_MODES,
     ClientTLS,
     NodeDaemonConfig,
@@ -47,6 +61,117 @@ _EDGE_ONLY_KEYS = {
     "token_sha256": "token_sha256 is for edge.yaml; the node needs the token itself "
     "(token: ${ENV_VAR} or token_file)",
 }
+
+
+# The Edge workload name a flag-joined node checks unless --server-name says otherwise: the name
+# `iop pki` gives the Edge's certificate (and only that name; it does not carry the Edge's DNS
+# host or address, which a node may dial by any of several).
+DEFAULT_JOIN_SERVER_NAME = f"edge.{DEFAULT_TRUST_DOMAIN}"
+
+# node.yaml path -> the join flag that sets it.
+_FLAG_OF_PATH = {
+    "edge": "--edge",
+    "edge.host": "--edge",
+    "edge.port": "--edge",
+    "edge.server_name": "--server-name",
+    "edge.ca_file": "--ca-file",
+    "edge.cert_file": "--cert-file",
+    "edge.key_file": "--key-file",
+    "token_file": "--token-file",
+    "store": "--store",
+    "store.path": "--store",
+}
+
+
+def split_host_port(value: str) -> tuple[str, str]:
+    """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 literal) as ``(host, port)``; ValueError if not."""
+    text = value.strip()
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep or not rest.startswith(":"):
+            raise ValueError(text)
+        port = rest[1:]
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep or ":" in host:
+            raise ValueError(text)
+    if not host or not port:
+        raise ValueError(text)
+    return host, port
+
+
+def node_config_from_flags(
+    *,
+    edge: str,
+    token_file: str | None,
+    ca_file: str | None,
+    server_name: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+    store: str | None = None,
+    base_dir: str | None = None,
+    environ: Mapping[str, str] = os.environ,
+) -> NodeDaemonConfig:
+    """
+    The node daemon configuration the one-line join flags describe, everything else defaulted
+    as in node.yaml. ``--server-name`` defaults to :data:`DEFAULT_JOIN_SERVER_NAME`. Relative
+    file names resolve against ``base_dir`` (the working directory by default).
+
+    @raise ConfigError: listing every problem found, each under its flag (``--token-file: ...``).
+    """
+    issues = Issues()
+    edge_section: dict[str, object] = {
+        "server_name": server_name if server_name is not None else DEFAULT_JOIN_SERVER_NAME
+    }
+    try:
+        host, port_text = split_host_port(edge)
+    except ValueError:
+        issues.add(
+            "--edge",
+            "must be HOST:PORT (the Edge's listen.nodes address), e.g. edge.example.net:7443",
+        )
+    else:
+        edge_section["host"] = host
+        edge_section["port"] = int(port_text) if port_text.isdigit() else port_text
+    for key, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+        if value is not None:
+            edge_section[key] = value
+    document: dict[str, object] = {"edge": edge_section}
+    if token_file is None:
+        issues.add("--token-file", "is required with --edge: the file holding this node's token")
+    else:
+        document["token_file"] = token_file
+    if store is not None:
+        document["store"] = {"path": store}
+    try:
+        config = parse_node_config(
+            document,
+            base_dir=base_dir if base_dir is not None else os.getcwd(),
+            environ=environ,
+        )
+    except ConfigError as e:
+        for issue in _as_flag_issues(e.issues, have_edge="host" in edge_section):
+            issues.add(issue.path, issue.message)
+        issues.raise_if_any()
+        raise  # pragma: no cover - every issue maps to a flag
+    issues.raise_if_any()
+    return config
+
+
+def _as_flag_issues(issues: tuple[ConfigIssue, ...], *, have_edge: bool) -> list[ConfigIssue]:
+    """node.yaml issues renamed to the flags that set those paths (duplicates dropped)."""
+    mapped: list[ConfigIssue] = []
+    for issue in issues:
+        if issue.path == ROOT and "token_file" in issue.message:
+            continue  # no --token-file: already reported under that flag
+        if not have_edge and issue.path in ("edge.host", "edge.port"):
+            continue  # --edge was unusable: already reported
+        flag = _FLAG_OF_PATH.get(issue.path, issue.path)
+        message = issue.message.replace("unless plaintext is true", "with --edge")
+        renamed = ConfigIssue(flag, message)
+        if renamed not in mapped:
+            mapped.append(renamed)
+    return mapped
 
 
 def load_node_config(path: str, environ: Mapping[str, str] = os.environ) -> NodeDaemonConfig:

@@ -15,6 +15,10 @@ error naming the file, and the node does not start.
 When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
 the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
 shutdown (SIGTERM/SIGINT) exits 0.
+
+Configuration is node.yaml (``--config``) or, for a one-line join, ``--edge HOST:PORT
+--token-file F --ca-file F`` and friends with no file at all
+(:func:`iop.config.node.node_config_from_flags`); the two are exclusive.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
-from iop.config.model import NodeDaemonConfig
+from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
+from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
@@ -54,16 +59,69 @@ UPSTREAM_KEEPALIVE_PER_HOST = 256
 log = Logger()
 
 
+DEFAULT_CONFIG_PATH = "etc/iop/node.yaml"
+# The one-line join flags (everything but --edge needs --edge; none goes with --config).
+_JOIN_FLAGS = ("token-file", "ca-file", "server-name", "cert-file", "key-file", "store")
+
+
 class Options(usage.Options):
-    synopsis = "--config PATH"
-    longdesc = "Run an IOP Node: dial the Edge, register, apply the config it sends, serve."
-    optParameters = [["config", "c", "etc/iop/node.yaml", "Path to node.yaml."]]
+    synopsis = (
+        "[--config PATH] | --edge HOST:PORT --token-file FILE --ca-file FILE"
+        " [--server-name NAME] [--cert-file FILE --key-file FILE] [--store URI]"
+    )
+    longdesc = (
+        "Run an IOP Node: dial the Edge, register, apply the config it sends, serve. Configure"
+        " it with node.yaml (--config, default etc/iop/node.yaml) or, without any file, with"
+        " --edge and the flags after it (everything else defaulted as in node.yaml)."
+    )
+    optParameters = [
+        ["config", "c", None, f"Path to node.yaml (default {DEFAULT_CONFIG_PATH})."],
+        ["edge", None, None, "Join without node.yaml: the Edge's listen.nodes HOST:PORT."],
+        ["token-file", None, None, "With --edge: file holding this node's token (one line)."],
+        ["ca-file", None, None, "With --edge: CA certificate that issued the Edge's certificate."],
+        [
+            "server-name",
+            None,
+            None,
+            f"With --edge: the Edge's workload name (default {DEFAULT_JOIN_SERVER_NAME}).",
+        ],
+        ["cert-file", None, None, "With --edge: this node's client certificate (mTLS)."],
+        ["key-file", None, None, "With --edge: the client certificate's private key."],
+        [
+            "store",
+            None,
+            None,
+            f"With --edge: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
+        ],
+    ]
 
     def postOptions(self) -> None:
+        if self["edge"] is None:
+            given = [f"--{flag}" for flag in _JOIN_FLAGS if self[flag] is not None]
+            if given:
+                raise usage.UsageError(f"{', '.join(given)} only go with --edge HOST:PORT")
+            path = self["config"] or DEFAULT_CONFIG_PATH
+            try:
+                self.node_config: NodeDaemonConfig = load_node_config(path)
+            except ConfigError as e:
+                raise usage.UsageError(f"invalid config {path}:\n{e}") from None
+            return
+        if self["config"] is not None:
+            raise usage.UsageError(
+                "give either --config (node.yaml) or --edge and its flags, not both"
+            )
         try:
-            self.node_config: NodeDaemonConfig = load_node_config(self["config"])
+            self.node_config = node_config_from_flags(
+                edge=self["edge"],
+                token_file=self["token-file"],
+                ca_file=self["ca-file"],
+                server_name=self["server-name"],
+                cert_file=self["cert-file"],
+                key_file=self["key-file"],
+                store=self["store"],
+            )
         except ConfigError as e:
-            raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
+            raise usage.UsageError(f"invalid flags:\n{e}") from None
 
 
 def edge_endpoint(config: NodeDaemonConfig, reactor: Any) -> IStreamClientEndpoint:

@@ -17,6 +17,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError, load_node_config, parse_node_config
 from iop.config.errors import ConfigIssue
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig, Secret
+from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
 
 NODE_TOKEN = "node-token-value"
 ENVIRON = {"IOP_NODE_TOKEN": NODE_TOKEN, "EMPTY": "  "}
@@ -459,3 +460,93 @@ class ValidationTableTests(NodeConfigTestCase):
             ],
         )
         self.assertEqual(len(str(error).splitlines()), 5)
+
+
+class NodeConfigFromFlagsTests(SynchronousTestCase):
+    """:func:`node_config_from_flags`: the one-line join, node.yaml's defaults and checks."""
+
+    def setUp(self) -> None:
+        self.dir = self.mktemp()
+        os.makedirs(self.dir)
+        for name, text in (("node.token", NODE_TOKEN + "\n"), ("ca.crt", "ca\n")):
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(text)
+
+    def build(self, **flags: Any) -> NodeDaemonConfig:
+        arguments: dict[str, Any] = {
+            "edge": "edge.example.net:7443",
+            "token_file": "node.token",
+            "ca_file": "ca.crt",
+        }
+        arguments.update(flags)
+        return node_config_from_flags(base_dir=self.dir, environ={}, **arguments)
+
+    def issues(self, **flags: Any) -> list[ConfigIssue]:
+        return list(self.assertRaises(ConfigError, self.build, **flags).issues)
+
+    def test_defaults_match_node_yaml(self) -> None:
+        from_flags = self.build()
+        data = base_config()
+        data["edge"]["ca_file"] = "ca.crt"
+        from_yaml = parse_node_config(data, base_dir=self.dir, environ={})
+        self.assertEqual(from_flags, from_yaml)
+        self.assertEqual(from_flags.store_path, DEFAULT_STORE_PATH)
+        self.assertEqual(from_flags.token, Secret(NODE_TOKEN))
+        assert from_flags.tls is not None
+        self.assertEqual(from_flags.tls.server_name, DEFAULT_JOIN_SERVER_NAME)
+        self.assertEqual(from_flags.tls.ca_file, os.path.join(os.path.abspath(self.dir), "ca.crt"))
+
+    def test_ipv6_literal(self) -> None:
+        config = self.build(edge="[::1]:7443")
+        self.assertEqual((config.edge_host, config.edge_port), ("::1", 7443))
+
+    def test_server_name_and_store(self) -> None:
+        config = self.build(server_name="gw.example.net", store="file:n.db")
+        assert config.tls is not None
+        self.assertEqual(config.tls.server_name, "gw.example.net")
+        self.assertEqual(config.store_path, "file:n.db")
+
+    def test_client_certificate(self) -> None:
+        config = self.build(cert_file="ca.crt", key_file="node.token")
+        assert config.tls is not None
+        self.assertIsNotNone(config.tls.cert_file)
+        self.assertIsNotNone(config.tls.key_file)
+
+    def test_bad_edge(self) -> None:
+        for edge in ("edge.example.net", "http://edge:7443", ":7443", "edge:", "::1:7443"):
+            issues = self.issues(edge=edge)
+            self.assertEqual([i.path for i in issues], ["--edge"], edge)
+
+    def test_bad_port(self) -> None:
+        for port in ("0", "65536", "x"):
+            issues = self.issues(edge=f"edge.example.net:{port}")
+            self.assertEqual([i.path for i in issues], ["--edge"], port)
+
+    def test_errors_name_the_flag(self) -> None:
+        issues = self.issues(token_file=None, ca_file=None, cert_file="ca.crt", store="")
+        self.assertEqual(
+            sorted(i.path for i in issues),
+            ["--ca-file", "--key-file", "--store", "--token-file"],
+        )
+        self.assertIn(
+            ConfigIssue("--ca-file", "is required with --edge"),
+            issues,
+        )
+
+    def test_missing_token_file(self) -> None:
+        issues = self.issues(token_file="absent.token")
+        self.assertEqual(len(issues), 1)
+        self.assertEqual(issues[0].path, "--token-file")
+        self.assertIn("absent.token does not exist", issues[0].message)
+
+    def test_empty_token_file(self) -> None:
+        with open(os.path.join(self.dir, "empty.token"), "w"):
+            pass
+        issues = self.issues(token_file="empty.token")
+        self.assertEqual([i.path for i in issues], ["--token-file"])
+        self.assertIn("is empty", issues[0].message)
+
+    def test_token_never_in_errors(self) -> None:
+        error = self.assertRaises(ConfigError, self.build, ca_file="absent.crt")
+        self.assertNotIn(NODE_TOKEN, str(error))
+        self.assertNotIn(NODE_TOKEN, repr(error))
