@@ -63,9 +63,10 @@ _EDGE_ONLY_KEYS = {
 }
 
 
-# The Edge workload name a flag-joined node checks unless --server-name says otherwise: the name
-# `iop pki` gives the Edge's certificate (and only that name; it does not carry the Edge's DNS
-# host or address, which a node may dial by any of several).
+# The Edge workload name a flag-joined node checks unless --server-name says otherwise: `edge.`
+# and the default trust domain, the name the examples give the Edge's certificate (`iop pki
+# issue-edge edge.iop.internal`). That certificate names the Edge's workload, not the DNS host or
+# address a node dials, so the host is not a useful default here.
 DEFAULT_JOIN_SERVER_NAME = f"edge.{DEFAULT_TRUST_DOMAIN}"
 
 # node.yaml path -> the join flag that sets it.
