@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from iop.cli import check
 from iop.cli.command import CommandError, Report
 
 DEFAULT_ADMIN = "http://127.0.0.1:8081"
@@ -89,6 +90,7 @@ def register(subparsers: Any) -> None:
     )
     refresh.add_argument("--json", action="store_true", help="print the result document as JSON")
     refresh.set_defaults(run=run_refresh)
+    check.register(commands)
 
 
 def admin_url(given: str | None) -> str:

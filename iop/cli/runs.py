@@ -1,0 +1,51 @@
+# -*- test-case-name: iop.test.cli.test_runs_cli -*-
+"""``iop runs``: the running Edge's active runs (``GET /runs`` on its admin listener)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from iop.cli import status
+from iop.cli.command import Report
+
+
+def register(subparsers: Any) -> None:
+    """Add C{iop runs}."""
+    runs = subparsers.add_parser(
+        "runs",
+        help="the running Edge's active runs",
+        description="List the running Edge's active runs (GET /runs).",
+    )
+    status.add_admin_argument(runs)
+    runs.add_argument("--json", action="store_true", help="print the run list as JSON")
+    runs.set_defaults(run=run_runs)
+
+
+def run_runs(args: argparse.Namespace, report: Report) -> int:
+    document = status.get_document(args.admin, "/runs")
+    if args.json:
+        print(json.dumps(document, indent=2), file=report.out)
+        return 0
+    for line in summary(document):
+        print(line, file=report.out)
+    return 0
+
+
+def summary(document: dict[str, Any]) -> list[str]:
+    runs = document.get("runs") or []
+    if not runs:
+        return ["no active runs"]
+    return status.table(
+        ("RUN", "NODE", "ADAPTER", "TARGET"),
+        [
+            (
+                str(r.get("run_id", "")),
+                str(r.get("node_id", "")),
+                str(r.get("adapter", "")),
+                str(r.get("target", "")) or "-",
+            )
+            for r in runs
+        ],
+    )
