@@ -3,6 +3,8 @@
 The small admin HTTP surface (Klein), loopback by default.
 
 - ``GET /healthz``, ``GET /status``
+- ``GET /metrics``: Prometheus text exposition of the Edge's own registry
+  (:class:`~iop.edge.metrics.EdgeMetrics`); 503 when this Edge has none.
 - ``POST /runs``: submit a normalized run (``{"model": ..., "input": ...}`` through
   ``openai.model_routes``, or ``{"adapter", "target", "node"?}`` directly) and stream its events
   back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
@@ -40,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
+from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -60,6 +63,7 @@ from iop.edge.ingress.relay import (
     relay,
     with_placement,
 )
+from iop.edge.metrics import EdgeMetrics
 from iop.edge.refresh.report import RefreshResult
 from iop.edge.refresh.service import ConfigRefresher
 from iop.edge.runs import RunDispatcher, RunHandle
@@ -158,8 +162,10 @@ class AdminApp:
         tunnels: TunnelDispatcher | None = None,
         gateway: EdgeGateway | None = None,
         refresher: ConfigRefresher | None = None,
+        metrics: EdgeMetrics | None = None,
     ) -> None:
         self._snapshot = status_snapshot
+        self._metrics = metrics
         self._refresher = refresher
         self._runs = runs
         self._commands = commands
@@ -255,6 +261,14 @@ class AdminApp:
             return _json(request, result.as_dict())
 
         return self._refresher.refresh(mode, trigger="admin API").addCallback(answered)
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        if self._metrics is None:
+            return _error(request, 503, "metrics are not available on this edge")
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        request.setHeader(b"cache-control", b"no-store")
+        return self._metrics.render()
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:

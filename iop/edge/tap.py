@@ -37,6 +37,7 @@ from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus, UsageEvent
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.app import ClientApp
+from iop.edge.metrics import EdgeMetrics
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
 from iop.edge.refresh.apply import LiveApplier
@@ -142,8 +143,17 @@ class EdgeService(MultiService):
             self.refresher = ConfigRefresher(
                 lambda: load_edge_config(source), classify, self.applier, self.pusher, reactor
             )
+        # Prometheus metrics: state read from the status snapshot, counts off the bus.
+        self.metrics = EdgeMetrics(self.snapshot, self.bus.dropped)
+        self.bus.subscribe(self.metrics.observe)
         self.admin = AdminApp(
-            self.snapshot, self.runs, self.commands, self.tunnels, self.gateway, self.refresher
+            self.snapshot,
+            self.runs,
+            self.commands,
+            self.tunnels,
+            self.gateway,
+            self.refresher,
+            metrics=self.metrics,
         )
 
     def _use_config(self, config: EdgeConfig) -> None:

@@ -1,0 +1,144 @@
+# -*- test-case-name: iop.test.edge.test_metrics -*-
+"""
+The Edge's Prometheus metrics: one :class:`EdgeMetrics` per Edge, with its own
+``CollectorRegistry`` (never the process-global one), served as ``GET /metrics`` on the admin
+listener.
+
+Two sources, each exact:
+
+- **State, read at scrape time** (:class:`StateCollector`): provider capacity and lease/queue
+  occupancy and node connections by state are read from the same status snapshot ``/status``
+  answers, so a scrape and ``/status`` taken together agree.
+- **Events, counted as they happen** (:meth:`EdgeMetrics.observe`, an event bus subscriber):
+  finished requests by outcome, token usage by type (what the provider reported; a request
+  without reported usage observes nothing), node lifecycle events by kind. The bus drops events
+  for a subscriber that falls far behind; ``iop_event_bus_dropped_events_total`` counts those,
+  so a counter that is short says so.
+
+Labels are bounded: model, provider and node ids from the config, outcome, token type and
+event kind from fixed sets. Never a key, token, principal or free text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iop.edge.events import NodeEvent, NodeEventKind, UsageEvent
+from iop.edge.registry import OwnershipState
+
+# The OpenTelemetry GenAI buckets for gen_ai.client.token.usage (powers of 4).
+TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))
+NODE_STATES = (*(s.value for s in OwnershipState), "disconnected")
+# Per provider, from its /status entry: metric name suffix → the entry's field.
+PROVIDER_GAUGES = (
+    ("capacity", "capacity", "Concurrent leases the provider grants (0 when not available)."),
+    ("long_capacity", "long_capacity", "Of those, leases for long prompts."),
+    ("in_flight", "in_flight", "Leases held now."),
+    ("long_in_flight", "long_in_flight", "Leases for long prompts held now."),
+    ("queued", "queued", "Requests waiting in the queue for this provider."),
+    ("long_queued", "long_queued", "Long-prompt requests waiting for this provider."),
+)
+
+
+def _node_event_kind(kind: NodeEventKind) -> str:
+    return kind.value.removeprefix("node.")
+
+
+class StateCollector(Collector):
+    """Gauges read from the status snapshot at scrape time."""
+
+    def __init__(
+        self, status_snapshot: Callable[[], dict[str, Any]], dropped: Callable[[], int]
+    ) -> None:
+        self._snapshot = status_snapshot
+        self._dropped = dropped
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self._snapshot()
+        gauges = {
+            field: GaugeMetricFamily(f"iop_provider_{suffix}", doc, labels=["provider", "node"])
+            for suffix, field, doc in PROVIDER_GAUGES
+        }
+        for entry in snap.get("providers", []):
+            for field, family in gauges.items():
+                family.add_metric([entry["id"], entry["node_id"]], float(entry[field]))
+        yield from gauges.values()
+        states = dict.fromkeys(NODE_STATES, 0)
+        for node in snap.get("nodes", []):
+            states[node["state"]] = states.get(node["state"], 0) + 1
+        connections = GaugeMetricFamily(
+            "iop_node_connections", "Configured nodes by connection state.", labels=["state"]
+        )
+        for state, count in states.items():
+            connections.add_metric([state], float(count))
+        yield connections
+        yield CounterMetricFamily(
+            "iop_event_bus_dropped_events",
+            "Events the bus dropped for a subscriber that fell behind (the counters miss them).",
+            value=float(self._dropped()),
+        )
+
+
+class EdgeMetrics:
+    """The Edge's metrics: subscribe :meth:`observe` to the event bus, serve :meth:`render`."""
+
+    def __init__(
+        self,
+        status_snapshot: Callable[[], dict[str, Any]],
+        dropped: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "iop_requests",
+            "Finished client requests (runs and tunnels) by outcome.",
+            ["model", "provider", "node", "outcome"],
+            registry=self.registry,
+        )
+        self._tokens = Histogram(
+            "gen_ai_client_token_usage",
+            "Tokens per request as the provider reported them, by type.",
+            ["model", "provider", "node", "type"],
+            buckets=TOKEN_BUCKETS,
+            registry=self.registry,
+        )
+        self._node_events = Counter(
+            "iop_node_events",
+            "Node lifecycle events by kind.",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in NodeEventKind:
+            self._node_events.labels(kind=_node_event_kind(kind))
+        self.registry.register(StateCollector(status_snapshot, dropped))
+
+    def observe(self, event: object) -> None:
+        """The event bus subscriber."""
+        if isinstance(event, UsageEvent):
+            self._request_finished(event)
+        elif isinstance(event, NodeEvent):
+            self._node_events.labels(kind=_node_event_kind(event.kind)).inc()
+
+    def _request_finished(self, event: UsageEvent) -> None:
+        labels = (event.model, event.provider_id, event.node_id)
+        self._requests.labels(*labels, event.outcome).inc()
+        usage = event.usage
+        if usage is None:
+            return
+        counts = {
+            "input": usage.input_tokens,
+            "output": usage.output_tokens,
+            "reasoning": usage.reasoning_tokens,
+            "cached_input": usage.cached_input_tokens,
+        }
+        for token_type, count in counts.items():
+            if count is not None:
+                self._tokens.labels(*labels, token_type).observe(count)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of this Edge's registry."""
+        return generate_latest(self.registry)
