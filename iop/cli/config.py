@@ -8,7 +8,8 @@
   (class)``) and node push; ``--json`` prints the result document as the Edge sent it.
 
 The admin URL is ``--admin``, else ``$IOP_ADMIN``, else ``http://127.0.0.1:8081`` (the admin
-listener of ``etc/iop/edge.yaml``).
+listener of ``etc/iop/edge.yaml``). An Edge with ``admin.auth`` needs its admin token, sent as
+``Authorization: Bearer``: read from ``--admin-token-file``, else ``$IOP_ADMIN_TOKEN``.
 
 Exit codes: 0 ``applied`` (with ``--dry-run``: would apply); 1 ``rejected``, or no result (the
 Edge cannot be reached or did not answer a result document); 2 a usage error; 3
@@ -22,7 +23,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from iop.cli import check
@@ -30,6 +31,9 @@ from iop.cli.command import CommandError, Report
 
 DEFAULT_ADMIN = "http://127.0.0.1:8081"
 ADMIN_ENV = "IOP_ADMIN"
+ADMIN_TOKEN_ENV = "IOP_ADMIN_TOKEN"
+#: An admin token is one short line.
+MAX_TOKEN_BYTES = 4096
 #: The Edge answers once the ready nodes answered its push (10 s each, in parallel).
 TIMEOUT_SEC = 60.0
 
@@ -42,15 +46,20 @@ EXIT_CODES = {
     "restart_required": EXIT_RESTART_REQUIRED,
 }
 
-#: POST ``body`` (JSON) to ``url``; the HTTP status and the response body. Raises OSError when
-#: there is no answer.
-Post = Callable[[str, bytes, float], tuple[int, bytes]]
+#: POST ``body`` (JSON) to ``url`` with extra ``headers``; the HTTP status and the response
+#: body. Raises OSError when there is no answer.
+Post = Callable[[str, bytes, float, Mapping[str, str]], tuple[int, bytes]]
 
 
-def http_post(url: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+def http_post(
+    url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+) -> tuple[int, bytes]:
     """The default :data:`Post`, with the standard library's HTTP client."""
     request = urllib.request.Request(
-        url, data=body, method="POST", headers={"content-type": "application/json"}
+        url,
+        data=body,
+        method="POST",
+        headers={"content-type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -88,6 +97,12 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"the Edge's admin listener (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})",
     )
+    refresh.add_argument(
+        "--admin-token-file",
+        metavar="FILE",
+        default=None,
+        help=f"the Edge's admin token (admin.auth), from this file (default: ${ADMIN_TOKEN_ENV})",
+    )
     refresh.add_argument("--json", action="store_true", help="print the result document as JSON")
     refresh.set_defaults(run=run_refresh)
     check.register(commands)
@@ -100,11 +115,37 @@ def admin_url(given: str | None) -> str:
     return url.rstrip("/")
 
 
+def admin_headers(token_file: str | None) -> dict[str, str]:
+    """
+    ``Authorization: Bearer`` with the admin token from ``token_file``, else
+    ``$IOP_ADMIN_TOKEN``; none when neither is given. Errors name the file, never the token.
+    """
+    if token_file is not None:
+        try:
+            with open(token_file, encoding="utf-8") as f:
+                token = f.read(MAX_TOKEN_BYTES + 1).strip()
+        except (OSError, UnicodeDecodeError) as e:
+            reason = getattr(e, "strerror", None) or type(e).__name__
+            raise CommandError(f"cannot read the admin token file {token_file}: {reason}") from None
+        where = f"the admin token file {token_file}"
+    else:
+        token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+        if not token:
+            return {}
+        where = f"${ADMIN_TOKEN_ENV}"
+    if not token:
+        raise CommandError(f"{where} is empty")
+    if len(token) > MAX_TOKEN_BYTES or any(ord(c) < 0x21 or ord(c) == 0x7F for c in token):
+        raise CommandError(f"{where} does not hold one token (one line, no spaces)")
+    return {"authorization": f"Bearer {token}"}
+
+
 def run_refresh(args: argparse.Namespace, report: Report) -> int:
     mode = "dry_run" if args.dry_run else "apply"
     url = admin_url(args.admin) + "/config/refresh"
+    headers = admin_headers(args.admin_token_file)
     try:
-        status, raw = http_post(url, json.dumps({"mode": mode}).encode(), TIMEOUT_SEC)
+        status, raw = http_post(url, json.dumps({"mode": mode}).encode(), TIMEOUT_SEC, headers)
     except OSError as e:
         reason = getattr(e, "reason", None) or e.strerror or type(e).__name__
         raise CommandError(f"cannot reach the Edge admin listener at {url}: {reason}") from None
@@ -126,7 +167,10 @@ def _document(url: str, status: int, raw: bytes) -> dict[str, Any]:
         message = ""
         if isinstance(document, dict) and isinstance(document.get("error"), dict):
             message = str(document["error"].get("message", ""))
-        raise CommandError(f"{url} answered HTTP {status}" + (f": {message}" if message else ""))
+        text = f"{url} answered HTTP {status}" + (f": {message}" if message else "")
+        if status == 401:
+            text += f" (give the admin token: --admin-token-file FILE or ${ADMIN_TOKEN_ENV})"
+        raise CommandError(text)
     if document["result"] not in ("applied", "restart_required", "rejected"):
         raise CommandError(f"{url} answered an unknown result {document['result']!r}")
     return document

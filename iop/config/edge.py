@@ -54,6 +54,7 @@ from iop.config.model import (
     SECURITY_MODES,
     TOKEN_COUNTERS,
     AdapterConfig,
+    AdminConfig,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
@@ -235,6 +236,17 @@ def check_tcp_endpoint(issues: Issues, path: str, description: str) -> str | Non
     return values.get("interface", "") if ok else None
 
 
+def endpoint_interface(description: str) -> str | None:
+    """
+    The network interface a (non-``tcp:``) server endpoint string binds: ``unix:`` sockets are
+    local (``127.0.0.1`` for the loopback rule), otherwise its ``interface=`` (``""``: all).
+    """
+    args, kwargs = split_endpoint(description)
+    if args[0] == "unix":
+        return "127.0.0.1"
+    return kwargs.get("interface", "")
+
+
 def existing_file(issues: Issues, path: str, value: str, base_dir: str) -> str:
     """``value`` resolved against ``base_dir``; an issue unless it is a readable file."""
     resolved = absolute_path(base_dir, value)
@@ -353,6 +365,8 @@ class _EdgeParser:
         listen = top.section("listen", required=True)
         node_listen = ""
         admin_listen = DEFAULT_ADMIN_LISTEN
+        # The admin listener's interface ("" all interfaces; None unknown: already an issue).
+        admin_interface: str | None = "127.0.0.1"
         interface: str | None = None
         if listen is not None:
             node_listen = listen.string("nodes", required=True)
@@ -360,8 +374,13 @@ class _EdgeParser:
                 interface = check_tcp_endpoint(self.issues, listen.path_of("nodes"), node_listen)
             admin_listen = listen.string("admin", DEFAULT_ADMIN_LISTEN, nonempty=True)
             if admin_listen.startswith("tcp:"):
-                check_tcp_endpoint(self.issues, listen.path_of("admin"), admin_listen)
+                admin_interface = check_tcp_endpoint(
+                    self.issues, listen.path_of("admin"), admin_listen
+                )
+            else:
+                admin_interface = endpoint_interface(admin_listen)
             listen.finish()
+        admin = self._admin(top, admin_interface)
 
         # Read first: the mode decides what the rest of the file must hold.
         self.security = self._security(top)
@@ -403,8 +422,38 @@ class _EdgeParser:
             client_api=client_api,
             security=self.security,
             credentials=credentials,
+            admin=admin,
             source_path=source_path,
         )
+
+    # -- admin -------------------------------------------------------------------------------
+
+    def _admin(self, top: Section, interface: str | None) -> AdminConfig:
+        """
+        ``admin.auth`` (``token: ${ENV}`` / ``token_file`` / ``token_sha256``, kept as a
+        digest); required when ``listen.admin`` binds anything but loopback.
+        """
+        before = len(self.issues)
+        section = top.section("admin")
+        auth: NodeToken | None = None
+        given = False
+        if section is not None:
+            auth_section = section.section("auth")
+            if auth_section is not None:
+                given = True
+                auth = edge_node_token(auth_section, base_dir=self.base_dir, environ=self.environ)
+                auth_section.finish()
+            section.finish()
+        exposed = interface is not None and not is_loopback_host(interface)
+        if exposed and not given and len(self.issues) == before:
+            shown = f"interface {interface}" if interface else "all interfaces"
+            self.issues.add(
+                "listen.admin",
+                f"binds {shown}, not loopback: set admin.auth (token: ${{ENV_VAR}}, token_file "
+                "or token_sha256) so that every admin request needs a bearer token, or bind "
+                "the admin listener to 127.0.0.1",
+            )
+        return AdminConfig(auth=auth)
 
     # -- security ----------------------------------------------------------------------------
 

@@ -375,6 +375,17 @@ class EdgeSecurity:
 
 
 @dataclass(frozen=True)
+class AdminConfig:
+    """
+    ``admin:`` in edge.yaml. ``auth``: the digest of the admin bearer token (from ``token:
+    ${ENV}``, ``token_file`` or ``token_sha256``); when set, every request to the admin listener
+    must carry ``Authorization: Bearer <token>``. Required when ``listen.admin`` is not loopback.
+    """
+
+    auth: NodeToken | None = None
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     """The whole edge.yaml."""
 
@@ -394,6 +405,7 @@ class EdgeConfig:
     client_api: ClientAPIConfig = ClientAPIConfig()
     security: EdgeSecurity = EdgeSecurity()
     credentials: tuple[CredentialSlot, ...] = ()
+    admin: AdminConfig = AdminConfig()
     source_path: str = ""
 
     @property

@@ -32,6 +32,7 @@ from twisted.web.server import Site
 from iop.config import ConfigError, load_edge_config
 from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
+from iop.edge.admin_auth import protect
 from iop.edge.commands import NodeCommander
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus, UsageEvent
@@ -227,7 +228,8 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     nodes.setServiceParent(edge)
 
     admin = StreamServerEndpointService(
-        serverFromString(reactor, config.admin_listen_endpoint), Site(edge.admin.resource())
+        serverFromString(reactor, config.admin_listen_endpoint),
+        Site(protect(edge.admin.resource(), config.admin)),
     )
     admin._raiseSynchronously = True
     admin.setName("admin")

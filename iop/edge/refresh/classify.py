@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from iop.config.model import (
     AdapterConfig,
+    AdminConfig,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
@@ -181,6 +182,7 @@ RULES: dict[type, dict[str, Rule]] = {
             "the issuer re-binds; a provider naming the slot is its own (restart) change",
             origin=PROJECT,
         ),
+        "admin": Record("admin", AdminConfig),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
     },
     ServerTLS: {
@@ -311,6 +313,15 @@ RULES: dict[type, dict[str, Rule]] = {
         "trust_domain": Leaf("trust_domain", RESTART, _SECURITY, origin=PROJECT),
         "signing_key_file": Leaf("lease.signing_key_file", RESTART, _SECURITY, origin=PROJECT),
         "lease_ttl_sec": Leaf("lease.ttl_sec", RESTART, _SECURITY, origin=PROJECT),
+    },
+    AdminConfig: {
+        "auth": Leaf(
+            "auth",
+            RESTART,
+            "the admin listener's bearer-token check is set up at start",
+            secret="value",
+            origin=PROJECT,
+        ),
     },
     CredentialSlot: {
         "name": Key(),

@@ -72,7 +72,9 @@ class RefreshCommandTests(SynchronousTestCase):
             os.environ[config_cli.ADMIN_ENV] = value
             self.addCleanup(os.environ.pop, config_cli.ADMIN_ENV, None)
 
-    def post(self, url: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    def post(
+        self, url: str, body: bytes, timeout: float, headers: object = None
+    ) -> tuple[int, bytes]:
         self.requests.append((url, json.loads(body), timeout))
         if self.error is not None:
             raise self.error

@@ -22,6 +22,7 @@ import iop
 from iop.config import model as config_model
 from iop.config.model import (
     AdapterConfig,
+    AdminConfig,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
@@ -237,6 +238,7 @@ LOCATORS: dict[type, Locator] = {
     ),
     EdgeSecurity: lambda c, f: dataclasses.replace(c, security=f(c.security)),
     CredentialSlot: lambda c, f: dataclasses.replace(c, credentials=_nth(c.credentials, 1, f)),
+    AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
 }
 
 N = "nodes[1]"
@@ -344,6 +346,8 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (CredentialSlot, "secret"): [(f"{C}.secret", LIVE)],
     (CredentialSlot, "revision"): [(f"{C}.revision", LIVE)],
     (CredentialSlot, "enabled"): [(f"{C}.enabled", LIVE)],
+    # The admin bearer token: the admin listener is wrapped at start.
+    (AdminConfig, "auth"): [("admin.auth", RESTART)],
 }
 
 # Whole sub-records and lists, walked by their own dataclass's rows (and the entry tests).
@@ -359,6 +363,7 @@ CONTAINERS = {
         "client_api",
         "security",
         "credentials",
+        "admin",
     )
 } | {
     (NodeConfig, "adapters"),
