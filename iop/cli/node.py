@@ -80,7 +80,9 @@ def run_command(args: argparse.Namespace, report: Report) -> int:
         f"{config.admin_url(args.admin)}/nodes/{urllib.parse.quote(args.node_id, safe='')}/commands"
     )
     try:
-        code, raw = config.http_post(url, json.dumps(body).encode(), TIMEOUT_SEC)
+        code, raw = config.http_post(
+            url, json.dumps(body).encode(), TIMEOUT_SEC, config.admin_headers(None)
+        )
     except OSError as e:
         raise status.unreachable(url, e) from None
     try:

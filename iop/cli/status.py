@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from iop.cli.command import CommandError, Report
-from iop.cli.config import ADMIN_ENV, DEFAULT_ADMIN, admin_url
+from iop.cli.config import ADMIN_ENV, DEFAULT_ADMIN, admin_headers, admin_url
 
 #: A GET of an admin route answers within this many seconds.
 TIMEOUT_SEC = 30.0
@@ -29,8 +29,10 @@ Get = Callable[[str, float], tuple[int, bytes]]
 
 
 def http_get(url: str, timeout: float) -> tuple[int, bytes]:
-    """The default :data:`Get`, with the standard library's HTTP client."""
-    request = urllib.request.Request(url, method="GET", headers={"accept": "application/json"})
+    """The default :data:`Get`, with the standard library's HTTP client; it sends the admin
+    token of ``$IOP_ADMIN_TOKEN`` when one is set (``admin.auth``)."""
+    headers = {"accept": "application/json", **admin_headers(None)}
+    request = urllib.request.Request(url, method="GET", headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status), response.read()

@@ -85,7 +85,7 @@ class FakeAdmin:
         self.calls.append(("GET", url, None))
         return self._answer(url)
 
-    def post(self, url: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    def post(self, url: str, body: bytes, timeout: float, headers: Any = None) -> tuple[int, bytes]:
         self.calls.append(("POST", url, json.loads(body)))
         return self._answer(url)
 
