@@ -11,9 +11,6 @@ Private keys are written with mode 0600 and an existing file is never replaced: 
 signing or recipient key is a rotation, done by removing the old files on purpose. Each command
 prints which edge.yaml / node.yaml key takes which file, and the public key id; never key
 material.
-
-The key library is imported when a command runs: generating keys needs the HPKE machinery,
-``iop --help`` and ``iop pki`` do not.
 """
 
 from __future__ import annotations
@@ -23,13 +20,14 @@ import os
 from typing import Any
 
 from iop.cli.command import CommandError, Report
+from iop.security import keys
 from iop.security.pki import PKIError, check_node_id
 
 DEFAULT_DIR = "keys"
 ISSUER_PRIVATE_FILE = "issuer.key"
 ISSUER_PUBLIC_FILE = "issuer.pub"
-#: The --kem choices: iop.security.keys.KEMS (a test checks they agree), default first.
-KEM_CHOICES = ("x25519", "mlkem768-x25519")
+#: The --kem choices, default first.
+KEM_CHOICES = keys.KEMS
 
 
 def register(subparsers: Any) -> None:
@@ -91,8 +89,6 @@ def _prepare(directory: str, *paths: str) -> None:
 
 
 def run_issuer(args: argparse.Namespace, report: Report) -> None:
-    from iop.security import keys  # type: ignore[attr-defined, unused-ignore]
-
     directory = os.fspath(args.dir)
     private = os.path.join(directory, ISSUER_PRIVATE_FILE)
     public = os.path.join(directory, ISSUER_PUBLIC_FILE)
@@ -112,15 +108,11 @@ def run_issuer(args: argparse.Namespace, report: Report) -> None:
 
 
 def run_recipient(args: argparse.Namespace, report: Report) -> None:
-    from iop.security import keys  # type: ignore[attr-defined, unused-ignore]
-
     node_id: str = args.node_id
     try:
         check_node_id(node_id)
     except PKIError as e:
         raise CommandError(str(e)) from None
-    if args.kem not in keys.KEMS:
-        raise CommandError(f"--kem {args.kem!r}: not supported by this build")
     directory = os.fspath(args.dir)
     private = os.path.join(directory, f"{node_id}.recipient.key")
     public = os.path.join(directory, f"{node_id}.recipient.pub")

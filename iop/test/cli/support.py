@@ -1,7 +1,8 @@
 # -*- test-case-name: iop.test.cli -*-
 """
 Running C{iop} in a test: L{run} calls L{iop.cli.main.main} with stdout/stderr captured;
-L{assert_no_key_material} checks that what it printed holds no key.
+L{assert_no_key_material} checks that what it printed holds no key; L{CommandAssertions} holds
+the exit-code checks every command's tests share.
 """
 
 from __future__ import annotations
@@ -31,6 +32,22 @@ def run(argv: Sequence[str]) -> Result:
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(list(argv))
     return Result(code, out.getvalue(), err.getvalue())
+
+
+class CommandAssertions(SynchronousTestCase):
+    """Exit-code assertions for C{iop} commands (a base for their test cases)."""
+
+    def assertOK(self, result: Result) -> None:
+        self.assertEqual((result.code, result.err), (0, ""))
+
+    def assertUserError(self, result: Result, *fragments: str) -> None:
+        """Exit code 1, one line on stderr naming each fragment, nothing on stdout."""
+        self.assertEqual(result.code, 1, result)
+        self.assertEqual(result.out, "")
+        self.assertTrue(result.err.startswith("iop: error: "), result.err)
+        self.assertEqual(len(result.err.splitlines()), 1, result.err)
+        for fragment in fragments:
+            self.assertIn(fragment, result.err)
 
 
 def assert_no_key_material(case: SynchronousTestCase, result: Result, *paths: str) -> None:

@@ -2,41 +2,25 @@
 """
 Tests for C{iop keys} (L{iop.cli.keys}), run through L{iop.cli.main.main}: the key files and
 their modes, the config keys the output names, refusals, and no key material in any output.
-
-They need L{iop.security.keys} (the lease key library) and are skipped, with that reason, on
-a tree that does not have it yet.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import stat
-from typing import Any
-
-from twisted.trial.unittest import SynchronousTestCase
 
 from iop.cli import keys as keys_cli
-from iop.test.cli.support import Result, assert_no_key_material, assert_setting, run
-
-# Imported by name so that this module type-checks on a tree without the library.
-security_keys: Any
-try:
-    security_keys = importlib.import_module("iop.security.keys")
-except ModuleNotFoundError as e:
-    # Only the library's absence skips; a broken library fails the tests.
-    if e.name != "iop.security.keys":
-        raise
-    security_keys = None
-
-_SKIP = (
-    "iop.security.keys (the lease key library) is not importable" if security_keys is None else None
+from iop.security import keys as security_keys
+from iop.test.cli.support import (
+    CommandAssertions,
+    Result,
+    assert_no_key_material,
+    assert_setting,
+    run,
 )
 
 
-class KeysCommandTests(SynchronousTestCase):
-    skip = _SKIP
-
+class KeysCommandTests(CommandAssertions):
     def setUp(self) -> None:
         self.dir = os.path.join(self.mktemp(), "keys")
 
@@ -50,17 +34,6 @@ class KeysCommandTests(SynchronousTestCase):
         private = [self.path(n) for n in names if n.endswith(".key")]
         assert_no_key_material(self, result, *private)
         return result
-
-    def assertOK(self, result: Result) -> None:
-        self.assertEqual((result.code, result.err), (0, ""))
-
-    def assertUserError(self, result: Result, *fragments: str) -> None:
-        self.assertEqual(result.code, 1, result)
-        self.assertEqual(result.out, "")
-        self.assertTrue(result.err.startswith("iop: error: "), result.err)
-        self.assertEqual(len(result.err.splitlines()), 1, result.err)
-        for fragment in fragments:
-            self.assertIn(fragment, result.err)
 
     def assertPrivate(self, path: str) -> None:
         self.assertEqual(stat.S_IMODE(os.stat(path).st_mode), 0o600, path)

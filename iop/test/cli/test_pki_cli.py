@@ -12,11 +12,16 @@ import stat
 
 from cryptography import x509
 from cryptography.x509.oid import NameOID
-from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import EdgeSecurity
 from iop.security.tls import verify_peer_workload
-from iop.test.cli.support import Result, assert_no_key_material, assert_setting, run
+from iop.test.cli.support import (
+    CommandAssertions,
+    Result,
+    assert_no_key_material,
+    assert_setting,
+    run,
+)
 
 EDGE_NAME = "edge.iop.internal"
 
@@ -37,7 +42,7 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-class PKICommandTests(SynchronousTestCase):
+class PKICommandTests(CommandAssertions):
     def setUp(self) -> None:
         self.dir = os.path.join(self.mktemp(), "pki")
 
@@ -50,18 +55,6 @@ class PKICommandTests(SynchronousTestCase):
         keys = os.listdir(self.dir) if os.path.isdir(self.dir) else []
         assert_no_key_material(self, result, *(self.path(n) for n in keys if n.endswith(".key")))
         return result
-
-    def assertOK(self, result: Result) -> None:
-        self.assertEqual((result.code, result.err), (0, ""))
-
-    def assertUserError(self, result: Result, *fragments: str) -> None:
-        """Exit code 1, one line on stderr naming each fragment, nothing on stdout."""
-        self.assertEqual(result.code, 1, result)
-        self.assertEqual(result.out, "")
-        self.assertTrue(result.err.startswith("iop: error: "), result.err)
-        self.assertEqual(len(result.err.splitlines()), 1, result.err)
-        for fragment in fragments:
-            self.assertIn(fragment, result.err)
 
     def test_init(self) -> None:
         """
