@@ -1,6 +1,6 @@
 # -*- test-case-name: iop.test.edge.test_events -*-
 """
-In-process fanout of node lifecycle events and per-request usage events to observers.
+In-process fanout of node lifecycle events and finished client requests to observers.
 
 Observers only: nothing that must happen (lease return, fencing, queue settlement) rides this
 bus. Each subscriber gets its own bounded queue drained on a later reactor turn, so a slow or
@@ -48,13 +48,52 @@ class NodeEvent:
 
 
 @dataclass(frozen=True)
+class RequestFinished:
+    """
+    One client request ended (its response finished, or its client went away, and its handler
+    returned): what it asked, where it ran, how it ended, what it used and how long it took.
+    Published exactly once per client request on the client API (and per admin run/tunnel), by
+    :class:`iop.edge.ingress.record.RequestRecord`.
+
+    Every string is from a bounded set, so it may be a metric label: ``surface`` (``openai``,
+    ``anthropic``, ``admin``); ``operation`` (``chat``, ``responses``, ``messages``,
+    ``count_tokens``, ``models``, ``run``, ``tunnel``, ``unrouted``); ``model``, ``provider_id``,
+    ``node_id``, ``target`` from the config (empty until the request named a configured model /
+    was placed — a client's unknown model name never appears); ``outcome``: ``complete``,
+    ``error``, ``cancelled`` (the work was cancelled, e.g. the client left) or ``refused`` (no
+    work was sent: a 4xx/5xx before placement or dispatch); ``error_code``: the error's machine
+    code in the surface's error body ("" on success; codes are IOP's own vocabulary).
+    ``status`` is the HTTP status sent (0 when the client left before any status was sent).
+
+    Times are seconds: ``duration`` from the request's arrival at the handler to its end;
+    ``time_to_first_token`` from arrival to the first body byte of a streamed answer (None
+    unless streamed); ``queue_wait`` from asking the pool for a provider to getting one (None
+    when never placed, 0.0 when placed at once); ``usage`` as the provider reported it (None when
+    it reported nothing; never estimated).
+    """
+
+    surface: str
+    operation: str
+    status: int
+    outcome: str
+    duration: float
+    model: str = ""
+    provider_id: str = ""
+    node_id: str = ""
+    target: str = ""
+    usage_attribution: str = ""
+    error_code: str = ""
+    stream: bool = False
+    usage: Usage | None = None
+    time_to_first_token: float | None = None
+    queue_wait: float | None = None
+    at: float = 0.0
+    kind: str = "request.finished"
+
+
+@dataclass(frozen=True)
 class UsageEvent:
-    """
-    One client request finished (a run or a tunnel): what it used and whom it is attributed to.
-    ``usage`` is what the provider reported (None when it reported nothing; never estimated);
-    ``outcome`` is the run's terminal type (``complete``, ``error``, ``cancelled``) or, for a
-    tunnel, ``complete`` / ``error``.
-    """
+    """Superseded by :class:`RequestFinished` (removed once nothing publishes it)."""
 
     model: str
     provider_id: str
@@ -67,8 +106,8 @@ class UsageEvent:
     kind: str = "request.finished"
 
 
-BusEvent = NodeEvent | UsageEvent
-# A subscriber receives every event published (NodeEvent and UsageEvent alike); one that wants
+BusEvent = NodeEvent | RequestFinished | UsageEvent
+# A subscriber receives every event published (NodeEvent and RequestFinished alike); one that wants
 # a single kind filters with isinstance.
 Subscriber = Callable[[Any], object]
 
@@ -124,5 +163,5 @@ class EventBus:
             try:
                 sub.callback(event)
             except Exception:
-                kind = event.kind if isinstance(event, UsageEvent) else event.kind.value
+                kind = event.kind if not isinstance(event, NodeEvent) else event.kind.value
                 self.log.failure("event subscriber failed on {kind}", kind=kind)
