@@ -52,7 +52,7 @@ class RequestFinished:
     """
     One client request ended (its response finished, or its client went away, and its handler
     returned): what it asked, where it ran, how it ended, what it used and how long it took.
-    Published exactly once per client request on the client API (and per admin run/tunnel), by
+    Published exactly once per request on the client API (the admin API's runs are not), by
     :class:`iop.edge.ingress.record.RequestRecord`.
 
     Every string is from a bounded set, so it may be a metric label: ``surface`` (``openai``,
@@ -91,22 +91,7 @@ class RequestFinished:
     kind: str = "request.finished"
 
 
-@dataclass(frozen=True)
-class UsageEvent:
-    """Superseded by :class:`RequestFinished` (removed once nothing publishes it)."""
-
-    model: str
-    provider_id: str
-    node_id: str
-    target: str
-    usage_attribution: str
-    outcome: str
-    usage: Usage | None = None
-    at: float = 0.0
-    kind: str = "request.finished"
-
-
-BusEvent = NodeEvent | RequestFinished | UsageEvent
+BusEvent = NodeEvent | RequestFinished
 # A subscriber receives every event published (NodeEvent and RequestFinished alike); one that wants
 # a single kind filters with isinstance.
 Subscriber = Callable[[Any], object]

@@ -12,18 +12,18 @@ comes from the selected provider, never from the client.
 
 The gateway never releases a lease: whoever placed the request releases it once, when it is
 done with it (:func:`iop.edge.ingress.relay.with_placement`; :meth:`Placement.release` is
-idempotent). :meth:`EdgeGateway.run` and :meth:`EdgeGateway.tunnel` report each request's end
-with its usage and attribution (log + ``on_finished``).
+idempotent). :meth:`EdgeGateway.run` and :meth:`EdgeGateway.tunnel` note on the placement how
+its work ended and what it used (:attr:`Placement.outcome`, :attr:`Placement.usage`); the
+request's record (:mod:`iop.edge.ingress.record`) reports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
@@ -54,6 +54,10 @@ class Placement:
     lease: Lease | None = field(default=None, repr=False)
     # Who asked: the client key's name ("" with auth off); bound into managed credential leases.
     principal: str = ""
+    # How the work ended (set once it has): complete, error or cancelled, and the usage the
+    # provider reported (None when it reported none). Read by the request's record.
+    outcome: str = ""
+    usage: Usage | None = None
 
     @property
     def wire(self) -> str:
@@ -65,33 +69,26 @@ class Placement:
         if self.lease is not None:
             self.lease.release()
 
-    def attribution(self) -> dict[str, str]:
-        return {
-            "model": self.model,
-            "provider_id": self.provider_id or "",
-            "node_id": self.node_id,
-            "target": self.target,
-            "usage_attribution": self.usage_attribution,
-        }
+    def ended(self, outcome: str, usage: Usage | None) -> None:
+        """The work ended: how, and what it used (the first report wins)."""
+        if not self.outcome:
+            self.outcome = outcome
+            self.usage = usage
 
 
 class EdgeGateway:
-    log = Logger()
-
     def __init__(
         self,
         config: EdgeConfig,
         pool: ProviderPool,
         runs: RunDispatcher,
         tunnels: TunnelDispatcher,
-        on_finished: Callable[[Placement, Usage | None, str], None] | None = None,
         credentials: CredentialIssuer | None = None,
     ) -> None:
         self._credentials = credentials
         self._pool = pool
         self._runs = runs
         self._tunnels = tunnels
-        self._on_finished = on_finished
         self._resolver = runs.routes
         self.use_config(config)
 
@@ -204,7 +201,7 @@ class EdgeGateway:
         )
 
         def finished(terminal: RuntimeEvent) -> RuntimeEvent:
-            self._finished(placement, terminal.usage, terminal.type.value)
+            placement.ended(terminal.type.value, terminal.usage)
             return terminal
 
         handle.when_done().addCallback(finished)
@@ -244,26 +241,19 @@ class EdgeGateway:
         )
 
         def finished(outcome: TunnelOutcome) -> TunnelOutcome:
-            self._finished(placement, outcome.usage, "complete" if outcome.ok else "error")
+            if outcome.ok:
+                placement.ended("complete", outcome.usage)
+            else:
+                cancelled = tunnel.cancel_reason is not None
+                placement.ended("cancelled" if cancelled else "error", outcome.usage)
             return outcome
 
         def failed(failure: Failure) -> Failure:
-            self._finished(placement, None, "error")
+            placement.ended("error", None)
             return failure
 
         tunnel.when_done().addCallbacks(finished, failed)
         return tunnel
-
-    def _finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
-        """Report usage with its attribution (log + observer)."""
-        self.log.info(
-            "request finished: {model} on {provider_id}@{node_id} ({outcome})",
-            outcome=outcome,
-            usage=usage.as_dict() if usage else None,
-            **placement.attribution(),
-        )
-        if self._on_finished is not None:
-            self._on_finished(placement, usage, outcome)
 
 
 __all__ = ["TUNNEL_TYPES", "EdgeGateway", "Placement"]

@@ -10,10 +10,13 @@ Two sources, each exact:
   occupancy and node connections by state are read from the same status snapshot ``/status``
   answers, so a scrape and ``/status`` taken together agree.
 - **Events, counted as they happen** (:meth:`EdgeMetrics.observe`, an event bus subscriber):
-  finished requests by outcome, token usage by type (what the provider reported; a request
-  without reported usage observes nothing), node lifecycle events by kind. The bus drops events
-  for a subscriber that falls far behind; ``iop_event_bus_dropped_events_total`` counts those,
-  so a counter that is short says so.
+  each finished client request (:class:`~iop.edge.events.RequestFinished`) once — by model,
+  provider, node, operation, surface, status and outcome; its duration, time to first token and
+  time per output token on the OpenTelemetry GenAI server metrics; its wait for a provider;
+  its token usage by type (what the provider reported; a request without reported usage
+  observes nothing); its error code when it failed — and node lifecycle events by kind. The
+  bus drops events for a subscriber that falls far behind;
+  ``iop_event_bus_dropped_events_total`` counts those, so a counter that is short says so.
 
 Labels are bounded: model, provider and node ids from the config, outcome, token type and
 event kind from fixed sets. Never a key, token, principal or free text.
@@ -28,11 +31,23 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from iop.edge.events import NodeEvent, NodeEventKind, UsageEvent
+from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.registry import OwnershipState
 
-# The OpenTelemetry GenAI buckets for gen_ai.client.token.usage (powers of 4).
+# The OpenTelemetry GenAI semantic conventions' bucket boundaries for each histogram.
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))
+DURATION_BUCKETS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+)  # fmt: skip
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+# Ours: from "placed at once" to the queue timeouts operators configure.
+QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The operations that generate (the gen_ai_server_* histograms observe only these).
+GENERATE_OPERATIONS = frozenset({"chat", "responses", "messages", "run", "tunnel"})
+REQUEST_LABELS = ("model", "provider", "node", "operation", "surface")
 NODE_STATES = (*(s.value for s in OwnershipState), "disconnected")
 # Per provider, from its /status entry: metric name suffix → the entry's field.
 PROVIDER_GAUGES = (
@@ -93,40 +108,94 @@ class EdgeMetrics:
         dropped: Callable[[], int] = lambda: 0,
     ) -> None:
         self.registry = CollectorRegistry()
+        registry = self.registry
         self._requests = Counter(
             "iop_requests",
-            "Finished client requests (runs and tunnels) by outcome.",
-            ["model", "provider", "node", "outcome"],
-            registry=self.registry,
+            "Finished client requests by where they ran, HTTP status and outcome (complete, "
+            "error, cancelled, refused).",
+            [*REQUEST_LABELS, "status", "outcome"],
+            registry=registry,
+        )
+        self._client_errors = Counter(
+            "iop_client_errors",
+            "Client requests answered with an error status, by the error's code.",
+            ["surface", "operation", "status", "code"],
+            registry=registry,
+        )
+        self._duration = Histogram(
+            "gen_ai_server_request_duration_seconds",
+            "Generation requests: arrival to the end of the response.",
+            [*REQUEST_LABELS, "status"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self._ttft = Histogram(
+            "gen_ai_server_time_to_first_token_seconds",
+            "Successful streamed generations: arrival to the first streamed body byte.",
+            REQUEST_LABELS,
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self._tpot = Histogram(
+            "gen_ai_server_time_per_output_token_seconds",
+            "Successful streamed generations: time after the first token per further output "
+            "token the provider reported.",
+            REQUEST_LABELS,
+            buckets=TPOT_BUCKETS,
+            registry=registry,
+        )
+        self._queue_wait = Histogram(
+            "iop_queue_wait_seconds",
+            "Requests placed by the provider pool: asking for a provider to getting one "
+            "(0 when one was free).",
+            ["model"],
+            buckets=QUEUE_WAIT_BUCKETS,
+            registry=registry,
         )
         self._tokens = Histogram(
             "gen_ai_client_token_usage",
             "Tokens per request as the provider reported them, by type.",
             ["model", "provider", "node", "type"],
             buckets=TOKEN_BUCKETS,
-            registry=self.registry,
+            registry=registry,
         )
         self._node_events = Counter(
             "iop_node_events",
             "Node lifecycle events by kind.",
             ["kind"],
-            registry=self.registry,
+            registry=registry,
         )
         for kind in NodeEventKind:
             self._node_events.labels(kind=_node_event_kind(kind))
-        self.registry.register(StateCollector(status_snapshot, dropped))
+        registry.register(StateCollector(status_snapshot, dropped))
 
     def observe(self, event: object) -> None:
         """The event bus subscriber."""
-        if isinstance(event, UsageEvent):
+        if isinstance(event, RequestFinished):
             self._request_finished(event)
         elif isinstance(event, NodeEvent):
             self._node_events.labels(kind=_node_event_kind(event.kind)).inc()
 
-    def _request_finished(self, event: UsageEvent) -> None:
-        labels = (event.model, event.provider_id, event.node_id)
-        self._requests.labels(*labels, event.outcome).inc()
+    def _request_finished(self, event: RequestFinished) -> None:
+        where = (event.model, event.provider_id, event.node_id, event.operation, event.surface)
+        status = str(event.status)
+        self._requests.labels(*where, status, event.outcome).inc()
+        if event.status >= 400:
+            self._client_errors.labels(
+                event.surface, event.operation, status, event.error_code or "none"
+            ).inc()
+        if event.queue_wait is not None:
+            self._queue_wait.labels(event.model).observe(event.queue_wait)
+        if event.operation not in GENERATE_OPERATIONS:
+            return
+        self._duration.labels(*where, status).observe(event.duration)
         usage = event.usage
+        ttft = event.time_to_first_token
+        if event.outcome == "complete" and 200 <= event.status < 300 and ttft is not None:
+            self._ttft.labels(*where).observe(ttft)
+            if usage is not None and usage.output_tokens > 1:
+                per_token = (event.duration - ttft) / (usage.output_tokens - 1)
+                self._tpot.labels(*where).observe(per_token)
         if usage is None:
             return
         counts = {
@@ -135,6 +204,7 @@ class EdgeMetrics:
             "reasoning": usage.reasoning_tokens,
             "cached_input": usage.cached_input_tokens,
         }
+        labels = (event.model, event.provider_id, event.node_id)
         for token_type, count in counts.items():
             if count is not None:
                 self._tokens.labels(*labels, token_type).observe(count)

@@ -5,7 +5,8 @@
 ``makeService(options, reactor=...)`` wires config → registry → node listener (TLS unless the
 config explicitly asks for loopback plaintext), the Klein admin listener and, when
 ``openai.listen`` is set, the client API listener (OpenAI- and Anthropic-compatible) into a
-MultiService. Every finished client request publishes a :class:`~iop.edge.events.UsageEvent`.
+MultiService. Every finished client request publishes a
+:class:`~iop.edge.events.RequestFinished` on the event bus.
 
 Live config refresh (:mod:`iop.edge.refresh`): the service builds a
 :class:`~iop.edge.refresh.service.ConfigRefresher` over the config file it was started with —
@@ -31,12 +32,13 @@ from twisted.web.server import Site
 
 from iop.config import ConfigError, load_edge_config
 from iop.config.model import EdgeConfig
+from iop.edge.accesslog import AccessLog
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import protect
 from iop.edge.commands import NodeCommander
 from iop.edge.credentials import CredentialIssuer
-from iop.edge.events import EventBus, UsageEvent
-from iop.edge.gateway import EdgeGateway, Placement
+from iop.edge.events import EventBus
+from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress.app import ClientApp
 from iop.edge.metrics import EdgeMetrics
 from iop.edge.payload import build_node_payload
@@ -50,7 +52,6 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
-from iop.runtime.events import Usage
 from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
 
@@ -112,10 +113,10 @@ class EdgeService(MultiService):
             self.pool,
             self.runs,
             self.tunnels,
-            on_finished=self.request_finished,
             credentials=self.credentials,
         )
-        self.clients = ClientApp(self.gateway, config.client_api, reactor)
+        # Every finished client request is published on the bus (metrics, access log).
+        self.clients = ClientApp(self.gateway, config.client_api, reactor, self.bus.publish)
         # Live config refresh: the applier switches the running parts, the pusher tells the
         # ready nodes; the pusher observes readiness last (after every dispatcher).
         self.applier = LiveApplier(
@@ -147,6 +148,9 @@ class EdgeService(MultiService):
         # Prometheus metrics: state read from the status snapshot, counts off the bus.
         self.metrics = EdgeMetrics(self.snapshot, self.bus.dropped)
         self.bus.subscribe(self.metrics.observe)
+        # One access log line per finished client request.
+        self.access_log = AccessLog()
+        self.bus.subscribe(self.access_log.observe)
         self.admin = AdminApp(
             self.snapshot,
             self.runs,
@@ -160,21 +164,6 @@ class EdgeService(MultiService):
     def _use_config(self, config: EdgeConfig) -> None:
         """The applier's switch (and its undo): the running config is this one."""
         self.config = config
-
-    def request_finished(self, placement: Placement, usage: Usage | None, outcome: str) -> None:
-        """A client request ended: its usage and attribution go on the event bus."""
-        self.bus.publish(
-            UsageEvent(
-                model=placement.model,
-                provider_id=placement.provider_id or "",
-                node_id=placement.node_id,
-                target=placement.target,
-                usage_attribution=placement.usage_attribution,
-                outcome=outcome,
-                usage=usage,
-                at=self._clock.seconds(),
-            )
-        )
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)

@@ -37,6 +37,7 @@ from iop.edge.ingress.cors import CorsPolicy, CorsResource
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, bad_request
 from iop.edge.ingress.http import ClientSite, header, render_error
 from iop.edge.ingress.openai import OpenAISurface
+from iop.edge.ingress.record import Publish, RequestRecord
 from iop.edge.ingress.relay import Exchange, Gateway
 
 __all__ = ["ClientApp"]
@@ -58,14 +59,37 @@ class ClientApp:
     app = Klein()
     log = Logger()
 
-    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        config: ClientAPIConfig,
+        clock: IReactorTime,
+        publish: Publish | None = None,
+    ) -> None:
         self._config = config
         self._clock = clock
+        # Each finished request's record goes here (the Edge's event bus); None: not recorded.
+        self._publish = publish
         self.openai = OpenAISurface(gateway, config, clock)
         self.anthropic = AnthropicSurface(gateway, config, clock)
 
-    async def _guard(self, request: IRequest, surface: str, handler: Handler) -> bytes:
-        exchange = Exchange(request)
+    def _record(self, request: IRequest, surface: str, operation: str) -> RequestRecord | None:
+        if self._publish is None:
+            return None
+        return RequestRecord(request, surface, operation, self._clock, self._publish)
+
+    async def _guard(
+        self, request: IRequest, surface: str, operation: str, handler: Handler
+    ) -> bytes:
+        record = self._record(request, surface, operation)
+        try:
+            return await self._handle(Exchange(request, record), surface, handler)
+        finally:
+            if record is not None:
+                record.handler_done()
+
+    async def _handle(self, exchange: Exchange, surface: str, handler: Handler) -> bytes:
+        request = exchange.request
         try:
             return await handler(exchange)
         except ApiError as e:
@@ -90,32 +114,34 @@ class ClientApp:
     @app.route("/v1/models", methods=["GET"])
     async def models(self, request: IRequest) -> bytes:
         if surface_of(request) == ANTHROPIC:
-            return await self._guard(request, ANTHROPIC, self.anthropic.models)
-        return await self._guard(request, OPENAI, self.openai.models)
+            return await self._guard(request, ANTHROPIC, "models", self.anthropic.models)
+        return await self._guard(request, OPENAI, "models", self.openai.models)
 
     @app.route("/v1/models/<path:model_id>", methods=["GET"])
     async def model(self, request: IRequest, model_id: str) -> bytes:
         if surface_of(request) == ANTHROPIC:
             return await self._guard(
-                request, ANTHROPIC, lambda ex: self.anthropic.model(ex, model_id)
+                request, ANTHROPIC, "models", lambda ex: self.anthropic.model(ex, model_id)
             )
-        return await self._guard(request, OPENAI, lambda ex: self.openai.model(ex, model_id))
+        return await self._guard(
+            request, OPENAI, "models", lambda ex: self.openai.model(ex, model_id)
+        )
 
     @app.route("/v1/chat/completions", methods=["POST"])
     async def chat_completions(self, request: IRequest) -> bytes:
-        return await self._guard(request, OPENAI, self.openai.chat_completions)
+        return await self._guard(request, OPENAI, "chat", self.openai.chat_completions)
 
     @app.route("/v1/responses", methods=["POST"])
     async def responses(self, request: IRequest) -> bytes:
-        return await self._guard(request, OPENAI, self.openai.responses)
+        return await self._guard(request, OPENAI, "responses", self.openai.responses)
 
     @app.route("/v1/messages", methods=["POST"])
     async def messages(self, request: IRequest) -> bytes:
-        return await self._guard(request, ANTHROPIC, self.anthropic.messages)
+        return await self._guard(request, ANTHROPIC, "messages", self.anthropic.messages)
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
     async def count_tokens(self, request: IRequest) -> bytes:
-        return await self._guard(request, ANTHROPIC, self.anthropic.count_tokens)
+        return await self._guard(request, ANTHROPIC, "count_tokens", self.anthropic.count_tokens)
 
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
@@ -123,6 +149,11 @@ class ClientApp:
 
         exc = failure.value
         surface = surface_of(request)
+        if RequestRecord.of(request) is None:
+            # Refused before any handler (no route, wrong method): recorded here.
+            record = self._record(request, surface, "unrouted")
+            if record is not None:
+                record.handler_done()
         if isinstance(exc, HTTPException):
             code = exc.code or 500
             method = request.method.decode("latin-1", errors="replace")
@@ -178,6 +209,7 @@ class ClientApp:
             self._clock,
             methods=self.methods(),
             allowed_methods=self.allowed_methods,
+            publish=self._publish,
         )
 
 

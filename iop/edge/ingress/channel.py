@@ -51,8 +51,10 @@ from twisted.web.http import (
 )
 
 from iop.config.model import ClientAPIConfig
+from iop.edge.events import RequestFinished
 from iop.edge.ingress.cors import CorsPolicy
-from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError
+from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, error_types
+from iop.edge.ingress.record import Publish, bounded_code
 
 __all__ = ["ABORT_AFTER_SEC", "ClientChannel", "ConnectionCounter", "peer_key"]
 
@@ -162,6 +164,10 @@ class ClientChannel(HTTPChannel):
     _body_received = 0
     _deadline: IDelayedCall | None = None
     _abort: IDelayedCall | None = None
+    # Where each refusal here is reported (the Edge's event bus; None: not reported), and when
+    # the request being read began.
+    publish: Publish | None = None
+    _request_start = 0.0
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -171,6 +177,7 @@ class ClientChannel(HTTPChannel):
             # Streams are many small writes: send each at once rather than wait on ACKs.
             set_no_delay(True)
         super().connectionMade()
+        self._request_start = self.clock.seconds()
         if self.counter is not None:
             peer = peer_key(self.transport.getPeer())  # type: ignore[union-attr]
             refused = self.counter.acquire(peer)
@@ -390,7 +397,22 @@ class ClientChannel(HTTPChannel):
         if self.cors is not None:
             headers = [*headers, *self.cors.answer_headers(self._origin)]
         error = ApiError(status, message, code=code, headers=headers)
-        body = json.dumps(error.body(self._surface()), separators=(",", ":")).encode()
+        surface = self._surface()
+        body = json.dumps(error.body(surface), separators=(",", ":")).encode()
+        if self.publish is not None and self._phase != _HANDLING:
+            # (A request the app has is recorded by the app.)
+            now = self.clock.seconds()
+            self.publish(
+                RequestFinished(
+                    surface,
+                    "unrouted",
+                    status,
+                    "refused",
+                    now - self._request_start,
+                    error_code=bounded_code(code or error_types(status)[0]),
+                    at=now,
+                )
+            )
         head = [
             b"HTTP/1.1 %d %s" % (status, RESPONSES.get(status, b"Error")),
             b"Content-Type: application/json",
@@ -422,6 +444,7 @@ class ClientChannel(HTTPChannel):
     # -- deadlines -----------------------------------------------------------------------------
 
     def _start_head(self) -> None:
+        self._request_start = self.clock.seconds()
         self._cancel_deadline()
         self._phase = _HEAD
         self._deadline = self.callLater(self.config.request_head_timeout_sec, self._head_timed_out)

@@ -30,7 +30,8 @@ from zope.interface import provider
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.channel import ClientChannel, ConnectionCounter
 from iop.edge.ingress.cors import CorsPolicy
-from iop.edge.ingress.errors import ApiError, bad_request
+from iop.edge.ingress.errors import ApiError, bad_request, error_types
+from iop.edge.ingress.record import Publish, RequestRecord
 
 __all__ = [
     "ClientSite",
@@ -61,7 +62,11 @@ def render_json(request: IRequest, body: Any, status: int = 200) -> bytes:
 
 def render_error(request: IRequest, surface: str, error: ApiError) -> bytes:
     """Set the status and headers of ``error`` on ``request``; return its body in ``surface``'s
-    shape."""
+    shape. The request's record (if any) notes the error's code: its own, else the OpenAI
+    error type of its status."""
+    record = RequestRecord.of(request)
+    if record is not None:
+        record.error(error.code or error_types(error.status)[0])
     for name, value in error.headers:
         request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
     return render_json(request, error.body(surface), error.status)
@@ -119,6 +124,7 @@ class ClientSite(Site):
         *,
         methods: Iterable[str] = ("GET", "HEAD", "POST"),
         allowed_methods: Callable[[str], Sequence[str]] = lambda path: (),
+        publish: Publish | None = None,
     ) -> None:
         limit = config.max_body_bytes
 
@@ -137,6 +143,7 @@ class ClientSite(Site):
         self._methods = frozenset(m.encode("ascii") for m in methods)
         self._cors = CorsPolicy(config.cors) if config.cors is not None else None
         self._allowed_methods = allowed_methods
+        self._publish = publish
 
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
@@ -146,6 +153,7 @@ class ClientSite(Site):
         channel.cors = self._cors
         channel.methods = self._methods
         channel.allowed_methods = self._allowed_methods
+        channel.publish = self._publish
         return channel
 
 

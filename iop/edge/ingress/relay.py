@@ -47,6 +47,7 @@ from iop.edge.errors import DispatchError, PoolError, TunnelFailed
 from iop.edge.gateway import Placement
 from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error, upstream_error
 from iop.edge.ingress.http import json_bytes
+from iop.edge.ingress.record import RequestRecord
 from iop.edge.runs import RunHandle
 from iop.edge.tunnel import TunnelOutcome, TunnelStream
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
@@ -145,8 +146,10 @@ class Exchange:
 
     log = Logger()
 
-    def __init__(self, request: IRequest) -> None:
+    def __init__(self, request: IRequest, record: RequestRecord | None = None) -> None:
         self.request = request
+        # What this request did, for its metrics and access line (None: not recorded).
+        self.record = record
         self.gone = False
         self.started = False
         self._on_gone: list[Callable[[], object]] = []
@@ -183,11 +186,15 @@ class Exchange:
         for name, value in headers:
             request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
         self.started = True
+        if self.record is not None:
+            self.record.streaming(content_type)
         if not self.gone:
             request.write(b"")
 
     def write(self, data: bytes) -> None:
         if not self.gone and data:
+            if self.record is not None:
+                self.record.body_written()
             self.request.write(data)
 
     def abort(self) -> None:
@@ -228,7 +235,16 @@ async def with_placement(
     The placement is released here, exactly once, however ``answer`` ends: a run or tunnel it
     opened is relayed by :func:`relay`, which returns only once that work has ended on its node.
     """
-    placement = await await_placement(gateway, model, prompt_tokens)
+    record = exchange.record
+    if record is None:
+        placement = await await_placement(gateway, model, prompt_tokens)
+    else:
+        if gateway.model(model) is not None:
+            record.model = model
+        asked = record.clock.seconds()
+        placement = await await_placement(gateway, model, prompt_tokens)
+        waited = record.clock.seconds() - asked if placement.lease is not None else None
+        record.placed(placement, waited)
     placement.principal = principal.name if principal is not None else ""
     closing = False
     try:

@@ -51,14 +51,7 @@ class GatewayTests(SynchronousTestCase):
         send = lambda c, e: self.sent.append(e)  # noqa: E731
         self.runs = RunDispatcher(self.config, self.registry, self.clock, send)
         self.tunnels = TunnelDispatcher(self.registry, self.clock, send)
-        self.finished: list[tuple[str, Usage | None, str]] = []
-        self.gateway = EdgeGateway(
-            self.config,
-            self.pool,
-            self.runs,
-            self.tunnels,
-            on_finished=lambda d, u, o: self.finished.append((d.model, u, o)),
-        )
+        self.gateway = EdgeGateway(self.config, self.pool, self.runs, self.tunnels)
         self.conn = FakeConnection()
         self.registry.register(TOKENS["node-a"], self.conn)
         self.registry.ready("node-a", self.conn)
@@ -93,8 +86,8 @@ class GatewayTests(SynchronousTestCase):
         assert mapped is not None
         self.assertEqual((mapped.status, mapped.message), (404, "model 'nope' does not exist"))
 
-    # The gateway reports each request's end; it never releases the lease: the one owner does
-    # (iop.edge.ingress.relay.with_placement, tested in iop.test.edge.ingress.test_relay).
+    # The gateway notes on the placement how its work ended; it never releases the lease: the
+    # one owner does (iop.edge.ingress.relay.with_placement, tested in ingress.test_relay).
 
     def test_run_end_reports_usage_and_leaves_the_lease(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
@@ -102,7 +95,7 @@ class GatewayTests(SynchronousTestCase):
         self.runs.run_event(
             self.conn, event_to_proto(RuntimeEvent.complete(Usage(3, 4)), handle.run_id, 1)
         )
-        self.assertEqual(self.finished, [("pool", Usage(3, 4), "complete")])
+        self.assertEqual((placement.outcome, placement.usage), ("complete", Usage(3, 4)))
         self.assertEqual(self.in_flight(), 1)
         placement.release()
         self.assertEqual(self.in_flight(), 0)
@@ -112,7 +105,7 @@ class GatewayTests(SynchronousTestCase):
         handle = self.gateway.run(placement, input="hi")
         self.registry.disconnected(self.conn)
         self.assertEqual(self.successResultOf(handle.when_done()).type.value, "error")
-        self.assertEqual([o for _, _, o in self.finished], ["error"])
+        self.assertEqual((placement.outcome, placement.usage), ("error", None))
         assert placement.lease is not None
         self.assertFalse(placement.lease.released)
         placement.release()
@@ -123,7 +116,7 @@ class GatewayTests(SynchronousTestCase):
         placement = self.successResultOf(self.gateway.place("pool"))
         broken = Placement(**{**placement.__dict__, "node_id": "node-b"})
         self.assertRaises(NodeUnavailable, self.gateway.run, broken, input="hi")
-        self.assertEqual(self.finished, [])
+        self.assertEqual(broken.outcome, "")
 
     def test_tunnel_end_is_reported(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
@@ -137,4 +130,4 @@ class GatewayTests(SynchronousTestCase):
                 pb.ProviderTunnelFrame(run_id=run_id, kind=kind, sequence=seq, status_code=200),
             )
         self.assertTrue(self.successResultOf(tunnel.when_done()).ok)
-        self.assertEqual([o for _, _, o in self.finished], ["complete"])
+        self.assertEqual(placement.outcome, "complete")

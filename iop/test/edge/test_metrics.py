@@ -16,8 +16,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.admin import AdminApp
-from iop.edge.events import EventBus, NodeEvent, NodeEventKind, UsageEvent
-from iop.edge.gateway import Placement
+from iop.edge.events import EventBus, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.metrics import NODE_STATES, PROVIDER_GAUGES, EdgeMetrics
 from iop.edge.tap import EdgeService
 from iop.runtime.events import Usage
@@ -37,16 +36,41 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
     return types, samples
 
 
-def placement(model: str = "pool", provider: str = "a-chat", node: str = "node-a") -> Placement:
-    return Placement(
-        model=model,
-        node_id=node,
-        adapter="fake",
-        target="demo-model",
-        provider_type="openai_compat",
-        provider_id=provider,
-        principal="secret-principal-name",
+def finished(
+    model: str = "pool",
+    provider: str = "a-chat",
+    node: str = "node-a",
+    usage: Usage | None = None,
+    outcome: str = "complete",
+    **fields: Any,
+) -> RequestFinished:
+    """A finished chat request on the OpenAI surface, as the ingress records it."""
+    values: dict[str, Any] = {
+        "surface": "openai",
+        "operation": "chat",
+        "status": 200,
+        "duration": 0.5,
+        "target": "demo-model",
+        **fields,
+    }
+    return RequestFinished(
+        model=model, provider_id=provider, node_id=node, usage=usage, outcome=outcome, **values
     )
+
+
+def where(
+    model: str = "pool", provider: str = "a-chat", node: str = "node-a", **extra: str
+) -> tuple[tuple[str, str], ...]:
+    """The sorted labels of a chat request on the OpenAI surface, plus ``extra``."""
+    labels = {
+        "model": model,
+        "provider": provider,
+        "node": node,
+        "operation": "chat",
+        "surface": "openai",
+        **extra,
+    }
+    return tuple(sorted(labels.items()))
 
 
 class EdgeMetricsTests(SynchronousTestCase):
@@ -114,28 +138,30 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(samples[("iop_node_connections", (("state", "disconnected"),))], 2)
         self.assertGaugesMatchStatus(samples)
 
+    def publish(self, *events: RequestFinished) -> None:
+        for event in events:
+            self.edge.bus.publish(event)
+
     def test_requests_and_tokens_count_known_traffic(self) -> None:
         n = 7
-        for i in range(n):
-            self.edge.request_finished(placement(), Usage(10 + i, 5), "complete")
-        self.edge.request_finished(placement(), Usage(3, 1, 2, 1), "error")
-        self.edge.request_finished(placement(provider="b-chat", node="node-b"), None, "cancelled")
+        self.publish(*(finished(usage=Usage(10 + i, 5)) for i in range(n)))
+        self.publish(finished(usage=Usage(3, 1, 2, 1), outcome="error", status=502))
+        self.publish(finished(provider="b-chat", node="node-b", outcome="cancelled", status=0))
         types, samples = self.scrape()
         self.assertEqual(types["iop_requests"], "counter")
         self.assertEqual(types["gen_ai_client_token_usage"], "histogram")
         base = (("model", "pool"), ("node", "node-a"))
 
-        def requests(outcome: str, node: str = "node-a", provider: str = "a-chat") -> float:
-            labels = (("model", "pool"), ("node", node), ("outcome", outcome))
-            return samples[("iop_requests_total", (*labels, ("provider", provider)))]
+        def requests(outcome: str, status: str, **labels: str) -> float:
+            return samples[("iop_requests_total", where(outcome=outcome, status=status, **labels))]
 
         def tokens(suffix: str, token_type: str) -> float:
             labels = (*base, ("provider", "a-chat"), ("type", token_type))
             return samples[(f"gen_ai_client_token_usage_{suffix}", labels)]
 
-        self.assertEqual(requests("complete"), n)
-        self.assertEqual(requests("error"), 1)
-        self.assertEqual(requests("cancelled", "node-b", "b-chat"), 1)
+        self.assertEqual(requests("complete", "200"), n)
+        self.assertEqual(requests("error", "502"), 1)
+        self.assertEqual(requests("cancelled", "0", node="node-b", provider="b-chat"), 1)
         self.assertEqual(tokens("count", "input"), n + 1)
         self.assertEqual(tokens("sum", "input"), sum(10 + i for i in range(n)) + 3)
         self.assertEqual(tokens("count", "output"), n + 1)
@@ -144,9 +170,88 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual((tokens("count", "reasoning"), tokens("sum", "reasoning")), (1, 2))
         self.assertEqual((tokens("count", "cached_input"), tokens("sum", "cached_input")), (1, 1))
         # A request without reported usage observes no tokens.
-        b_tokens = [k for k in samples if k[0].startswith("gen_ai") and ("node", "node-b") in k[1]]
+        b_tokens = [
+            k for k in samples if k[0].startswith("gen_ai_client") and ("node", "node-b") in k[1]
+        ]
         self.assertEqual(b_tokens, [])
         self.assertEqual(samples[("iop_event_bus_dropped_events_total", ())], 0)
+        # Every generation request is one duration observation, whatever its end.
+        self.assertEqual(
+            samples[("gen_ai_server_request_duration_seconds_count", where(status="200"))], n
+        )
+        self.assertEqual(
+            samples[("gen_ai_server_request_duration_seconds_sum", where(status="200"))], 0.5 * n
+        )
+        self.assertEqual(
+            samples[("gen_ai_server_request_duration_seconds_count", where(status="502"))], 1
+        )
+
+    def test_stream_timings(self) -> None:
+        # A successful stream: 100 ms to the first token, then 9 more tokens in 0.9 s.
+        self.publish(
+            finished(usage=Usage(4, 10), stream=True, duration=1.0, time_to_first_token=0.1)
+        )
+        # Not observed: a failed stream, a stream without usage (no per-token time), a
+        # collected answer (no first-token time), a 4xx answer.
+        self.publish(
+            finished(outcome="error", stream=True, time_to_first_token=0.2, usage=Usage(1, 5)),
+            finished(stream=True, time_to_first_token=0.3),
+            finished(usage=Usage(1, 5)),
+            finished(status=429, stream=True, time_to_first_token=0.4, outcome="refused"),
+        )
+        types, samples = self.scrape()
+        self.assertEqual(types["gen_ai_server_time_to_first_token_seconds"], "histogram")
+        ttft = samples[("gen_ai_server_time_to_first_token_seconds_count", where())]
+        self.assertEqual(ttft, 2)
+        self.assertAlmostEqual(
+            samples[("gen_ai_server_time_to_first_token_seconds_sum", where())], 0.4
+        )
+        self.assertEqual(samples[("gen_ai_server_time_per_output_token_seconds_count", where())], 1)
+        self.assertAlmostEqual(
+            samples[("gen_ai_server_time_per_output_token_seconds_sum", where())], 0.1
+        )
+        self.assertEqual(
+            samples[("gen_ai_server_time_per_output_token_seconds_bucket", where(le="0.1"))],
+            1,
+        )
+
+    def test_queue_wait_and_client_errors(self) -> None:
+        self.publish(
+            finished(queue_wait=0.0),
+            finished(queue_wait=2.0),
+            finished(model="direct", provider="", node="node-a"),  # a direct route: no pool
+            RequestFinished(
+                "openai", "chat", 429, "refused", 30.0, model="pool", error_code="queue_timeout"
+            ),
+            RequestFinished(
+                "anthropic", "messages", 401, "refused", 0.0, error_code="authentication_error"
+            ),
+            RequestFinished(
+                "openai", "unrouted", 404, "refused", 0.0, error_code="invalid_request_error"
+            ),
+        )
+        _, samples = self.scrape()
+        self.assertEqual(samples[("iop_queue_wait_seconds_count", (("model", "pool"),))], 2)
+        self.assertEqual(samples[("iop_queue_wait_seconds_sum", (("model", "pool"),))], 2.0)
+        self.assertNotIn(("iop_queue_wait_seconds_count", (("model", "direct"),)), samples)
+
+        def errors(surface: str, operation: str, status: str, code: str) -> float:
+            labels = {"surface": surface, "operation": operation, "status": status, "code": code}
+            return samples[("iop_client_errors_total", tuple(sorted(labels.items())))]
+
+        self.assertEqual(errors("openai", "chat", "429", "queue_timeout"), 1)
+        self.assertEqual(errors("anthropic", "messages", "401", "authentication_error"), 1)
+        self.assertEqual(errors("openai", "unrouted", "404", "invalid_request_error"), 1)
+        self.assertEqual(
+            sum(v for (name, _), v in samples.items() if name == "iop_client_errors_total"), 3
+        )
+        # Not a generation: counted, but no gen_ai_server_* observation.
+        unrouted = [
+            k
+            for k in samples
+            if k[0].startswith("gen_ai_server") and ("operation", "unrouted") in k[1]
+        ]
+        self.assertEqual(unrouted, [])
 
     def test_node_events_by_kind(self) -> None:
         _, samples = self.scrape()
@@ -161,7 +266,7 @@ class EdgeMetricsTests(SynchronousTestCase):
 
     def test_no_secret_or_principal_in_labels(self) -> None:
         self.connect("node-a")
-        self.edge.request_finished(placement(), Usage(1, 1), "complete")
+        self.publish(finished(usage=Usage(1, 1)))
         self.clock.advance(0)
         _, _, body = self.get("/metrics")
         for secret in (*TOKENS.values(), "secret-principal-name"):
@@ -183,11 +288,11 @@ class StandaloneTests(SynchronousTestCase):
         metrics = EdgeMetrics(lambda: {"nodes": [], "providers": []}, bus.dropped)
         bus.subscribe(metrics.observe)
         bus.publish(NodeEvent(NodeEventKind.CONFIG_REFRESHED, "node-a", outcome="applied"))
-        bus.publish(UsageEvent("m", "p", "n", "t", "", "complete"))
+        bus.publish(finished("m", "p", "n"))
         clock.advance(0)
         _, samples = parse(metrics.render().decode())
         self.assertEqual(samples[("iop_node_events_total", (("kind", "config_refreshed"),))], 1)
-        labels = (("model", "m"), ("node", "n"), ("outcome", "complete"), ("provider", "p"))
+        labels = where("m", "p", "n", outcome="complete", status="200")
         self.assertEqual(samples[("iop_requests_total", labels)], 1)
 
     def test_without_metrics_503(self) -> None:

@@ -36,8 +36,8 @@ from iop.config.model import (
     ProfileConfig,
     ProviderConfig,
 )
-from iop.edge.events import EventBus
-from iop.edge.gateway import EdgeGateway, Placement
+from iop.edge.events import EventBus, RequestFinished
+from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
@@ -200,21 +200,21 @@ class Ingress:
         send = lambda c, e: self.sent.append(e)  # noqa: E731
         self.runs = RunDispatcher(self.config, self.registry, self.clock, send)
         self.tunnels = TunnelDispatcher(self.registry, self.clock, send)
-        self.finished: list[tuple[Placement, Usage | None, str]] = []
-        self.gateway = EdgeGateway(
-            self.config,
-            self.pool,
-            self.runs,
-            self.tunnels,
-            on_finished=lambda d, u, o: self.finished.append((d, u, o)),
-        )
+        # Every finished client request's record, as the Edge publishes it.
+        self.records: list[RequestFinished] = []
+        self.gateway = EdgeGateway(self.config, self.pool, self.runs, self.tunnels)
         self.conn = FakeConnection()
         self.registry.register(NODE_TOKEN, self.conn)
         self.registry.ready("node-a", self.conn)
-        self.app = ClientApp(self.gateway, self.config.client_api, self.clock)
+        self.app = ClientApp(self.gateway, self.config.client_api, self.clock, self.records.append)
         self.resource = Recording(self.app.resource())
         self.http: Any = StubTreq(self.resource)
         self._sequences: dict[str, int] = {}
+
+    @property
+    def finished(self) -> list[tuple[RequestFinished, Usage | None, str]]:
+        """The finished requests that were placed: (record, usage, outcome)."""
+        return [(r, r.usage, r.outcome) for r in self.records if r.node_id]
 
     # -- client side -------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import yaml
+from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
@@ -17,11 +18,9 @@ from iop.config.model import (
     EdgeConfig,
 )
 from iop.edge import tap as edge_tap
-from iop.edge.events import UsageEvent
-from iop.edge.gateway import Placement
+from iop.edge.events import RequestFinished
 from iop.edge.tap import EdgeService
-from iop.runtime.events import Usage
-from iop.test.edge.ingress.harness import IngressCase, ingress_config
+from iop.test.edge.ingress.harness import BASE, KEY, IngressCase, ingress_config
 
 
 class CatalogTests(IngressCase):
@@ -63,31 +62,26 @@ class RoutingTests(IngressCase):
         self.assertOpenAIError(self.edge.get("/v1/models/%2F0"), 404, "no route for GET")
 
 
-class UsageEventTests(SynchronousTestCase):
-    def test_finished_request_publishes_usage(self) -> None:
+class RequestEventTests(SynchronousTestCase):
+    def test_the_edge_publishes_each_finished_request(self) -> None:
         reactor = MemoryReactorClock()
         edge = EdgeService(ingress_config(), reactor)
         seen: list[Any] = []
         edge.bus.subscribe(seen.append)
-        dispatch = Placement(
-            model="chat",
-            node_id="node-a",
-            adapter="chat",
-            target="chat-target",
-            provider_type="openai_compat",
-            provider_id="p-chat",
-            usage_attribution="team-p-chat",
-        )
-        edge.request_finished(dispatch, Usage(3, 4), "complete")
+        http: Any = StubTreq(edge.clients.resource())
+        headers = {"authorization": f"Bearer {KEY}"}
+        response = self.successResultOf(http.get(BASE + "/v1/models", headers=headers))
+        self.successResultOf(response.content())
+        response = self.successResultOf(http.get(BASE + "/v1/models"))
+        self.successResultOf(response.content())
         reactor.advance(0)
-        [event] = seen
-        self.assertIsInstance(event, UsageEvent)
+        listed, refused = seen
+        self.assertIsInstance(listed, RequestFinished)
         self.assertEqual(
-            (event.model, event.provider_id, event.node_id, event.target),
-            ("chat", "p-chat", "node-a", "chat-target"),
+            (listed.surface, listed.operation, listed.status, listed.outcome),
+            ("openai", "models", 200, "complete"),
         )
-        self.assertEqual((event.usage_attribution, event.outcome), ("team-p-chat", "complete"))
-        self.assertEqual(event.usage, Usage(3, 4))
+        self.assertEqual((refused.status, refused.outcome), (401, "refused"))
 
     def test_client_listener_only_when_configured(self) -> None:
         options = edge_tap.Options()

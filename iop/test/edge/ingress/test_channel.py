@@ -425,3 +425,32 @@ class LingeringCloseTests(ChannelCase):
         self.assertTrue(transport.disconnected)
         channel.connectionLost(Failure(ConnectionDone()))
         self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+
+
+class RecordedRefusalTests(ChannelCase):
+    limits = {"request_head_timeout_sec": 10.0, "idle_timeout_sec": 60.0, "max_body_bytes": 100}
+
+    def test_each_refusal_is_recorded_once_and_an_idle_close_is_not(self) -> None:
+        self.exchange(MODELS + b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n")
+        self.wire.advance(60.1)  # idle after two answers: closed, not a refusal
+        self.exchange(chat(b"Content-Length: 101\r\n"))
+        slow = self.wire.connect()
+        slow.send(MODELS[:5])
+        self.wire.advance(2)
+        self.wire.advance(9)
+        self.exchange(
+            b"POST /v1/messages HTTP/1.1\r\nHost: x\r\n"
+            b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+        )
+        records = self.wire.edge.records
+        self.assertEqual([r.operation for r in records[:2]], ["models", "models"])
+        refusals = records[2:]
+        self.assertEqual(
+            [(r.surface, r.operation, r.status, r.outcome, r.error_code) for r in refusals],
+            [
+                ("openai", "unrouted", 413, "refused", "request_too_large"),
+                ("openai", "unrouted", 408, "refused", "request_timeout"),
+                ("anthropic", "unrouted", 400, "refused", "bad_request"),
+            ],
+        )
+        self.assertAlmostEqual(refusals[1].duration, 11.0)

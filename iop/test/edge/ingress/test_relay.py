@@ -39,7 +39,7 @@ class DisconnectTests(IngressCase):
         self.assertEqual(self.edge.cancels(), [run_id])
         self.edge.frames(run_id, error("cancelled"))
         self.assertEqual(self.edge.in_flight(), 0)
-        self.assertEqual(self.edge.finished[-1][2], "error")
+        self.assertEqual(self.edge.finished[-1][2], "cancelled")
 
     def test_running_run_is_cancelled(self) -> None:
         d = self.edge.post("/v1/chat/completions", {**CHAT, "model": "llama", "stream": True})

@@ -151,6 +151,7 @@ class Wire:
             self.clock,
             methods=self.edge.app.methods(),
             allowed_methods=self.edge.app.allowed_methods,
+            publish=self.edge.records.append,
         )
         self.connections: list[Connection] = []
 

@@ -1,0 +1,81 @@
+# -*- test-case-name: iop.test.edge.test_accesslog -*-
+"""The access log: one event per finished request, its text and its structured keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger, formatEvent
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.accesslog import AccessLog
+from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
+from iop.runtime.events import Usage
+
+
+class AccessLogTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.access = AccessLog()
+        observer: Any = self.events.append
+        self.access.log = Logger(namespace="iop.edge.access", observer=observer)
+
+    def test_a_streamed_chat(self) -> None:
+        self.access.observe(
+            RequestFinished(
+                "openai",
+                "chat",
+                200,
+                "complete",
+                0.8124,
+                model="chat",
+                provider_id="p-chat",
+                node_id="node-a",
+                stream=True,
+                usage=Usage(12, 64, reasoning_tokens=3),
+                time_to_first_token=0.0401,
+                queue_wait=0.0,
+            )
+        )
+        [event] = self.events
+        self.assertEqual(
+            formatEvent(event),
+            "openai chat chat \N{RIGHTWARDS ARROW} 200 complete in 812.4 ms (first token 40.1 ms, "
+            "queue 0.0 ms, tokens 12/64, p-chat@node-a)",
+        )
+        self.assertEqual(event["log_namespace"], "iop.edge.access")
+        expected = {
+            "surface": "openai",
+            "operation": "chat",
+            "model": "chat",
+            "provider_id": "p-chat",
+            "node_id": "node-a",
+            "status": 200,
+            "outcome": "complete",
+            "stream": True,
+            "duration_ms": 812.4,
+            "ttft_ms": 40.1,
+            "queue_ms": 0.0,
+            "input_tokens": 12,
+            "output_tokens": 64,
+            "reasoning_tokens": 3,
+            "cached_input_tokens": None,
+        }
+        self.assertEqual({k: event[k] for k in expected}, expected)
+
+    def test_a_refusal(self) -> None:
+        self.access.observe(
+            RequestFinished(
+                "anthropic", "messages", 401, "refused", 0.0, error_code="invalid_api_key"
+            )
+        )
+        [event] = self.events
+        self.assertEqual(
+            formatEvent(event),
+            "anthropic messages - \N{RIGHTWARDS ARROW} 401 refused in 0.0 ms (invalid_api_key)",
+        )
+        self.assertIsNone(event["input_tokens"])
+
+    def test_other_events_are_not_logged(self) -> None:
+        self.access.observe(NodeEvent(NodeEventKind.CONNECTED, "node-a"))
+        self.assertEqual(self.events, [])
