@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
@@ -299,3 +301,18 @@ class StandaloneTests(SynchronousTestCase):
         http: Any = StubTreq(AdminApp(lambda: {}).resource())
         response = self.successResultOf(http.get("http://admin/metrics"))
         self.assertEqual(response.code, 503)
+
+
+class DocumentedTests(SynchronousTestCase):
+    def test_every_metric_is_in_the_readme_table_and_no_other(self) -> None:
+        root = Path(__file__).resolve().parents[3]
+        readme = (root / "README.md").read_text()
+        section = readme[readme.index("### `/metrics`") :]
+        section = section[: section.index("\n### ", 1)]
+        documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
+        edge = EdgeService(edge_config(), MemoryReactorClock())
+        exposed = set()
+        for family in edge.metrics.registry.collect():
+            exposed.add(family.name + "_total" if family.type == "counter" else family.name)
+        self.assertEqual(exposed - documented, set(), "exposed but not in the README")
+        self.assertEqual(documented - exposed, set(), "in the README but not exposed")
