@@ -29,7 +29,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from iop.edge.events import NodeEvent, NodeEventKind, UsageEvent
-from iop.edge.registry import OwnershipState
+from iop.edge.pool import PoolStats
+from iop.edge.registry import OwnershipState, RegistryStats
 
 # The OpenTelemetry GenAI buckets for gen_ai.client.token.usage (powers of 4).
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))
@@ -49,16 +50,116 @@ def _node_event_kind(kind: NodeEventKind) -> str:
     return kind.value.removeprefix("node.")
 
 
+TerminalStats = Callable[[], dict[tuple[str, str], int]]
+
+
 class StateCollector(Collector):
-    """Gauges read from the status snapshot at scrape time."""
+    """
+    Read at scrape time: gauges from the status snapshot, and the exact counters the Edge's
+    parts keep as plain ints (the pool's leases and queue outcomes, the registry's
+    registrations, reconnects, fences and refusals, the dispatchers' terminals). Each source
+    lists its whole bounded label set, so a counter still at 0 is exposed.
+    """
 
     def __init__(
-        self, status_snapshot: Callable[[], dict[str, Any]], dropped: Callable[[], int]
+        self,
+        status_snapshot: Callable[[], dict[str, Any]],
+        dropped: Callable[[], int],
+        *,
+        pool_stats: Callable[[], PoolStats] | None = None,
+        registry_stats: Callable[[], RegistryStats] | None = None,
+        tunnel_stats: TerminalStats | None = None,
+        run_stats: TerminalStats | None = None,
     ) -> None:
         self._snapshot = status_snapshot
         self._dropped = dropped
+        self._pool_stats = pool_stats
+        self._registry_stats = registry_stats
+        self._tunnel_stats = tunnel_stats
+        self._run_stats = run_stats
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._state()
+        if self._pool_stats is not None:
+            yield from self._pool(self._pool_stats())
+        if self._registry_stats is not None:
+            yield from self._registry(self._registry_stats())
+        for name, source, what in (
+            ("iop_tunnel_terminals", self._tunnel_stats, "Provider tunnels"),
+            ("iop_run_terminals", self._run_stats, "Normalized runs"),
+        ):
+            if source is not None:
+                family = CounterMetricFamily(
+                    name, f"{what} ended on the Edge, by node and kind.", labels=["node", "kind"]
+                )
+                for (node, kind), value in source().items():
+                    family.add_metric([node, kind], float(value))
+                yield family
+
+    @staticmethod
+    def _pool(stats: PoolStats) -> Iterator[Metric]:
+        grants = CounterMetricFamily(
+            "iop_lease_grants", "Provider leases granted.", labels=["provider", "node"]
+        )
+        for (provider, node), value in stats.lease_grants.items():
+            grants.add_metric([provider, node], float(value))
+        yield grants
+        releases = CounterMetricFamily(
+            "iop_lease_releases",
+            "Provider leases returned: released by their holder, or fenced (their node's "
+            "generation ended). Grants minus releases is the leases held.",
+            labels=["provider", "node", "outcome"],
+        )
+        for (provider, node, outcome), value in stats.lease_releases.items():
+            releases.add_metric([provider, node, outcome], float(value))
+        yield releases
+        outcomes = CounterMetricFamily(
+            "iop_queue_outcomes",
+            "Requests for a provider lease by how they ended: served (at once or after "
+            "waiting), unavailable, timeout, overloaded, withdrawn.",
+            labels=["model", "outcome"],
+        )
+        for (model, outcome), value in stats.queue_outcomes.items():
+            outcomes.add_metric([model, outcome], float(value))
+        yield outcomes
+        entered = CounterMetricFamily(
+            "iop_queue_entered",
+            "Requests that waited in the queue (no candidate had room at once).",
+            labels=["model"],
+        )
+        for model, value in stats.queue_entered.items():
+            entered.add_metric([model], float(value))
+        yield entered
+
+    @staticmethod
+    def _registry(stats: RegistryStats) -> Iterator[Metric]:
+        for name, values, doc in (
+            ("iop_node_registrations", stats.registrations, "Accepted node registrations."),
+            (
+                "iop_node_reconnects",
+                stats.reconnects,
+                "Registrations after an earlier session of the same node ended.",
+            ),
+            (
+                "iop_node_fences",
+                stats.fences,
+                "Ready generations fenced (disconnect, heartbeat timeout, dropped connection).",
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["node"])
+            for node, value in values.items():
+                family.add_metric([node], float(value))
+            yield family
+        rejections = CounterMetricFamily(
+            "iop_node_rejections",
+            "Refused node registrations (and readies) by reject reason.",
+            labels=["reason"],
+        )
+        for reason, value in stats.rejections.items():
+            rejections.add_metric([reason], float(value))
+        yield rejections
+
+    def _state(self) -> Iterator[Metric]:
         snap = self._snapshot()
         gauges = {
             field: GaugeMetricFamily(f"iop_provider_{suffix}", doc, labels=["provider", "node"])
@@ -91,6 +192,11 @@ class EdgeMetrics:
         self,
         status_snapshot: Callable[[], dict[str, Any]],
         dropped: Callable[[], int] = lambda: 0,
+        *,
+        pool_stats: Callable[[], PoolStats] | None = None,
+        registry_stats: Callable[[], RegistryStats] | None = None,
+        tunnel_stats: TerminalStats | None = None,
+        run_stats: TerminalStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         self._requests = Counter(
@@ -114,7 +220,16 @@ class EdgeMetrics:
         )
         for kind in NodeEventKind:
             self._node_events.labels(kind=_node_event_kind(kind))
-        self.registry.register(StateCollector(status_snapshot, dropped))
+        self.registry.register(
+            StateCollector(
+                status_snapshot,
+                dropped,
+                pool_stats=pool_stats,
+                registry_stats=registry_stats,
+                tunnel_stats=tunnel_stats,
+                run_stats=run_stats,
+            )
+        )
 
     def observe(self, event: object) -> None:
         """The event bus subscriber."""

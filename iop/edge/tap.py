@@ -145,7 +145,14 @@ class EdgeService(MultiService):
                 lambda: load_edge_config(source), classify, self.applier, self.pusher, reactor
             )
         # Prometheus metrics: state read from the status snapshot, counts off the bus.
-        self.metrics = EdgeMetrics(self.snapshot, self.bus.dropped)
+        self.metrics = EdgeMetrics(
+            self.snapshot,
+            self.bus.dropped,
+            pool_stats=self.pool.stats,
+            registry_stats=self.registry.stats,
+            tunnel_stats=self.tunnels.stats,
+            run_stats=self.runs.stats,
+        )
         self.bus.subscribe(self.metrics.observe)
         self.admin = AdminApp(
             self.snapshot,

@@ -10,7 +10,13 @@ from iop.config.model import NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.payload import build_node_payload
-from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted, RegisterRejected
+from iop.edge.registry import (
+    REJECT_REASONS,
+    NodeRegistry,
+    ReadyOutcome,
+    RegisterAccepted,
+    RegisterRejected,
+)
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2 import RegisterRejectCode
@@ -28,7 +34,7 @@ class Observer:
         self.calls.append(("fenced", node_id, generation))
 
 
-class RegistryTests(SynchronousTestCase):
+class RegistryCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.config = edge_config()
@@ -53,6 +59,8 @@ class RegistryTests(SynchronousTestCase):
         assert isinstance(outcome, RegisterAccepted), outcome
         return outcome
 
+
+class RegistryTests(RegistryCase):
     def test_register_claims_pending_with_payload(self) -> None:
         conn = FakeConnection()
         outcome = self.accept(conn)
@@ -240,3 +248,70 @@ class RegistryTests(SynchronousTestCase):
             self.observer.calls,
             [("ready", "node-a", 1), ("fenced", "node-a", 1), ("ready", "node-a", 2)],
         )
+
+
+class RegistryStatsTests(RegistryCase):
+    """The registry's counters (:meth:`NodeRegistry.stats`) for known sequences."""
+
+    def test_every_label_is_there_at_zero(self) -> None:
+        stats = self.registry.stats()
+        zero = {"node-a": 0, "node-b": 0}
+        self.assertEqual((stats.registrations, stats.reconnects, stats.fences), (zero, zero, zero))
+        self.assertEqual(stats.rejections, dict.fromkeys(REJECT_REASONS, 0))
+        self.assertEqual(
+            set(REJECT_REASONS),
+            {
+                "unknown_token",
+                "duplicate_connection",
+                "config_payload",
+                "workload_identity",
+                "other",
+                "ready_rejected",
+            },
+        )
+
+    def test_registrations_reconnects_and_fences(self) -> None:
+        first, second, third = FakeConnection(), FakeConnection(), FakeConnection()
+        self.accept(first)
+        self.registry.ready("node-a", first)
+        self.registry.disconnected(first, "heartbeat timeout")  # a fence
+        self.accept(second)  # a reconnect
+        self.registry.disconnected(second)  # pending: no fence
+        self.accept(third)  # another reconnect
+        self.registry.ready("node-a", third)
+        self.registry.ready("node-a", third)  # a repeated ready changes nothing
+        self.registry.disconnected(third)
+        self.registry.disconnected(third)  # once only
+        b = FakeConnection()
+        self.accept(b, "node-b")
+        self.registry.ready("node-b", b)
+        stats = self.registry.stats()
+        self.assertEqual(stats.registrations, {"node-a": 3, "node-b": 1})
+        self.assertEqual(stats.reconnects, {"node-a": 2, "node-b": 0})
+        self.assertEqual(stats.fences, {"node-a": 2, "node-b": 0})
+        self.assertEqual(sum(stats.rejections.values()), 0)
+
+    def test_rejections_by_reason(self) -> None:
+        owner = FakeConnection()
+        self.registry.register("nope", FakeConnection())
+        self.registry.register("also-nope", FakeConnection())
+        self.accept(owner)
+        self.registry.register(TOKENS["node-a"], FakeConnection())  # duplicate
+        self.registry.register(TOKENS["node-b"], owner)  # this connection already registered
+        self.registry.ready("node-b", FakeConnection())  # never registered
+        stats = self.registry.stats()
+        self.assertEqual(
+            {r: n for r, n in stats.rejections.items() if n},
+            {"unknown_token": 2, "duplicate_connection": 1, "other": 1, "ready_rejected": 1},
+        )
+        self.assertEqual(stats.registrations, {"node-a": 1, "node-b": 0})
+
+    def test_a_payload_failure_is_a_config_payload_rejection(self) -> None:
+        def broken(node: NodeConfig) -> pb.NodeConfigPayload:
+            raise ValueError("no")
+
+        registry = NodeRegistry(self.config, broken, self.bus, self.clock)
+        registry.register(TOKENS["node-a"], FakeConnection())
+        self.assertEqual(registry.stats().rejections["config_payload"], 1)
+        self.assertEqual(registry.stats().registrations["node-a"], 0)
+        self.flushLoggedErrors(ValueError)
