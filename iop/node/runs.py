@@ -98,6 +98,8 @@ class _Run:
     cancel_pending: bool = False
     timer: IDelayedCall | None = field(default=None, repr=False)
     usage: Usage | None = None
+    # The adapter gate's occupancy when admitted (for the run's one log line).
+    gate_in_use: int = 0
 
     @property
     def adapter(self) -> str:
@@ -198,16 +200,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         )
 
     def _start(self, run: _Run, request: pb.RunRequest) -> None:
-        gate = run.instance.gate
-        self.log.info(
-            "run {run_id} started on adapter {adapter} ({in_use}/{limit})",
-            run_id=run.run_id,
-            adapter=run.adapter,
-            target=request.target,
-            in_use=gate.in_use,
-            limit=gate.limit,
-            node_id=self._node_id,
-        )
+        run.gate_in_use = run.instance.gate.in_use
         self._store.run_started(
             run.run_id,
             run.adapter,
@@ -399,13 +392,22 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         else:
             self._totals.cancelled += 1
         self._totals.add(run.usage)
+        # The run's one log line: what it was, how it ended, how much and how long.
+        usage = run.usage
         self.log.info(
-            "run {run_id} on adapter {adapter} ended: {status}{detail}",
+            "run {run_id} {adapter}/{target} ended: {status}{detail}, {events} events"
+            " in {duration_sec} s",
             run_id=run.run_id,
             adapter=run.adapter,
+            target=run.target,
             status=status.value,
             detail=f" ({terminal.error})" if terminal.error else "",
             events=run.sequence,
+            duration_sec=round(self.clock.seconds() - run.started_at, 3),
+            input_tokens=usage.input_tokens if usage is not None else None,
+            output_tokens=usage.output_tokens if usage is not None else None,
+            in_use=run.gate_in_use,
+            limit=run.instance.gate.limit,
             node_id=self._node_id,
         )
         self._store.run_finished(

@@ -472,6 +472,7 @@ class _Tunnel:
         self.run_id = request.run_id
         self.instance = instance
         self.provider = provider
+        self.target = request.target
         self.operation = request.operation
         self.stream = request.stream
         self.timeout_sec = float(request.timeout_sec)
@@ -483,6 +484,10 @@ class _Tunnel:
         self._slot = slot
         self._request = request if manager.leases is not None else None
         self.started_at = manager.clock.seconds()
+        # For the one log line at the end: the gate's occupancy when admitted, the request
+        # header names not forwarded (a bounded number, each clipped).
+        self.gate_in_use = instance.gate.in_use
+        self.dropped_headers: list[str] = []
         self.frames = TunnelFrames(self.run_id, manager._send_frame, manager.body_frame_bytes)
         self.over = False
         self._inner: Deferred[None] | None = None
@@ -855,17 +860,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             auth_header=profile.auth_header if profile is not None else "",
             has_body=bool(request.body),
         )
-        if dropped:
-            # Names the Edge sent (a client's, really): a bounded number, each clipped.
-            names = sorted(set(dropped))
-            self.log.debug(
-                "tunnel {run_id}: {count} request headers not forwarded: {names}",
-                run_id=request.run_id,
-                count=len(names),
-                names=[name[:64] for name in names[:_LOGGED_HEADER_NAMES]],
-                node_id=self._node_id,
-            )
-        return _Tunnel(
+        tunnel = _Tunnel(
             self,
             request,
             instance,
@@ -876,23 +871,13 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             plan.path,
             headers,
         )
+        if dropped:
+            # Names the Edge sent (a client's, really): a bounded number, each clipped.
+            names = sorted(set(dropped))
+            tunnel.dropped_headers = [name[:64] for name in names[:_LOGGED_HEADER_NAMES]]
+        return tunnel
 
     def _start(self, tunnel: _Tunnel, request: pb.ProviderTunnelRequest) -> None:
-        gate = tunnel.instance.gate
-        self.log.info(
-            "tunnel {run_id} opened on adapter {adapter}: {method} {path}"
-            " ({operation}, {in_use}/{limit})",
-            run_id=tunnel.run_id,
-            adapter=tunnel.adapter,
-            target=request.target,
-            method=tunnel.method,
-            path=tunnel.path,
-            operation=request.operation or "path",
-            stream=request.stream,
-            in_use=gate.in_use,
-            limit=gate.limit,
-            node_id=self._node_id,
-        )
         tunnel.start()
 
     def _refused(self, request: pb.ProviderTunnelRequest, refusal: Refusal) -> None:
@@ -966,14 +951,25 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
         else:
             outcome = "error"
         self._counts[outcome] += 1
+        # The tunnel's one log line: what it was, how it ended, how much and how long.
         self.log.info(
-            "tunnel {run_id} on adapter {adapter} ended: {outcome}{detail}",
+            "tunnel {run_id} {adapter}/{target} {method} {path} ended: {outcome}{detail},"
+            " status {status_code}, {body_bytes} bytes in {duration_sec} s",
             run_id=tunnel.run_id,
             adapter=tunnel.adapter,
+            target=tunnel.target,
+            operation=tunnel.operation or "path",
+            method=tunnel.method,
+            path=tunnel.path,
+            stream=tunnel.stream,
             outcome=outcome,
             detail=f" ({tunnel.provider.redact(error)})" if error else "",
             status_code=tunnel.frames.status_code,
             body_bytes=tunnel.frames.body_bytes,
             frames=tunnel.frames.sequence,
+            duration_sec=round(self.clock.seconds() - tunnel.started_at, 3),
+            in_use=tunnel.gate_in_use,
+            limit=tunnel.instance.gate.limit,
+            dropped_headers=tunnel.dropped_headers or None,
             node_id=self._node_id,
         )
