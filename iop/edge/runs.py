@@ -15,10 +15,11 @@ cancel grace, the sweep on a fence) is :class:`~iop.edge.inflight.InFlightTable`
 the tunnels.
 
 Each end is counted once per node by kind (:data:`RUN_TERMINALS`, :meth:`RunDispatcher.stats`):
-the node's terminal (``complete``, ``cancelled``, ``error``, or ``at_capacity`` when the node's
-own gate refused the run), ``cancelled`` for a cancel the node never answered or that a fence
-overtook, ``node_lost`` (the node's generation was fenced) and ``send_failed``. A sent run is not
-logged (the access log has the request); a failure to send is.
+the node's terminal (``complete``, ``cancelled``, ``error``, ``at_capacity`` when the node's own
+gate refused the run, or ``timeout`` when the node timed it out), ``cancelled`` for a cancel the
+node never answered or that a fence overtook, ``node_lost`` (the node's generation was fenced)
+and ``send_failed``. A sent run is not logged (the access log has the request); a failure to
+send is.
 """
 
 from __future__ import annotations
@@ -47,7 +48,15 @@ from iop.wire.convert import event_from_proto
 CANCEL_GRACE_SEC = 10.0
 
 EventCallback = Callable[[RuntimeEvent], None]
-RUN_TERMINALS = ("complete", "error", "at_capacity", "cancelled", "node_lost", "send_failed")
+RUN_TERMINALS = (
+    "complete",
+    "error",
+    "at_capacity",
+    "timeout",
+    "cancelled",
+    "node_lost",
+    "send_failed",
+)
 
 
 @dataclass
@@ -259,8 +268,11 @@ def _terminal_kind(terminal: RuntimeEvent) -> str:
         return "complete"
     if terminal.type is EventType.CANCELLED:
         return "cancelled"
-    if error_code(terminal.metadata) is ErrorCode.PROVIDER_AT_CAPACITY:
+    code = error_code(terminal.metadata)
+    if code is ErrorCode.PROVIDER_AT_CAPACITY:
         return "at_capacity"
+    if code is ErrorCode.UPSTREAM_TIMEOUT:
+        return "timeout"
     return "error"
 
 

@@ -25,11 +25,12 @@ tunnel is cancelled with the error ``client too slow`` instead of growing withou
 Each end is counted once per node by kind (:data:`TUNNEL_TERMINALS`,
 :meth:`TunnelDispatcher.stats`): ``complete`` (the node's ``END`` after the response started),
 ``error`` (the node's ``ERROR`` without a code this Edge acts on, or an ``END`` with no
-response), ``at_capacity`` (the node's own gate refused it), ``lease_refused`` (managed mode:
-the node refused the credential lease), ``cancelled`` (the caller or the consumer gave up,
-whatever the node then said or if it said nothing), ``node_lost`` (the node's generation was
-fenced) and ``send_failed``. A clean end is not logged (the access log has the request); every
-other end is, with why.
+response), ``at_capacity`` (the node's own gate refused it), ``timeout`` (the node gave up on
+the upstream: the request's or the idle timeout), ``lease_refused`` (managed mode: the node
+refused the credential lease), ``cancelled`` (the caller or the consumer gave up, whatever the
+node then said or if it said nothing), ``node_lost`` (the node's generation was fenced) and
+``send_failed``. A clean end is not logged (the access log has the request); every other end is,
+with why.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ TUNNEL_TERMINALS = (
     "complete",
     "error",
     "at_capacity",
+    "timeout",
     "lease_refused",
     "cancelled",
     "node_lost",
@@ -544,6 +546,8 @@ def _terminal_kind(error: str | None, code: ErrorCode | None) -> str:
         return "complete"
     if code is ErrorCode.PROVIDER_AT_CAPACITY:
         return "at_capacity"
+    if code is ErrorCode.UPSTREAM_TIMEOUT:
+        return "timeout"
     if code is not None and code.value.startswith("lease_"):
         return "lease_refused"
     return "error"

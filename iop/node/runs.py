@@ -14,7 +14,8 @@ Every run goes through the same small life::
              ├─ Deferred succeeded (no terminal) ──▶ complete
              ├─ Deferred failed ─────────────────────▶ error (the failure's message)
              ├─ CANCEL_RUN ──────────────────────────▶ cancelled   (provider Deferred cancelled)
-             ├─ timeout_sec elapsed ─────────────────▶ error "timed out after N s" (cancelled)
+             ├─ timeout_sec elapsed ─────────────────▶ error "timed out after N s" (cancelled,
+             │                                        error_code upstream_timeout)
              └─ edge connection lost ────────────────▶ cancelled, recorded only (cannot be sent)
                                                        │
                                           finished: slot released, store updated, exactly once
@@ -46,6 +47,7 @@ from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
 from iop.node.store import RunStatus, RunStore
 from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
+from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator
 from iop.wire import runtime_pb2 as pb
@@ -483,7 +485,10 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         )
         self._finish(
             run,
-            RuntimeEvent.failed(f"timed out after {_seconds(seconds)} s"),
+            RuntimeEvent.failed(
+                f"timed out after {_seconds(seconds)} s",
+                {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value},
+            ),
             cancel_provider=True,
         )
 

@@ -16,7 +16,8 @@ OpenAI-compatible provider, and its response goes back to the Edge as ordered
           │                                                        └─ connection broke ─▶ ERROR
           ├─ connect failure (no response) ───────────────────────────────────────────────▶ ERROR
           ├─ CANCEL_RUN ──────────────▶ ERROR "cancelled…"   (request aborted / connection closed)
-          ├─ idle / overall timeout ──▶ ERROR "upstream idle…" / "request timed out…"  (aborted)
+          ├─ idle / overall timeout ──▶ ERROR "upstream idle…" / "request timed out…"  (aborted,
+          │                              error_code upstream_timeout)
           └─ edge session lost ───────▶ aborted; nothing can be sent
                                          │
                            ended: timers stopped, slot released, exactly once
@@ -504,11 +505,14 @@ class _Tunnel:
         self._inner = Deferred.fromCoroutine(self._main())
         self._inner.addErrback(self._failed)
 
-    def abort(self, reason: str) -> bool:
-        """End now with ERROR ``reason`` and abort the upstream exchange; False if over."""
+    def abort(self, reason: str, metadata: Mapping[str, str] | None = None) -> bool:
+        """
+        End now with ERROR ``reason`` (and ``metadata``) and abort the upstream exchange;
+        False if over.
+        """
         if self.over:
             return False
-        self._end(reason)
+        self._end(reason, metadata)
         inner = self._inner
         if inner is not None and not inner.called:
             inner.cancel()
@@ -941,7 +945,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             error=reason,
             node_id=self._node_id,
         )
-        tunnel.abort(reason)
+        tunnel.abort(reason, {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value})
 
     def _ended(self, tunnel: _Tunnel, error: str | None) -> None:
         if error is None:

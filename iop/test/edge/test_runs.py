@@ -221,6 +221,10 @@ class RunTerminalCountTests(DispatchCase):
             "full", {ERROR_CODE_KEY: ErrorCode.PROVIDER_AT_CAPACITY.value}
         )
         self.event(self.submit(), 1, at_capacity)
+        timed_out = RuntimeEvent.failed(
+            "timed out after 5 s", {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value}
+        )
+        self.event(self.submit(), 1, timed_out)
         confirmed = self.submit()
         self.runs.cancel_run(confirmed, "client left")
         self.event(confirmed, 1, RuntimeEvent.cancelled("client left"))
@@ -238,6 +242,7 @@ class RunTerminalCountTests(DispatchCase):
                 ("node-a", "complete"): 1,
                 ("node-a", "error"): 1,
                 ("node-a", "at_capacity"): 1,
+                ("node-a", "timeout"): 1,
                 ("node-a", "cancelled"): 3,
                 ("node-a", "node_lost"): 1,
                 ("node-a", "send_failed"): 1,

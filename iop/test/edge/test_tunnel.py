@@ -433,6 +433,12 @@ class TerminalCountTests(TunnelCase):
             at_capacity,
             {**error("full"), "metadata": {ERROR_CODE_KEY: ErrorCode.PROVIDER_AT_CAPACITY}},
         )
+        timed_out = self.open()
+        self.feed(timed_out, start())
+        self.feed(
+            timed_out,
+            {**error("upstream idle for 5s"), "metadata": {ERROR_CODE_KEY: "upstream_timeout"}},
+        )
         refused = self.open()
         self.feed(refused, {**error("no"), "metadata": {ERROR_CODE_KEY: ErrorCode.LEASE_EXPIRED}})
         cancelled = self.open()
@@ -461,6 +467,7 @@ class TerminalCountTests(TunnelCase):
                 ("node-a", "complete"): 2,
                 ("node-a", "error"): 2,
                 ("node-a", "at_capacity"): 1,
+                ("node-a", "timeout"): 1,
                 ("node-a", "lease_refused"): 1,
                 ("node-a", "cancelled"): 4,
                 ("node-a", "node_lost"): 1,

@@ -685,6 +685,7 @@ class TimeoutTests(RunManagerTestCase):
         events = self.events()
         self.assertEqual(self.shape(events), [(3, "error")])
         self.assertEqual(events[0].error, "timed out after 5 s")
+        self.assertEqual(error_code(events[0].metadata), ErrorCode.UPSTREAM_TIMEOUT)
         record = self.record("r1")
         self.assertEqual((record.status, record.error), (RunStatus.ERROR, "timed out after 5 s"))
         self.assertGateFree()

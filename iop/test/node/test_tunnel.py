@@ -670,6 +670,7 @@ class TimeoutTests(TunnelCase):
         self.advance(0.001)
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertEqual(self.last().error, "upstream idle for 1s")
+        self.assertEqual(error_code(self.last().metadata), ErrorCode.UPSTREAM_TIMEOUT)
         self.assertEqual(fake.stats().client_disconnects, 1)
         self.assertValid()
 
@@ -698,6 +699,7 @@ class TimeoutTests(TunnelCase):
         self.advance(2, steps=4)
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertEqual(self.last().error, "request timed out after 2s")
+        self.assertEqual(error_code(self.last().metadata), ErrorCode.UPSTREAM_TIMEOUT)
         self.assertEqual(fake.stats().client_disconnects, 1)
         self.assertValid()
 
