@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -315,3 +317,47 @@ class RegistryStatsTests(RegistryCase):
         self.assertEqual(registry.stats().rejections["config_payload"], 1)
         self.assertEqual(registry.stats().registrations["node-a"], 0)
         self.flushLoggedErrors(ValueError)
+
+
+# An operation on the registry: register (a node's token or a bad one), ready, disconnect, each
+# on one of a few connections.
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["register", "register", "ready", "ready", "disconnect"]),
+        st.sampled_from(["node-a", "node-b", "bad"]),
+        st.integers(min_value=0, max_value=3),
+    ),
+    max_size=40,
+)
+
+
+class RegistryStatsPropertyTests(RegistryCase):
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @given(ops=_OPS)
+    def test_counters_follow_what_callers_saw(self, ops: list[tuple[str, str, int]]) -> None:
+        self.setUp()
+        connections = [FakeConnection() for _ in range(4)]
+        accepted = {"node-a": 0, "node-b": 0}
+        refused = 0
+        for op, node_id, index in ops:
+            conn = connections[index]
+            if op == "register":
+                outcome = self.registry.register(TOKENS.get(node_id, "bad-token"), conn)
+                if isinstance(outcome, RegisterAccepted):
+                    accepted[outcome.node_id] += 1
+                else:
+                    refused += 1
+            elif op == "ready":
+                if not self.registry.ready(node_id if node_id in TOKENS else "node-a", conn).ready:
+                    refused += 1
+            else:
+                self.registry.disconnected(conn)
+                connections[index] = FakeConnection()  # a closed connection never comes back
+            stats = self.registry.stats()
+            fenced = {n: 0 for n in accepted}
+            for kind, n, _ in self.observer.calls:
+                fenced[n] += kind == "fenced"
+            self.assertEqual(stats.registrations, accepted)
+            self.assertEqual(stats.reconnects, {n: max(c - 1, 0) for n, c in accepted.items()})
+            self.assertEqual(stats.fences, fenced)
+            self.assertEqual(sum(stats.rejections.values()), refused)
