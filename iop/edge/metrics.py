@@ -22,15 +22,14 @@ event kind from fixed sets. Never a key, token, principal or free text.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from iop.edge.events import NodeEvent, NodeEventKind, UsageEvent
-from iop.edge.pool import PoolStats
-from iop.edge.registry import OwnershipState, RegistryStats
+from iop.edge.registry import OwnershipState
 
 # The OpenTelemetry GenAI buckets for gen_ai.client.token.usage (powers of 4).
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))
@@ -50,6 +49,11 @@ def _node_event_kind(kind: NodeEventKind) -> str:
     return kind.value.removeprefix("node.")
 
 
+if TYPE_CHECKING:  # the sources StateCollector reads (kept beside it)
+    from iop.edge.pool import PoolStats
+    from iop.edge.registry import RegistryStats
+
+# A dispatcher's ends per (node_id, kind).
 TerminalStats = Callable[[], dict[tuple[str, str], int]]
 
 
