@@ -7,11 +7,14 @@ node has sent for it, and the cancel-grace timer of a cancel the node has not an
 table is the fence: a message counts only from the entry's own connection and in strictly
 increasing sequence; a fenced generation's entries are swept out together. What an entry *is*
 (a run's handle, a tunnel's stream) and how it ends belongs to the dispatcher that owns the table.
+
+:class:`TerminalCounts` is how each dispatcher counts its ends per node and kind (plain ints,
+read by the metrics at scrape time).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -23,6 +26,25 @@ from iop.edge.interfaces import INodeConnection, Send
 from iop.wire import runtime_pb2 as pb
 
 T = TypeVar("T")
+
+
+class TerminalCounts:
+    """
+    Ends per ``(node_id, kind)``, ``kind`` from a fixed vocabulary ``kinds``; :meth:`snapshot`
+    lists every given node with every kind (zero until counted).
+    """
+
+    def __init__(self, kinds: tuple[str, ...]) -> None:
+        self.kinds = kinds
+        self._counts: dict[tuple[str, str], int] = {}
+
+    def count(self, node_id: str, kind: str) -> None:
+        key = (node_id, kind)
+        self._counts[key] = self._counts.get(key, 0) + 1
+
+    def snapshot(self, node_ids: Iterable[str]) -> dict[tuple[str, str], int]:
+        nodes = list(dict.fromkeys([*node_ids, *(n for n, _ in self._counts)]))
+        return {(n, k): self._counts.get((n, k), 0) for n in nodes for k in self.kinds}
 
 
 @dataclass(eq=False)
@@ -160,4 +182,4 @@ class InFlightTable(Generic[T]):
         ]
 
 
-__all__ = ["InFlight", "InFlightTable"]
+__all__ = ["InFlight", "InFlightTable", "TerminalCounts"]

@@ -8,7 +8,10 @@ Two sources, each exact:
 
 - **State, read at scrape time** (:class:`StateCollector`): provider capacity and lease/queue
   occupancy and node connections by state are read from the same status snapshot ``/status``
-  answers, so a scrape and ``/status`` taken together agree.
+  answers, so a scrape and ``/status`` taken together agree; and the counters the parts that
+  decide each outcome keep themselves (the pool's lease grants/returns and queue outcomes, the
+  registry's registrations, reconnects, fences and refusals, the dispatchers' tunnel and run
+  terminals by kind), read from their ``stats()``.
 - **Events, counted as they happen** (:meth:`EdgeMetrics.observe`, an event bus subscriber):
   each finished client request (:class:`~iop.edge.events.RequestFinished`) once — by model,
   provider, node, operation, surface, status and outcome; its duration, time to first token and
@@ -25,7 +28,7 @@ event kind from fixed sets. Never a key, token, principal or free text.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -64,16 +67,121 @@ def _node_event_kind(kind: NodeEventKind) -> str:
     return kind.value.removeprefix("node.")
 
 
+if TYPE_CHECKING:  # the sources StateCollector reads (kept beside it)
+    from iop.edge.pool import PoolStats
+    from iop.edge.registry import RegistryStats
+
+# A dispatcher's ends per (node_id, kind).
+TerminalStats = Callable[[], dict[tuple[str, str], int]]
+
+
 class StateCollector(Collector):
-    """Gauges read from the status snapshot at scrape time."""
+    """
+    Read at scrape time: gauges from the status snapshot, and the exact counters the Edge's
+    parts keep as plain ints (the pool's leases and queue outcomes, the registry's
+    registrations, reconnects, fences and refusals, the dispatchers' terminals). Each source
+    lists its whole bounded label set, so a counter still at 0 is exposed.
+    """
 
     def __init__(
-        self, status_snapshot: Callable[[], dict[str, Any]], dropped: Callable[[], int]
+        self,
+        status_snapshot: Callable[[], dict[str, Any]],
+        dropped: Callable[[], int],
+        *,
+        pool_stats: Callable[[], PoolStats] | None = None,
+        registry_stats: Callable[[], RegistryStats] | None = None,
+        tunnel_stats: TerminalStats | None = None,
+        run_stats: TerminalStats | None = None,
     ) -> None:
         self._snapshot = status_snapshot
         self._dropped = dropped
+        self._pool_stats = pool_stats
+        self._registry_stats = registry_stats
+        self._tunnel_stats = tunnel_stats
+        self._run_stats = run_stats
 
     def collect(self) -> Iterator[Metric]:
+        yield from self._state()
+        if self._pool_stats is not None:
+            yield from self._pool(self._pool_stats())
+        if self._registry_stats is not None:
+            yield from self._registry(self._registry_stats())
+        for name, source, what in (
+            ("iop_tunnel_terminals", self._tunnel_stats, "Provider tunnels"),
+            ("iop_run_terminals", self._run_stats, "Normalized runs"),
+        ):
+            if source is not None:
+                family = CounterMetricFamily(
+                    name, f"{what} ended on the Edge, by node and kind.", labels=["node", "kind"]
+                )
+                for (node, kind), value in source().items():
+                    family.add_metric([node, kind], float(value))
+                yield family
+
+    @staticmethod
+    def _pool(stats: PoolStats) -> Iterator[Metric]:
+        grants = CounterMetricFamily(
+            "iop_lease_grants", "Provider leases granted.", labels=["provider", "node"]
+        )
+        for (provider, node), value in stats.lease_grants.items():
+            grants.add_metric([provider, node], float(value))
+        yield grants
+        releases = CounterMetricFamily(
+            "iop_lease_releases",
+            "Provider leases returned: released by their holder, or fenced (their node's "
+            "generation ended). Grants minus releases is the leases held.",
+            labels=["provider", "node", "outcome"],
+        )
+        for (provider, node, outcome), value in stats.lease_releases.items():
+            releases.add_metric([provider, node, outcome], float(value))
+        yield releases
+        outcomes = CounterMetricFamily(
+            "iop_queue_outcomes",
+            "Requests for a provider lease by how they ended: served (at once or after "
+            "waiting), unavailable, timeout, overloaded, withdrawn.",
+            labels=["model", "outcome"],
+        )
+        for (model, outcome), value in stats.queue_outcomes.items():
+            outcomes.add_metric([model, outcome], float(value))
+        yield outcomes
+        entered = CounterMetricFamily(
+            "iop_queue_entered",
+            "Requests that waited in the queue (no candidate had room at once).",
+            labels=["model"],
+        )
+        for model, value in stats.queue_entered.items():
+            entered.add_metric([model], float(value))
+        yield entered
+
+    @staticmethod
+    def _registry(stats: RegistryStats) -> Iterator[Metric]:
+        for name, values, doc in (
+            ("iop_node_registrations", stats.registrations, "Accepted node registrations."),
+            (
+                "iop_node_reconnects",
+                stats.reconnects,
+                "Registrations after an earlier session of the same node ended.",
+            ),
+            (
+                "iop_node_fences",
+                stats.fences,
+                "Ready generations fenced (disconnect, heartbeat timeout, dropped connection).",
+            ),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["node"])
+            for node, value in values.items():
+                family.add_metric([node], float(value))
+            yield family
+        rejections = CounterMetricFamily(
+            "iop_node_rejections",
+            "Refused node registrations (and readies) by reject reason.",
+            labels=["reason"],
+        )
+        for reason, value in stats.rejections.items():
+            rejections.add_metric([reason], float(value))
+        yield rejections
+
+    def _state(self) -> Iterator[Metric]:
         snap = self._snapshot()
         gauges = {
             field: GaugeMetricFamily(f"iop_provider_{suffix}", doc, labels=["provider", "node"])
@@ -106,6 +214,11 @@ class EdgeMetrics:
         self,
         status_snapshot: Callable[[], dict[str, Any]],
         dropped: Callable[[], int] = lambda: 0,
+        *,
+        pool_stats: Callable[[], PoolStats] | None = None,
+        registry_stats: Callable[[], RegistryStats] | None = None,
+        tunnel_stats: TerminalStats | None = None,
+        run_stats: TerminalStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -167,7 +280,16 @@ class EdgeMetrics:
         )
         for kind in NodeEventKind:
             self._node_events.labels(kind=_node_event_kind(kind))
-        registry.register(StateCollector(status_snapshot, dropped))
+        registry.register(
+            StateCollector(
+                status_snapshot,
+                dropped,
+                pool_stats=pool_stats,
+                registry_stats=registry_stats,
+                tunnel_stats=tunnel_stats,
+                run_stats=run_stats,
+            )
+        )
 
     def observe(self, event: object) -> None:
         """The event bus subscriber."""

@@ -52,6 +52,14 @@ Generations
     once, its providers go offline, every waiter is re-evaluated. A new ready generation starts
     with zero occupancy. Stale callbacks (an old generation's ready or fence) and the release of a
     lease whose generation was fenced change nothing.
+
+Counting (:meth:`ProviderPool.stats`)
+    Per provider: leases granted, and leases returned, each exactly once, either ``released``
+    by their holder or ``fenced`` (returned by the fence of their generation; a later release
+    of such a lease counts nothing). So grants minus releases is the provider's held leases at any
+    moment. Per model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and
+    how many of them waited in the queue; a request for an unknown model id counts nowhere (its
+    id is the client's, not the config's). Plain ints, read by the metrics at scrape time.
 """
 
 from __future__ import annotations
@@ -68,7 +76,14 @@ from zope.interface import implementer
 from iop.config.model import EdgeConfig, ModelProviderRef, ProviderConfig
 from iop.edge.errors import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
 from iop.edge.interfaces import INodeLifecycleObserver
-from iop.edge.queue import Waiter, WaitQueue, queue_limit, queue_timeout
+from iop.edge.queue import (
+    QUEUE_OUTCOMES,
+    QueueStats,
+    Waiter,
+    WaitQueue,
+    queue_limit,
+    queue_timeout,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Leases
@@ -145,6 +160,10 @@ class _Resource:
         self.long_in_flight = 0
         # Model keys that list this provider.
         self.models: set[str] = set()
+        # Leases granted; returned by their holder; returned by a fence.
+        self.grants = 0
+        self.released = 0
+        self.fenced = 0
 
     @property
     def provider_id(self) -> str:
@@ -168,6 +187,7 @@ class _Resource:
         return not long or cap == 0 or self.long_in_flight < cap
 
     def hold(self, lease: Lease) -> None:
+        self.grants += 1
         self.leases.add(lease)
         if lease.long:
             self.long_in_flight += 1
@@ -177,6 +197,7 @@ class _Resource:
         if lease not in self.leases:
             return False
         self.leases.remove(lease)
+        self.released += 1
         if lease.long:
             self.long_in_flight -= 1
         return True
@@ -184,6 +205,7 @@ class _Resource:
     def fence(self) -> int:
         """Go offline, returning every held lease exactly once; how many."""
         returned = len(self.leases)
+        self.fenced += returned
         for lease in self.leases:
             lease._state.fenced = True
         self.leases.clear()
@@ -247,6 +269,28 @@ def select(
     return best
 
 
+LEASE_RELEASE_OUTCOMES = ("released", "fenced")
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """
+    The pool's counters at one moment (:meth:`ProviderPool.stats`), every configured provider
+    and model key present (zero until something happens).
+
+    ``lease_grants[(provider_id, node_id)]``, ``lease_releases[(provider_id, node_id,
+    outcome)]`` (outcome in :data:`LEASE_RELEASE_OUTCOMES`), ``in_flight[(provider_id,
+    node_id)]`` (leases held now, also while disabled), ``queue_entered[model_id]`` and
+    ``queue_outcomes[(model_id, outcome)]`` (outcome in :data:`QUEUE_OUTCOMES`).
+    """
+
+    lease_grants: Mapping[tuple[str, str], int]
+    lease_releases: Mapping[tuple[str, str, str], int]
+    in_flight: Mapping[tuple[str, str], int]
+    queue_entered: Mapping[str, int]
+    queue_outcomes: Mapping[tuple[str, str], int]
+
+
 _ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
 
 
@@ -275,8 +319,13 @@ class ProviderPool:
         self._models: dict[str, tuple[_Candidate, ...]] = {}
         # Per model key: the config position where the next round-robin tie-break starts.
         self._rr: dict[str, int] = {}
+        self._queue_stats = QueueStats()
         self._queue: WaitQueue[Lease] = WaitQueue(
-            clock, expired=self._expired, discard=lambda lease: lease.release()
+            clock,
+            expired=self._expired,
+            discard=lambda lease: lease.release(),
+            failure_outcome=_outcome_name,
+            stats=self._queue_stats,
         )
         self.switch(self.plan(config))
 
@@ -294,8 +343,10 @@ class ProviderPool:
             return fail(UnknownModel(model_id))
         outcome = self._decide(model_id, prompt_tokens)
         if isinstance(outcome, Lease):
+            self._queue_stats.count(model_id, "served")
             return succeed(outcome)
         if outcome is not None:
+            self._queue_stats.count(model_id, _outcome_name(outcome))
             self.log.info("no live provider for model {model_id}", model_id=model_id)
             return fail(outcome)
         enabled = [c.resource.config for c in candidates if c.resource.enabled]
@@ -306,6 +357,7 @@ class ProviderPool:
                 model_id=model_id,
                 limit=limit,
             )
+            self._queue_stats.count(model_id, "overloaded")
             return fail(Overloaded(model_id, limit))
         return self._queue.enqueue(model_id, prompt_tokens, queue_timeout(enabled))
 
@@ -479,6 +531,31 @@ class ProviderPool:
             "long_queued": long_queued,
         }
 
+    def stats(self) -> PoolStats:
+        """The lease and queue counters now (see the module docstring's *Counting*)."""
+        grants: dict[tuple[str, str], int] = {}
+        releases: dict[tuple[str, str, str], int] = {}
+        in_flight: dict[tuple[str, str], int] = {}
+        for pid, res in self._resources.items():
+            key = (pid, res.node_id)
+            grants[key] = res.grants
+            releases[(*key, "released")] = res.released
+            releases[(*key, "fenced")] = res.fenced
+            in_flight[key] = res.in_flight
+        counted = self._queue_stats
+        models = set(self._models) | set(counted.entered) | {m for m, _ in counted.outcomes}
+        return PoolStats(
+            lease_grants=grants,
+            lease_releases=releases,
+            in_flight=in_flight,
+            queue_entered={m: counted.entered.get(m, 0) for m in sorted(models)},
+            queue_outcomes={
+                (m, o): counted.outcomes.get((m, o), 0)
+                for m in sorted(models)
+                for o in QUEUE_OUTCOMES
+            },
+        )
+
     def snapshot(self) -> dict[str, Any]:
         """
         For tests and debugging: every provider's raw state (``in_flight``/``long_in_flight`` are
@@ -544,24 +621,12 @@ class ProviderPool:
             _on_release=self._release,
         )
         res.hold(lease)
-        self.log.debug(
-            "leased provider {provider_id} on node {node_id} for model {model_id}",
-            provider_id=res.provider_id,
-            node_id=res.node_id,
-            model_id=model_id,
-        )
         return lease
 
     def _release(self, lease: Lease) -> None:
         res = self._resources[lease.provider_id]
         if not res.drop(lease):
             return
-        self.log.debug(
-            "released provider {provider_id} on node {node_id} for model {model_id}",
-            provider_id=lease.provider_id,
-            node_id=lease.node_id,
-            model_id=lease.model_id,
-        )
         self._pump()
 
     def _fence_node(self, node_id: str, node: _NodeState) -> None:
@@ -587,9 +652,20 @@ class ProviderPool:
         return QueueTimeout(waiter.model_id, waiter.timeout)
 
 
+def _outcome_name(error: BaseException) -> str:
+    """The :data:`~iop.edge.queue.QUEUE_OUTCOMES` name of a request's error."""
+    if isinstance(error, QueueTimeout):
+        return "timeout"
+    if isinstance(error, Overloaded):
+        return "overloaded"
+    return "unavailable"
+
+
 __all__ = [
+    "LEASE_RELEASE_OUTCOMES",
     "Lease",
     "PoolPlan",
+    "PoolStats",
     "ProviderPool",
     "is_long",
 ]

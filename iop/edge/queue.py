@@ -29,6 +29,15 @@ proceed. All decisions of a pass are made, and the queue updated, before any out
 no caller code runs inside a pass, so a callback that releases, acquires or cancels re-entrantly
 sees a settled queue. A decided outcome whose Deferred has meanwhile been cancelled is handed to
 ``discard`` (the pool releases the lease), so a granted lease never leaks.
+
+Counting
+--------
+Every request the pool is asked for ends in exactly one outcome of :data:`QUEUE_OUTCOMES`,
+counted in :class:`QueueStats` per model key by whoever decides it: the pool for what it decides
+at once (a lease, ``unavailable``, ``overloaded``), this queue for its waiters (``served`` when a
+lease is delivered, ``timeout``, ``withdrawn`` when the caller cancelled — also when it cancelled
+after the decision but before delivery, the lease then being discarded — and whatever the pump's
+decision names). ``entered`` counts the requests that waited. Plain ints, read by the metrics.
 """
 
 from __future__ import annotations
@@ -46,6 +55,28 @@ DEFAULT_MAX_QUEUE = 100
 DEFAULT_QUEUE_TIMEOUT_SEC = 60.0
 
 T = TypeVar("T")
+
+# How a request for a lease ends: a lease (at once or after waiting), no live candidate, the
+# queue timeout, the queue limit, or the caller left while it waited.
+QUEUE_OUTCOMES = ("served", "unavailable", "timeout", "overloaded", "withdrawn")
+
+
+@dataclass
+class QueueStats:
+    """
+    Per model key: how many requests waited in the queue (``entered``) and how every request
+    ended (``outcomes[(model_id, outcome)]``, outcome one of :data:`QUEUE_OUTCOMES`).
+    """
+
+    entered: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def count(self, model_id: str, outcome: str) -> None:
+        key = (model_id, outcome)
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
+
+    def enter(self, model_id: str) -> None:
+        self.entered[model_id] = self.entered.get(model_id, 0) + 1
 
 
 def queue_limit(providers: Iterable[ProviderConfig]) -> int:
@@ -87,6 +118,8 @@ class WaitQueue(Generic[T]):
     :param expired: builds the exception a waiter fails with when its timeout passes.
     :param discard: disposes of a decided result nobody can receive any more (its Deferred was
         cancelled between decision and delivery).
+    :param failure_outcome: the :data:`QUEUE_OUTCOMES` name of an error the pump decided.
+    :param stats: where outcomes are counted (the pool shares its own).
     """
 
     def __init__(
@@ -95,10 +128,14 @@ class WaitQueue(Generic[T]):
         *,
         expired: Callable[[Waiter[T]], BaseException],
         discard: Callable[[T], None],
+        failure_outcome: Callable[[BaseException], str] = lambda e: "unavailable",
+        stats: QueueStats | None = None,
     ) -> None:
         self._clock = clock
         self._expired = expired
         self._discard = discard
+        self._failure_outcome = failure_outcome
+        self.stats = stats if stats is not None else QueueStats()
         self._waiters: dict[int, Waiter[T]] = {}
         self._per_model: dict[str, int] = {}
         self._seq = 0
@@ -126,11 +163,13 @@ class WaitQueue(Generic[T]):
             waiter = self._waiters.get(seq)
             if waiter is not None:
                 self._remove(waiter)
+                self.stats.count(waiter.model_id, "withdrawn")
 
         d: Deferred[T] = Deferred(cancel)
         waiter = Waiter(seq, model_id, prompt_tokens, timeout, self._clock.seconds(), d)
         self._waiters[seq] = waiter
         self._per_model[model_id] = self._per_model.get(model_id, 0) + 1
+        self.stats.enter(model_id)
         waiter.timer = self._clock.callLater(timeout, self._expire, seq)
         return d
 
@@ -147,7 +186,7 @@ class WaitQueue(Generic[T]):
             self._remove(waiter)
             decided.append((waiter, outcome))
         for waiter, outcome in decided:
-            self._deliver(waiter.deferred, outcome)
+            self._deliver(waiter, outcome)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -168,21 +207,30 @@ class WaitQueue(Generic[T]):
             return
         waiter.timer = None
         self._remove(waiter)
-        self._deliver(waiter.deferred, self._expired(waiter))
+        self._deliver(waiter, self._expired(waiter), "timeout")
 
-    def _deliver(self, d: Deferred[T], outcome: T | BaseException) -> None:
-        if isinstance(outcome, BaseException):
-            if not d.called:
-                d.errback(outcome)
-        elif d.called:
-            self._discard(outcome)
+    def _deliver(
+        self, waiter: Waiter[T], outcome: T | BaseException, name: str | None = None
+    ) -> None:
+        d = waiter.deferred
+        if d.called:
+            # Cancelled after the decision, before delivery: the caller left.
+            self.stats.count(waiter.model_id, "withdrawn")
+            if not isinstance(outcome, BaseException):
+                self._discard(outcome)
+        elif isinstance(outcome, BaseException):
+            self.stats.count(waiter.model_id, name or self._failure_outcome(outcome))
+            d.errback(outcome)
         else:
+            self.stats.count(waiter.model_id, "served")
             d.callback(outcome)
 
 
 __all__ = [
     "DEFAULT_MAX_QUEUE",
     "DEFAULT_QUEUE_TIMEOUT_SEC",
+    "QUEUE_OUTCOMES",
+    "QueueStats",
     "WaitQueue",
     "Waiter",
     "queue_limit",

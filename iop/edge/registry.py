@@ -24,6 +24,12 @@ Ready is ordered here, in :meth:`NodeRegistry.ready` alone: decide, *acknowledge
 writes ``NodeReadyResponse``), and only then mark the node ready and tell the observers, whose
 reaction (the pool pumping its queue) may dispatch to the node at once. So the node always reads
 its ready acknowledgement before any request of that generation.
+
+Counting (:meth:`NodeRegistry.stats`), per configured node: accepted registrations, the
+reconnects among them (a registration after an earlier session of the node ended), and fences
+(a ready generation gone: the connection closed, failed its heartbeat or was dropped); and
+refused registrations by reason (:data:`REJECT_REASONS`, the reject codes, plus
+``ready_rejected`` for a refused ready). Plain ints, read by the metrics at scrape time.
 """
 
 from __future__ import annotations
@@ -197,6 +203,31 @@ class RegisterRejected:
 
 RegisterOutcome = RegisterAccepted | RegisterRejected
 
+# The bounded reason vocabulary of refusals: each reject code's name, plus a refused ready.
+_REJECT_NAMES = {
+    RegisterRejectCode.REGISTER_REJECT_UNKNOWN_TOKEN: "unknown_token",
+    RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION: "duplicate_connection",
+    RegisterRejectCode.REGISTER_REJECT_CONFIG_PAYLOAD: "config_payload",
+    RegisterRejectCode.REGISTER_REJECT_WORKLOAD_IDENTITY: "workload_identity",
+    RegisterRejectCode.REGISTER_REJECT_OTHER: "other",
+}
+READY_REJECTED = "ready_rejected"
+REJECT_REASONS = (*_REJECT_NAMES.values(), READY_REJECTED)
+
+
+@dataclass(frozen=True)
+class RegistryStats:
+    """
+    The registry's counters at one moment (:meth:`NodeRegistry.stats`): per node id
+    ``registrations``, ``reconnects`` and ``fences`` (every configured node present), and
+    ``rejections`` per reason of :data:`REJECT_REASONS` (every reason present).
+    """
+
+    registrations: dict[str, int]
+    reconnects: dict[str, int]
+    fences: dict[str, int]
+    rejections: dict[str, int]
+
 
 @dataclass(frozen=True)
 class ReadyOutcome:
@@ -236,6 +267,10 @@ class NodeRegistry:
         # and how many registrations its identity check refused.
         self._last_identity: dict[str, IdentityCheck] = {}
         self._identity_refusals: dict[str, int] = {}
+        self._registrations: dict[str, int] = {}
+        self._reconnects: dict[str, int] = {}
+        self._fences: dict[str, int] = {}
+        self._rejections = dict.fromkeys(REJECT_REASONS, 0)
 
     def add_observer(self, observer: INodeLifecycleObserver) -> None:
         self._observers.append(observer)
@@ -299,6 +334,17 @@ class NodeRegistry:
             )
         return {**check.as_status(), "refusals": self._identity_refusals.get(node_id, 0)}
 
+    def stats(self) -> RegistryStats:
+        """The registration, reconnect, fence and refusal counters now."""
+        nodes = [n.id for n in self._config.nodes]
+        nodes += [n for n in self._registrations if n not in nodes]
+        return RegistryStats(
+            registrations={n: self._registrations.get(n, 0) for n in nodes},
+            reconnects={n: self._reconnects.get(n, 0) for n in nodes},
+            fences={n: self._fences.get(n, 0) for n in nodes},
+            rejections=dict(self._rejections),
+        )
+
     # -- transitions -------------------------------------------------------------------------
 
     def register(
@@ -347,6 +393,10 @@ class NodeRegistry:
         self._owners[node.id] = owner
         self._by_connection[id(connection)] = owner
         self._last_identity[node.id] = identity
+        before = self._registrations.get(node.id, 0)
+        self._registrations[node.id] = before + 1
+        if before:
+            self._reconnects[node.id] = self._reconnects.get(node.id, 0) + 1
         self.log.info(
             "node {node_id} registered (pending)",
             node_id=node.id,
@@ -377,6 +427,7 @@ class NodeRegistry:
             self.log.warn(
                 "rejected ready for node {node_id}: {reason}", node_id=node_id, reason=reason
             )
+            self._rejections[READY_REJECTED] += 1
             outcome = ReadyOutcome(False, reason)
             acknowledge(outcome)
             return outcome
@@ -403,6 +454,7 @@ class NodeRegistry:
             return
         del self._owners[owner.node_id]
         if owner.state is OwnershipState.READY:
+            self._fences[owner.node_id] = self._fences.get(owner.node_id, 0) + 1
             for observer in self._observers:
                 observer.node_fenced(owner.node_id, owner.generation)
             self.log.info(
@@ -428,6 +480,7 @@ class NodeRegistry:
         return found
 
     def _reject(self, code: int, reason: str, node_id: str = "") -> RegisterRejected:
+        self._rejections[_REJECT_NAMES.get(code, "other")] += 1  # type: ignore[call-overload]
         self.log.warn(
             "rejected node registration: {reason}", reason=reason, node_id=node_id or None
         )
@@ -438,6 +491,7 @@ class NodeRegistry:
         """The certificate does not prove the token's node: refuse; nothing is claimed."""
         self._last_identity[node_id] = identity
         self._identity_refusals[node_id] = self._identity_refusals.get(node_id, 0) + 1
+        self._rejections["workload_identity"] += 1
         self.log.warn(
             "refused node {node_id} registration: {reason}",
             node_id=node_id,
@@ -464,6 +518,8 @@ class NodeRegistry:
 
 
 __all__ = [
+    "READY_REJECTED",
+    "REJECT_REASONS",
     "Acknowledge",
     "INodeLifecycleObserver",
     "IdentityCheck",
@@ -475,5 +531,6 @@ __all__ = [
     "RegisterAccepted",
     "RegisterOutcome",
     "RegisterRejected",
+    "RegistryStats",
     "check_identity",
 ]

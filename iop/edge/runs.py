@@ -13,6 +13,13 @@ Node choice and ``openai.model_routes[]`` resolution are :class:`~iop.edge.route
 (``RunDispatcher.routes``); the in-flight bookkeeping (connection, generation, sequence fence,
 cancel grace, the sweep on a fence) is :class:`~iop.edge.inflight.InFlightTable`'s, shared with
 the tunnels.
+
+Each end is counted once per node by kind (:data:`RUN_TERMINALS`, :meth:`RunDispatcher.stats`):
+the node's terminal (``complete``, ``cancelled``, ``error``, ``at_capacity`` when the node's own
+gate refused the run, or ``timeout`` when the node timed it out), ``cancelled`` for a cancel the
+node never answered or that a fence overtook, ``node_lost`` (the node's generation was fenced)
+and ``send_failed``. A sent run is not logged (the access log has the request); a failure to
+send is.
 """
 
 from __future__ import annotations
@@ -28,11 +35,12 @@ from zope.interface import implementer
 
 from iop.config.model import EdgeConfig
 from iop.edge.errors import NodeUnavailable
-from iop.edge.inflight import InFlightTable
+from iop.edge.inflight import InFlightTable, TerminalCounts
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
 from iop.edge.routes import RouteResolver
-from iop.runtime.events import RuntimeEvent
+from iop.runtime.codes import ErrorCode, error_code
+from iop.runtime.events import EventType, RuntimeEvent
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_from_proto
 
@@ -40,6 +48,15 @@ from iop.wire.convert import event_from_proto
 CANCEL_GRACE_SEC = 10.0
 
 EventCallback = Callable[[RuntimeEvent], None]
+RUN_TERMINALS = (
+    "complete",
+    "error",
+    "at_capacity",
+    "timeout",
+    "cancelled",
+    "node_lost",
+    "send_failed",
+)
 
 
 @dataclass
@@ -111,6 +128,7 @@ class RunDispatcher:
         self._registry = registry
         self._send = send
         self._runs: InFlightTable[RunHandle] = InFlightTable(clock, cancel_grace, "run", "event")
+        self._terminals = TerminalCounts(RUN_TERMINALS)
         self.routes = RouteResolver(config, registry)
         registry.add_observer(self)
 
@@ -164,15 +182,11 @@ class RunDispatcher:
             self.log.failure(
                 "sending run {run_id} to node {node_id} failed", run_id=rid, node_id=chosen
             )
-            self._finish(rid, RuntimeEvent.failed(f"could not send run to node {chosen}: {e}"))
-            return handle
-        self.log.info(
-            "run {run_id} sent to node {node_id} ({adapter}/{target})",
-            run_id=rid,
-            node_id=chosen,
-            adapter=adapter,
-            target=target,
-        )
+            self._finish(
+                rid,
+                RuntimeEvent.failed(f"could not send run to node {chosen}: {e}"),
+                "send_failed",
+            )
         return handle
 
     def submit_model_run(self, model: str, input: str, **kwargs: object) -> RunHandle:
@@ -224,10 +238,16 @@ class RunDispatcher:
                 self._finish(active.key, RuntimeEvent.cancelled("cancelled; node disconnected"))
             else:
                 self._finish(
-                    active.key, RuntimeEvent.failed(f"node {node_id} disconnected during the run")
+                    active.key,
+                    RuntimeEvent.failed(f"node {node_id} disconnected during the run"),
+                    "node_lost",
                 )
 
     # -- status ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[tuple[str, str], int]:
+        """Run ends per ``(node_id, kind)``: every configured node, every kind."""
+        return self._terminals.snapshot(n.id for n in self._registry.config.nodes)
 
     def active(self) -> list[RunHandle]:
         return [a.item for a in self._runs]
@@ -236,14 +256,29 @@ class RunDispatcher:
         active = self._runs.get(run_id)
         return active.item if active else None
 
-    def _finish(self, run_id: str, terminal: RuntimeEvent) -> None:
+    def _finish(self, run_id: str, terminal: RuntimeEvent, kind: str | None = None) -> None:
         active = self._runs.pop(run_id)
         if active is not None:
+            self._terminals.count(active.node_id, kind or _terminal_kind(terminal))
             active.item._deliver(terminal)
+
+
+def _terminal_kind(terminal: RuntimeEvent) -> str:
+    if terminal.type is EventType.COMPLETE:
+        return "complete"
+    if terminal.type is EventType.CANCELLED:
+        return "cancelled"
+    code = error_code(terminal.metadata)
+    if code is ErrorCode.PROVIDER_AT_CAPACITY:
+        return "at_capacity"
+    if code is ErrorCode.UPSTREAM_TIMEOUT:
+        return "timeout"
+    return "error"
 
 
 __all__ = [
     "CANCEL_GRACE_SEC",
+    "RUN_TERMINALS",
     "RunDispatcher",
     "RunHandle",
 ]

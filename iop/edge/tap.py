@@ -146,7 +146,14 @@ class EdgeService(MultiService):
                 lambda: load_edge_config(source), classify, self.applier, self.pusher, reactor
             )
         # Prometheus metrics: state read from the status snapshot, counts off the bus.
-        self.metrics = EdgeMetrics(self.snapshot, self.bus.dropped)
+        self.metrics = EdgeMetrics(
+            self.snapshot,
+            self.bus.dropped,
+            pool_stats=self.pool.stats,
+            registry_stats=self.registry.stats,
+            tunnel_stats=self.tunnels.stats,
+            run_stats=self.runs.stats,
+        )
         self.bus.subscribe(self.metrics.observe)
         # One access log line per finished client request.
         self.access_log = AccessLog()
@@ -167,6 +174,16 @@ class EdgeService(MultiService):
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot(self.config, self.registry, self.pool)
+
+
+class AdminSite(Site):
+    """The admin listener's ``Site``: its reads (``/status``, ``/metrics``, the console's
+    polls, every few seconds) are not logged one line each; its writes (runs, commands,
+    refreshes) are."""
+
+    def log(self, request: Any) -> None:
+        if request.method not in (b"GET", b"HEAD"):
+            super().log(request)
 
 
 def check_managed_transport(config: EdgeConfig) -> None:
@@ -218,7 +235,7 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
 
     admin = StreamServerEndpointService(
         serverFromString(reactor, config.admin_listen_endpoint),
-        Site(protect(edge.admin.resource(), config.admin)),
+        AdminSite(protect(edge.admin.resource(), config.admin)),
     )
     admin._raiseSynchronously = True
     admin.setName("admin")

@@ -21,6 +21,16 @@ Backpressure: a stream is an ``IPushProducer``, so an HTTP response can register
 consumer is paused, body bytes are buffered up to ``max_buffered_bytes``; past that bound the
 tunnel is cancelled with the error ``client too slow`` instead of growing without limit.
 ``stopProducing`` (the consumer went away) cancels the tunnel.
+
+Each end is counted once per node by kind (:data:`TUNNEL_TERMINALS`,
+:meth:`TunnelDispatcher.stats`): ``complete`` (the node's ``END`` after the response started),
+``error`` (the node's ``ERROR`` without a code this Edge acts on, or an ``END`` with no
+response), ``at_capacity`` (the node's own gate refused it), ``timeout`` (the node gave up on
+the upstream: the request's or the idle timeout), ``lease_refused`` (managed mode: the node
+refused the credential lease), ``cancelled`` (the caller or the consumer gave up, whatever the
+node then said or if it said nothing), ``node_lost`` (the node's generation was fenced) and
+``send_failed``. A clean end is not logged (the access log has the request); every other end is,
+with why.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.edge.errors import NodeUnavailable, TunnelFailed
-from iop.edge.inflight import InFlightTable
+from iop.edge.inflight import InFlightTable, TerminalCounts
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
 from iop.runtime.codes import ErrorCode, error_code
@@ -49,6 +59,7 @@ __all__ = [
     "CANCEL_GRACE_SEC",
     "CLIENT_TOO_SLOW",
     "MAX_BUFFERED_BYTES",
+    "TUNNEL_TERMINALS",
     "TunnelDispatcher",
     "TunnelOutcome",
     "TunnelStream",
@@ -60,6 +71,16 @@ CANCEL_GRACE_SEC = 10.0
 MAX_BUFFERED_BYTES = 8 * 1024 * 1024
 CLIENT_TOO_SLOW = "client too slow"
 CONSUMER_GONE = "client went away"
+TUNNEL_TERMINALS = (
+    "complete",
+    "error",
+    "at_capacity",
+    "timeout",
+    "lease_refused",
+    "cancelled",
+    "node_lost",
+    "send_failed",
+)
 
 T = TypeVar("T")
 HeaderList = list[tuple[str, str]]
@@ -315,6 +336,7 @@ class TunnelDispatcher:
         self._tunnels: InFlightTable[TunnelStream] = InFlightTable(
             clock, cancel_grace, "tunnel", "frame"
         )
+        self._terminals = TerminalCounts(TUNNEL_TERMINALS)
         registry.add_observer(self)
 
     # -- open --------------------------------------------------------------------------------
@@ -376,17 +398,7 @@ class TunnelDispatcher:
             self.log.failure(
                 "sending tunnel {run_id} to node {node_id} failed", run_id=rid, node_id=node_id
             )
-            self._finish(rid, f"could not send tunnel to node {node_id}: {e}")
-            return tunnel
-        self.log.info(
-            "tunnel {run_id} sent to node {node_id} ({adapter}/{target}, {operation})",
-            run_id=rid,
-            node_id=node_id,
-            adapter=adapter,
-            target=target,
-            operation=operation or path,
-            stream=stream,
-        )
+            self._finish(rid, f"could not send tunnel to node {node_id}: {e}", kind="send_failed")
         return tunnel
 
     # -- cancel ------------------------------------------------------------------------------
@@ -458,9 +470,15 @@ class TunnelDispatcher:
     def node_fenced(self, node_id: str, generation: int) -> None:
         """The node's ready generation is gone: its tunnels end with an error, now."""
         for active in self._tunnels.of_generation(node_id, generation):
-            self._finish(active.key, f"node {node_id} disconnected during the tunnel")
+            self._finish(
+                active.key, f"node {node_id} disconnected during the tunnel", kind="node_lost"
+            )
 
     # -- status ------------------------------------------------------------------------------
+
+    def stats(self) -> dict[tuple[str, str], int]:
+        """Tunnel ends per ``(node_id, kind)``: every configured node, every kind."""
+        return self._terminals.snapshot(n.id for n in self._registry.config.nodes)
 
     def active(self) -> list[TunnelStream]:
         return [a.item for a in self._tunnels]
@@ -480,15 +498,27 @@ class TunnelDispatcher:
             what=what,
         )
 
-    def _finish(self, run_id: str, error: str | None, code: ErrorCode | None = None) -> None:
-        """End ``run_id`` once: ``error`` None is a clean end; a cancel's reason wins."""
+    def _finish(
+        self,
+        run_id: str,
+        error: str | None,
+        code: ErrorCode | None = None,
+        kind: str | None = None,
+    ) -> None:
+        """
+        End ``run_id`` once: ``error`` None is a clean end; a cancel's reason wins. ``kind``
+        (of :data:`TUNNEL_TERMINALS`) when the caller knows it, else from ``error`` and ``code``.
+        """
         active = self._tunnels.pop(run_id)
         if active is None:
             return
         stream = active.item
         if stream.cancel_reason is not None:
             # The caller gave up on this tunnel: whatever the node said, the body is incomplete.
-            error, code = stream.cancel_reason, None
+            error, code, kind = stream.cancel_reason, None, "cancelled"
+        elif kind is None:
+            kind = _terminal_kind(error, code)
+        self._terminals.count(stream.node_id, kind)
         outcome = TunnelOutcome(
             ok=error is None,
             error=error or "",
@@ -497,12 +527,27 @@ class TunnelDispatcher:
             status_code=stream.status_code,
             body_bytes=stream.body_bytes,
         )
-        self.log.info(
-            "tunnel {run_id} on node {node_id} ended: {result}",
-            run_id=run_id,
-            node_id=stream.node_id,
-            result="ok" if error is None else error,
-            status_code=stream.status_code,
-            body_bytes=stream.body_bytes,
-        )
+        if error is not None:
+            log = self.log.info if kind == "cancelled" else self.log.warn
+            log(
+                "tunnel {run_id} on node {node_id} ended: {result}",
+                run_id=run_id,
+                node_id=stream.node_id,
+                result=error,
+                kind=kind,
+                status_code=stream.status_code,
+                body_bytes=stream.body_bytes,
+            )
         stream._finish(outcome)
+
+
+def _terminal_kind(error: str | None, code: ErrorCode | None) -> str:
+    if error is None:
+        return "complete"
+    if code is ErrorCode.PROVIDER_AT_CAPACITY:
+        return "at_capacity"
+    if code is ErrorCode.UPSTREAM_TIMEOUT:
+        return "timeout"
+    if code is not None and code.value.startswith("lease_"):
+        return "lease_refused"
+    return "error"

@@ -14,7 +14,8 @@ Every run goes through the same small life::
              ├─ Deferred succeeded (no terminal) ──▶ complete
              ├─ Deferred failed ─────────────────────▶ error (the failure's message)
              ├─ CANCEL_RUN ──────────────────────────▶ cancelled   (provider Deferred cancelled)
-             ├─ timeout_sec elapsed ─────────────────▶ error "timed out after N s" (cancelled)
+             ├─ timeout_sec elapsed ─────────────────▶ error "timed out after N s" (cancelled,
+             │                                        error_code upstream_timeout)
              └─ edge connection lost ────────────────▶ cancelled, recorded only (cannot be sent)
                                                        │
                                           finished: slot released, store updated, exactly once
@@ -46,6 +47,7 @@ from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
 from iop.node.store import RunStatus, RunStore
 from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
+from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator
 from iop.wire import runtime_pb2 as pb
@@ -98,6 +100,8 @@ class _Run:
     cancel_pending: bool = False
     timer: IDelayedCall | None = field(default=None, repr=False)
     usage: Usage | None = None
+    # The adapter gate's occupancy when admitted (for the run's one log line).
+    gate_in_use: int = 0
 
     @property
     def adapter(self) -> str:
@@ -198,16 +202,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         )
 
     def _start(self, run: _Run, request: pb.RunRequest) -> None:
-        gate = run.instance.gate
-        self.log.info(
-            "run {run_id} started on adapter {adapter} ({in_use}/{limit})",
-            run_id=run.run_id,
-            adapter=run.adapter,
-            target=request.target,
-            in_use=gate.in_use,
-            limit=gate.limit,
-            node_id=self._node_id,
-        )
+        run.gate_in_use = run.instance.gate.in_use
         self._store.run_started(
             run.run_id,
             run.adapter,
@@ -399,13 +394,22 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         else:
             self._totals.cancelled += 1
         self._totals.add(run.usage)
+        # The run's one log line: what it was, how it ended, how much and how long.
+        usage = run.usage
         self.log.info(
-            "run {run_id} on adapter {adapter} ended: {status}{detail}",
+            "run {run_id} {adapter}/{target} ended: {status}{detail}, {events} events"
+            " in {duration_sec} s",
             run_id=run.run_id,
             adapter=run.adapter,
+            target=run.target,
             status=status.value,
             detail=f" ({terminal.error})" if terminal.error else "",
             events=run.sequence,
+            duration_sec=round(self.clock.seconds() - run.started_at, 3),
+            input_tokens=usage.input_tokens if usage is not None else None,
+            output_tokens=usage.output_tokens if usage is not None else None,
+            in_use=run.gate_in_use,
+            limit=run.instance.gate.limit,
             node_id=self._node_id,
         )
         self._store.run_finished(
@@ -481,7 +485,10 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         )
         self._finish(
             run,
-            RuntimeEvent.failed(f"timed out after {_seconds(seconds)} s"),
+            RuntimeEvent.failed(
+                f"timed out after {_seconds(seconds)} s",
+                {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value},
+            ),
             cancel_provider=True,
         )
 

@@ -16,7 +16,8 @@ OpenAI-compatible provider, and its response goes back to the Edge as ordered
           │                                                        └─ connection broke ─▶ ERROR
           ├─ connect failure (no response) ───────────────────────────────────────────────▶ ERROR
           ├─ CANCEL_RUN ──────────────▶ ERROR "cancelled…"   (request aborted / connection closed)
-          ├─ idle / overall timeout ──▶ ERROR "upstream idle…" / "request timed out…"  (aborted)
+          ├─ idle / overall timeout ──▶ ERROR "upstream idle…" / "request timed out…"  (aborted,
+          │                              error_code upstream_timeout)
           └─ edge session lost ───────▶ aborted; nothing can be sent
                                          │
                            ended: timers stopped, slot released, exactly once
@@ -472,6 +473,7 @@ class _Tunnel:
         self.run_id = request.run_id
         self.instance = instance
         self.provider = provider
+        self.target = request.target
         self.operation = request.operation
         self.stream = request.stream
         self.timeout_sec = float(request.timeout_sec)
@@ -483,6 +485,10 @@ class _Tunnel:
         self._slot = slot
         self._request = request if manager.leases is not None else None
         self.started_at = manager.clock.seconds()
+        # For the one log line at the end: the gate's occupancy when admitted, the request
+        # header names not forwarded (a bounded number, each clipped).
+        self.gate_in_use = instance.gate.in_use
+        self.dropped_headers: list[str] = []
         self.frames = TunnelFrames(self.run_id, manager._send_frame, manager.body_frame_bytes)
         self.over = False
         self._inner: Deferred[None] | None = None
@@ -499,11 +505,14 @@ class _Tunnel:
         self._inner = Deferred.fromCoroutine(self._main())
         self._inner.addErrback(self._failed)
 
-    def abort(self, reason: str) -> bool:
-        """End now with ERROR ``reason`` and abort the upstream exchange; False if over."""
+    def abort(self, reason: str, metadata: Mapping[str, str] | None = None) -> bool:
+        """
+        End now with ERROR ``reason`` (and ``metadata``) and abort the upstream exchange;
+        False if over.
+        """
         if self.over:
             return False
-        self._end(reason)
+        self._end(reason, metadata)
         inner = self._inner
         if inner is not None and not inner.called:
             inner.cancel()
@@ -855,17 +864,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             auth_header=profile.auth_header if profile is not None else "",
             has_body=bool(request.body),
         )
-        if dropped:
-            # Names the Edge sent (a client's, really): a bounded number, each clipped.
-            names = sorted(set(dropped))
-            self.log.debug(
-                "tunnel {run_id}: {count} request headers not forwarded: {names}",
-                run_id=request.run_id,
-                count=len(names),
-                names=[name[:64] for name in names[:_LOGGED_HEADER_NAMES]],
-                node_id=self._node_id,
-            )
-        return _Tunnel(
+        tunnel = _Tunnel(
             self,
             request,
             instance,
@@ -876,23 +875,13 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             plan.path,
             headers,
         )
+        if dropped:
+            # Names the Edge sent (a client's, really): a bounded number, each clipped.
+            names = sorted(set(dropped))
+            tunnel.dropped_headers = [name[:64] for name in names[:_LOGGED_HEADER_NAMES]]
+        return tunnel
 
     def _start(self, tunnel: _Tunnel, request: pb.ProviderTunnelRequest) -> None:
-        gate = tunnel.instance.gate
-        self.log.info(
-            "tunnel {run_id} opened on adapter {adapter}: {method} {path}"
-            " ({operation}, {in_use}/{limit})",
-            run_id=tunnel.run_id,
-            adapter=tunnel.adapter,
-            target=request.target,
-            method=tunnel.method,
-            path=tunnel.path,
-            operation=request.operation or "path",
-            stream=request.stream,
-            in_use=gate.in_use,
-            limit=gate.limit,
-            node_id=self._node_id,
-        )
         tunnel.start()
 
     def _refused(self, request: pb.ProviderTunnelRequest, refusal: Refusal) -> None:
@@ -956,7 +945,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             error=reason,
             node_id=self._node_id,
         )
-        tunnel.abort(reason)
+        tunnel.abort(reason, {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value})
 
     def _ended(self, tunnel: _Tunnel, error: str | None) -> None:
         if error is None:
@@ -966,14 +955,25 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
         else:
             outcome = "error"
         self._counts[outcome] += 1
+        # The tunnel's one log line: what it was, how it ended, how much and how long.
         self.log.info(
-            "tunnel {run_id} on adapter {adapter} ended: {outcome}{detail}",
+            "tunnel {run_id} {adapter}/{target} {method} {path} ended: {outcome}{detail},"
+            " status {status_code}, {body_bytes} bytes in {duration_sec} s",
             run_id=tunnel.run_id,
             adapter=tunnel.adapter,
+            target=tunnel.target,
+            operation=tunnel.operation or "path",
+            method=tunnel.method,
+            path=tunnel.path,
+            stream=tunnel.stream,
             outcome=outcome,
             detail=f" ({tunnel.provider.redact(error)})" if error else "",
             status_code=tunnel.frames.status_code,
             body_bytes=tunnel.frames.body_bytes,
             frames=tunnel.frames.sequence,
+            duration_sec=round(self.clock.seconds() - tunnel.started_at, 3),
+            in_use=tunnel.gate_in_use,
+            limit=tunnel.instance.gate.limit,
+            dropped_headers=tunnel.dropped_headers or None,
             node_id=self._node_id,
         )

@@ -145,6 +145,10 @@ class ClientSite(Site):
         self._allowed_methods = allowed_methods
         self._publish = publish
 
+    def log(self, request: Any) -> None:
+        """No combined-log line per request: the Edge's access log has one for each, with what
+        it did (:mod:`iop.edge.accesslog`)."""
+
     def buildProtocol(self, addr: Any) -> Any:
         channel = super().buildProtocol(addr)
         channel.config = self.config

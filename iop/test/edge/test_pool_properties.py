@@ -1,7 +1,8 @@
 """
 The provider pool as a state machine: random submits, releases (some repeated), client cancels,
 clock advances, disconnects, reconnects, stale callbacks and enable toggles, with the pool's
-invariants checked after every step and full convergence checked at teardown.
+invariants checked after every step and full convergence checked at teardown. The pool's
+counters (:meth:`ProviderPool.stats`) are checked against what the requests saw at every step.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ PROVIDERS = {p.id: (node_id, p) for node_id, ps in NODES.items() for p in ps}
 TOKENS = [0, 10, 60, 100, 500, 500]
 # Outcomes a request may end with.
 ERRORS = (Unavailable, Overloaded, QueueTimeout, CancelledError)
+# The queue outcome each of them counts as.
+OUTCOME_NAMES = {
+    Lease: "served",
+    Unavailable: "unavailable",
+    Overloaded: "overloaded",
+    QueueTimeout: "timeout",
+    CancelledError: "withdrawn",
+}
 
 
 # What a request's own callback does when it gets its lease (runs re-entrantly inside the pool's
@@ -256,6 +265,38 @@ class PoolMachine(RuleBasedStateMachine):
             pending += not request.outcomes
         assert pending == len(self.pool.snapshot()["waiters"])
 
+    @invariant()
+    def lease_counters_are_exact(self) -> None:
+        stats = self.pool.stats()
+        providers = self.pool.snapshot()["providers"]
+        for pid, (node_id, _) in PROVIDERS.items():
+            key = (pid, node_id)
+            mine = [h.lease for h in self.held if h.lease.provider_id == pid]
+            released = stats.lease_releases[(*key, "released")]
+            fenced = stats.lease_releases[(*key, "fenced")]
+            assert stats.lease_grants[key] == len(mine), (pid, stats)
+            assert stats.lease_grants[key] - released - fenced == stats.in_flight[key]
+            assert stats.in_flight[key] == providers[pid]["in_flight"], (pid, stats)
+            assert fenced == sum(1 for lease in mine if lease.fenced), (pid, stats)
+            assert released == sum(1 for lease in mine if lease.released and not lease.fenced)
+
+    @invariant()
+    def queue_outcomes_are_exact(self) -> None:
+        stats = self.pool.stats()
+        expected = {key: 0 for key in stats.queue_outcomes}
+        for request in self.requests:
+            for outcome in request.outcomes:
+                expected[(request.model_id, OUTCOME_NAMES[type(outcome)])] += 1
+        assert stats.queue_outcomes == expected, (stats.queue_outcomes, expected)
+        waiting = len(self.pool.snapshot()["waiters"])
+        assert sum(stats.queue_outcomes.values()) + waiting == len(self.requests)
+        # Every waiter entered the queue, and only a request that waited ends withdrawn,
+        # timed out, or (after waiting) served or unavailable.
+        entered = sum(stats.queue_entered.values())
+        assert entered >= waiting + sum(
+            n for (_, o), n in stats.queue_outcomes.items() if o in ("withdrawn", "timeout")
+        )
+
     def teardown(self) -> None:
         if not hasattr(self, "pool"):
             return
@@ -278,6 +319,12 @@ class PoolMachine(RuleBasedStateMachine):
         for request in self.requests:
             assert len(request.outcomes) == 1, request
             assert isinstance(request.outcomes[0], (Lease, *ERRORS)), request.outcomes
+        self.lease_counters_are_exact()
+        self.queue_outcomes_are_exact()
+        stats = self.pool.stats()
+        assert set(stats.in_flight.values()) == {0}
+        assert sum(stats.lease_grants.values()) == sum(stats.lease_releases.values())
+        assert sum(stats.queue_outcomes.values()) == len(self.requests)
 
 
 class PoolStateMachineTests(SynchronousTestCase):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -10,7 +12,13 @@ from iop.config.model import NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
 from iop.edge.payload import build_node_payload
-from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted, RegisterRejected
+from iop.edge.registry import (
+    REJECT_REASONS,
+    NodeRegistry,
+    ReadyOutcome,
+    RegisterAccepted,
+    RegisterRejected,
+)
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.runtime_pb2 import RegisterRejectCode
@@ -28,7 +36,7 @@ class Observer:
         self.calls.append(("fenced", node_id, generation))
 
 
-class RegistryTests(SynchronousTestCase):
+class RegistryCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.config = edge_config()
@@ -53,6 +61,8 @@ class RegistryTests(SynchronousTestCase):
         assert isinstance(outcome, RegisterAccepted), outcome
         return outcome
 
+
+class RegistryTests(RegistryCase):
     def test_register_claims_pending_with_payload(self) -> None:
         conn = FakeConnection()
         outcome = self.accept(conn)
@@ -240,3 +250,114 @@ class RegistryTests(SynchronousTestCase):
             self.observer.calls,
             [("ready", "node-a", 1), ("fenced", "node-a", 1), ("ready", "node-a", 2)],
         )
+
+
+class RegistryStatsTests(RegistryCase):
+    """The registry's counters (:meth:`NodeRegistry.stats`) for known sequences."""
+
+    def test_every_label_is_there_at_zero(self) -> None:
+        stats = self.registry.stats()
+        zero = {"node-a": 0, "node-b": 0}
+        self.assertEqual((stats.registrations, stats.reconnects, stats.fences), (zero, zero, zero))
+        self.assertEqual(stats.rejections, dict.fromkeys(REJECT_REASONS, 0))
+        self.assertEqual(
+            set(REJECT_REASONS),
+            {
+                "unknown_token",
+                "duplicate_connection",
+                "config_payload",
+                "workload_identity",
+                "other",
+                "ready_rejected",
+            },
+        )
+
+    def test_registrations_reconnects_and_fences(self) -> None:
+        first, second, third = FakeConnection(), FakeConnection(), FakeConnection()
+        self.accept(first)
+        self.registry.ready("node-a", first)
+        self.registry.disconnected(first, "heartbeat timeout")  # a fence
+        self.accept(second)  # a reconnect
+        self.registry.disconnected(second)  # pending: no fence
+        self.accept(third)  # another reconnect
+        self.registry.ready("node-a", third)
+        self.registry.ready("node-a", third)  # a repeated ready changes nothing
+        self.registry.disconnected(third)
+        self.registry.disconnected(third)  # once only
+        b = FakeConnection()
+        self.accept(b, "node-b")
+        self.registry.ready("node-b", b)
+        stats = self.registry.stats()
+        self.assertEqual(stats.registrations, {"node-a": 3, "node-b": 1})
+        self.assertEqual(stats.reconnects, {"node-a": 2, "node-b": 0})
+        self.assertEqual(stats.fences, {"node-a": 2, "node-b": 0})
+        self.assertEqual(sum(stats.rejections.values()), 0)
+
+    def test_rejections_by_reason(self) -> None:
+        owner = FakeConnection()
+        self.registry.register("nope", FakeConnection())
+        self.registry.register("also-nope", FakeConnection())
+        self.accept(owner)
+        self.registry.register(TOKENS["node-a"], FakeConnection())  # duplicate
+        self.registry.register(TOKENS["node-b"], owner)  # this connection already registered
+        self.registry.ready("node-b", FakeConnection())  # never registered
+        stats = self.registry.stats()
+        self.assertEqual(
+            {r: n for r, n in stats.rejections.items() if n},
+            {"unknown_token": 2, "duplicate_connection": 1, "other": 1, "ready_rejected": 1},
+        )
+        self.assertEqual(stats.registrations, {"node-a": 1, "node-b": 0})
+
+    def test_a_payload_failure_is_a_config_payload_rejection(self) -> None:
+        def broken(node: NodeConfig) -> pb.NodeConfigPayload:
+            raise ValueError("no")
+
+        registry = NodeRegistry(self.config, broken, self.bus, self.clock)
+        registry.register(TOKENS["node-a"], FakeConnection())
+        self.assertEqual(registry.stats().rejections["config_payload"], 1)
+        self.assertEqual(registry.stats().registrations["node-a"], 0)
+        self.flushLoggedErrors(ValueError)
+
+
+# An operation on the registry: register (a node's token or a bad one), ready, disconnect, each
+# on one of a few connections.
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["register", "register", "ready", "ready", "disconnect"]),
+        st.sampled_from(["node-a", "node-b", "bad"]),
+        st.integers(min_value=0, max_value=3),
+    ),
+    max_size=40,
+)
+
+
+class RegistryStatsPropertyTests(RegistryCase):
+    @settings(max_examples=150, deadline=None, derandomize=True, database=None)
+    @given(ops=_OPS)
+    def test_counters_follow_what_callers_saw(self, ops: list[tuple[str, str, int]]) -> None:
+        self.setUp()
+        connections = [FakeConnection() for _ in range(4)]
+        accepted = {"node-a": 0, "node-b": 0}
+        refused = 0
+        for op, node_id, index in ops:
+            conn = connections[index]
+            if op == "register":
+                outcome = self.registry.register(TOKENS.get(node_id, "bad-token"), conn)
+                if isinstance(outcome, RegisterAccepted):
+                    accepted[outcome.node_id] += 1
+                else:
+                    refused += 1
+            elif op == "ready":
+                if not self.registry.ready(node_id if node_id in TOKENS else "node-a", conn).ready:
+                    refused += 1
+            else:
+                self.registry.disconnected(conn)
+                connections[index] = FakeConnection()  # a closed connection never comes back
+            stats = self.registry.stats()
+            fenced = {n: 0 for n in accepted}
+            for kind, n, _ in self.observer.calls:
+                fenced[n] += kind == "fenced"
+            self.assertEqual(stats.registrations, accepted)
+            self.assertEqual(stats.reconnects, {n: max(c - 1, 0) for n, c in accepted.items()})
+            self.assertEqual(stats.fences, fenced)
+            self.assertEqual(sum(stats.rejections.values()), refused)

@@ -12,16 +12,18 @@ from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
-from iop.edge.runs import RunDispatcher
+from iop.edge.runs import RUN_TERMINALS, RunDispatcher
+from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
+from iop.test.node.fakes import capture_events
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
 Conn = FakeConnection
 
 
-class DispatchTests(SynchronousTestCase):
+class DispatchCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.clock = Clock()
         self.config = dataclasses.replace(
@@ -55,6 +57,8 @@ class DispatchTests(SynchronousTestCase):
         handle.subscribe(seen.append)  # type: ignore[attr-defined]
         return seen
 
+
+class DispatchTests(DispatchCase):
     def test_single_node_fallback_sends_run_request(self) -> None:
         handle = self.runs.submit_run(adapter="fake", target="demo-model", input="hi")
         self.assertEqual(handle.node_id, "node-a")
@@ -189,4 +193,59 @@ class DispatchTests(SynchronousTestCase):
         self.assertEqual(terminal.type, EventType.ERROR)
         self.assertIn("could not send", terminal.error)
         self.assertEqual(len(self.flushLoggedErrors(ConnectionError)), 1)
+        self.assertEqual(self.runs.active(), [])
+
+
+class RunTerminalCountTests(DispatchCase):
+    """Every way a run ends is counted once, per node and kind; a sent run logs nothing."""
+
+    def submit(self, node_id: str | None = None) -> str:
+        handle = self.runs.submit_run(
+            adapter="fake", target="demo-model", input="x", node_id=node_id
+        )
+        return handle.run_id
+
+    def test_every_label_is_there_at_zero(self) -> None:
+        self.assertEqual(
+            self.runs.stats(), {(n, k): 0 for n in ("node-a", "node-b") for k in RUN_TERMINALS}
+        )
+
+    def test_each_kind(self) -> None:
+        logged = capture_events(self)
+        done = self.submit()
+        self.event(done, 1, RuntimeEvent.text("hi"))
+        self.event(done, 2, RuntimeEvent.complete(Usage(1, 1)))
+        self.assertEqual(list(logged), [])
+        self.event(self.submit(), 1, RuntimeEvent.failed("upstream refused"))
+        at_capacity = RuntimeEvent.failed(
+            "full", {ERROR_CODE_KEY: ErrorCode.PROVIDER_AT_CAPACITY.value}
+        )
+        self.event(self.submit(), 1, at_capacity)
+        timed_out = RuntimeEvent.failed(
+            "timed out after 5 s", {ERROR_CODE_KEY: ErrorCode.UPSTREAM_TIMEOUT.value}
+        )
+        self.event(self.submit(), 1, timed_out)
+        confirmed = self.submit()
+        self.runs.cancel_run(confirmed, "client left")
+        self.event(confirmed, 1, RuntimeEvent.cancelled("client left"))
+        self.runs.cancel_run(self.submit(), "client left")
+        self.clock.advance(10)  # never confirmed
+        self.runs.cancel_run(self.submit(), "client left")
+        self.submit()
+        self.registry.disconnected(self.a)  # one cancelled, one lost
+        self.connect("node-a", fail=True)
+        self.submit()
+        self.flushLoggedErrors(ConnectionError)
+        self.assertEqual(
+            {key: n for key, n in self.runs.stats().items() if n},
+            {
+                ("node-a", "complete"): 1,
+                ("node-a", "error"): 1,
+                ("node-a", "at_capacity"): 1,
+                ("node-a", "timeout"): 1,
+                ("node-a", "cancelled"): 3,
+                ("node-a", "node_lost"): 1,
+                ("node-a", "send_failed"): 1,
+            },
+        )
         self.assertEqual(self.runs.active(), [])

@@ -23,7 +23,13 @@ from iop.edge.events import EventBus
 from iop.edge.payload import build_node_payload
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunDispatcher
-from iop.edge.tunnel import CLIENT_TOO_SLOW, TunnelDispatcher, TunnelOutcome, TunnelStream
+from iop.edge.tunnel import (
+    CLIENT_TOO_SLOW,
+    TUNNEL_TERMINALS,
+    TunnelDispatcher,
+    TunnelOutcome,
+    TunnelStream,
+)
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
@@ -402,6 +408,84 @@ class CancelTests(TunnelCase):
         self.feed(stream, start(), END)
         stream.cancel()
         self.assertEqual(self.cancels(), [])
+
+
+class TerminalCountTests(TunnelCase):
+    """Every way a tunnel ends is counted once, per node and kind; only abnormal ends log."""
+
+    def kinds(self) -> dict[tuple[str, str], int]:
+        return {key: n for key, n in self.tunnels.stats().items() if n}
+
+    def test_every_label_is_there_at_zero(self) -> None:
+        self.assertEqual(
+            self.tunnels.stats(),
+            {(n, k): 0 for n in ("node-a", "node-b") for k in TUNNEL_TERMINALS},
+        )
+
+    def test_each_kind(self) -> None:
+        b = self.connect("node-b")
+        self.feed(self.open(), start(), body(b"x"), END)
+        self.feed(self.open(), start(500), body(b"upstream error"), END)  # a passthrough
+        self.feed(self.open(), error("upstream refused"))
+        self.feed(self.open(), END)  # no response: an error
+        at_capacity = self.open()
+        self.feed(
+            at_capacity,
+            {**error("full"), "metadata": {ERROR_CODE_KEY: ErrorCode.PROVIDER_AT_CAPACITY}},
+        )
+        timed_out = self.open()
+        self.feed(timed_out, start())
+        self.feed(
+            timed_out,
+            {**error("upstream idle for 5s"), "metadata": {ERROR_CODE_KEY: "upstream_timeout"}},
+        )
+        refused = self.open()
+        self.feed(refused, {**error("no"), "metadata": {ERROR_CODE_KEY: ErrorCode.LEASE_EXPIRED}})
+        cancelled = self.open()
+        cancelled.cancel("client disconnected")
+        self.feed(cancelled, error("cancelled"))
+        unconfirmed = self.open()
+        unconfirmed.cancel("client disconnected")
+        self.clock.advance(10)
+        racing = self.open()
+        self.feed(racing, start())
+        racing.cancel("operator")
+        self.feed(racing, END)  # a cancel's end wins over the node's END
+        on_b = self.open("node-b")
+        self.feed(on_b, start(), END, conn=b)
+        lost = self.open()
+        self.feed(lost, start())
+        cancelled_then_lost = self.open()
+        cancelled_then_lost.cancel("client disconnected")
+        self.registry.disconnected(self.a, "heartbeat timeout")
+        self.connect("node-a", fail=True)
+        self.open()
+        self.flushLoggedErrors(ConnectionError)
+        self.assertEqual(
+            self.kinds(),
+            {
+                ("node-a", "complete"): 2,
+                ("node-a", "error"): 2,
+                ("node-a", "at_capacity"): 1,
+                ("node-a", "timeout"): 1,
+                ("node-a", "lease_refused"): 1,
+                ("node-a", "cancelled"): 4,
+                ("node-a", "node_lost"): 1,
+                ("node-a", "send_failed"): 1,
+                ("node-b", "complete"): 1,
+            },
+        )
+        self.assertEqual(self.tunnels.active(), [])
+
+    def test_a_clean_tunnel_logs_nothing_and_a_failed_one_says_why(self) -> None:
+        self.feed(self.open(), start(), body(b"x"), END)
+        self.assertEqual(list(self.logged), [])
+        stream = self.open()
+        self.feed(stream, error("upstream refused"))
+        [event] = self.logged
+        self.assertEqual(event["log_level"].name, "warn")
+        self.assertEqual((event["run_id"], event["kind"]), (stream.run_id, "error"))
+        self.assertEqual(event["result"], "upstream refused")
 
 
 class BackpressureTests(TunnelCase):

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
@@ -38,7 +39,7 @@ from iop.runtime import (
     Usage,
 )
 from iop.runtime.codes import ErrorCode, error_code
-from iop.test.node.fakes import TOKEN, accepted, drain, frame, ready_response
+from iop.test.node.fakes import TOKEN, accepted, capture_events, drain, frame, ready_response
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import adapter_specs
 
@@ -479,6 +480,34 @@ class TerminalTests(RunManagerTestCase):
         )
 
 
+class LogLineTests(RunManagerTestCase):
+    """A finished run logs exactly one line, with what it was, its result, size and time."""
+
+    def test_one_line_per_finished_run(self) -> None:
+        logged = capture_events(self)
+        self.submit(run_id="r1", adapter="gpu", target="demo-model")
+        self.clock.advance(2.5)
+        self.gpu.last.emit(RuntimeEvent.text("hi"))
+        self.gpu.last.emit(RuntimeEvent.complete(Usage(input_tokens=3, output_tokens=1)))
+        [event] = list(logged)
+        self.assertEqual(event["log_level"].name, "info")
+        self.assertEqual(
+            {k: event[k] for k in ("run_id", "adapter", "target", "status", "events")},
+            {
+                "run_id": "r1",
+                "adapter": "gpu",
+                "target": "demo-model",
+                "status": "completed",
+                "events": 3,
+            },
+        )
+        self.assertEqual((event["input_tokens"], event["output_tokens"]), (3, 1))
+        self.assertEqual(event["duration_sec"], 2.5)
+        self.assertEqual(
+            formatEvent(event), "run r1 gpu/demo-model ended: completed, 3 events in 2.5 s"
+        )
+
+
 class AdmissionTests(RunManagerTestCase):
     def test_atCapacityRefusedThenAdmittedAfterTerminal(self) -> None:
         self.submit(run_id="a")
@@ -656,6 +685,7 @@ class TimeoutTests(RunManagerTestCase):
         events = self.events()
         self.assertEqual(self.shape(events), [(3, "error")])
         self.assertEqual(events[0].error, "timed out after 5 s")
+        self.assertEqual(error_code(events[0].metadata), ErrorCode.UPSTREAM_TIMEOUT)
         record = self.record("r1")
         self.assertEqual((record.status, record.error), (RunStatus.ERROR, "timed out after 5 s"))
         self.assertGateFree()

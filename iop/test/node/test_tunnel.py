@@ -14,6 +14,7 @@ from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.error import ConnectionDone, ConnectionRefusedError
 from twisted.internet.task import Clock
+from twisted.logger import formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 from twisted.web.http_headers import Headers
@@ -669,6 +670,7 @@ class TimeoutTests(TunnelCase):
         self.advance(0.001)
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertEqual(self.last().error, "upstream idle for 1s")
+        self.assertEqual(error_code(self.last().metadata), ErrorCode.UPSTREAM_TIMEOUT)
         self.assertEqual(fake.stats().client_disconnects, 1)
         self.assertValid()
 
@@ -697,6 +699,7 @@ class TimeoutTests(TunnelCase):
         self.advance(2, steps=4)
         self.assertEqual(self.kinds(), ["start", "body+", "error"])
         self.assertEqual(self.last().error, "request timed out after 2s")
+        self.assertEqual(error_code(self.last().metadata), ErrorCode.UPSTREAM_TIMEOUT)
         self.assertEqual(fake.stats().client_disconnects, 1)
         self.assertValid()
 
@@ -933,6 +936,45 @@ class HeaderTests(TunnelCase):
             "[redacted]",
             dict((h.name.lower(), h.value) for h in self.frames("t1")[0].headers)["x-echo"],
         )
+
+
+class LogLineTests(TunnelCase):
+    """A finished tunnel logs exactly one line, with what it was, its result, size and time."""
+
+    def test_one_line_per_finished_tunnel(self) -> None:
+        self.use_fake(tokens=3, delay_ms=100)
+        self.open(chat(), headers=[("content-type", "application/json"), ("x-unknown", "v")])
+        self.advance(1, steps=10)
+        self.assertValid()
+        [event] = list(self.events)
+        self.assertEqual(event["log_level"].name, "info")
+        self.assertEqual(
+            {k: event[k] for k in ("run_id", "adapter", "target", "outcome", "status_code")},
+            {
+                "run_id": "t1",
+                "adapter": "up",
+                "target": "demo-model",
+                "outcome": "completed",
+                "status_code": 200,
+            },
+        )
+        self.assertEqual(event["body_bytes"], len(self.body()))
+        self.assertGreater(event["duration_sec"], 0)
+        self.assertEqual(event["dropped_headers"], ["x-unknown"])
+        text = formatEvent(event)
+        self.assertIn("tunnel t1 up/demo-model POST /chat/completions ended: completed", text)
+        self.assertIn(f"status 200, {len(self.body())} bytes in", text)
+
+    def test_a_failed_tunnel_says_why_in_its_line(self) -> None:
+        class Refusing:
+            def request(self, *args: Any, **kwargs: Any) -> Deferred[Any]:
+                return fail(ConnectionRefusedError("nobody home"))
+
+        self.use_resource(Resource(), http=Refusing())
+        self.open()
+        [event] = [e for e in self.events if e.get("run_id") == "t1"]
+        self.assertEqual(event["outcome"], "error")
+        self.assertIn("nobody home", formatEvent(event))
 
 
 class SessionTests(TunnelCase):
