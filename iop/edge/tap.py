@@ -50,6 +50,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
+from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.runtime.events import Usage
 from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
@@ -58,7 +59,7 @@ from iop.security.tls import TLSConfigError, server_context_factory
 class Options(usage.Options):
     synopsis = "--config PATH"
     longdesc = "Run the IOP Edge: node listener (TLS) and admin HTTP surface."
-    optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."]]
+    optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."], *LOG_FLAGS]
 
     def postOptions(self) -> None:
         try:
@@ -247,4 +248,4 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         sighup = RefreshOnSignal(edge.refresher, reactor)
         sighup.setName("sighup")
         sighup.setServiceParent(edge)
-    return edge
+    return for_twistd(edge, config.logging, options)
