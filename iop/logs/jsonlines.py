@@ -30,14 +30,15 @@ never split it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 
-from twisted.logger import FileLogObserver, LogEvent, LogLevel, formatEvent
+from twisted.logger import FileLogObserver, LogEvent, formatEvent
 from twisted.python.failure import Failure
 
 from iop.security.redact import REDACTED, redact_secrets
@@ -81,11 +82,28 @@ _SECRET_HINTS = (
 
 def redact(text: str) -> str:
     """``text`` through :func:`redact_secrets` when it could hold a credential at all."""
+    if len(text) <= _SHORT:
+        return _redact_short(text)
+    return _redact(text)
+
+
+def _redact(text: str) -> str:
     lowered = text.lower()
     for hint in _SECRET_HINTS:
         if hint in lowered:
             return redact_secrets(text)
     return text
+
+
+# Short values (ids, names, models) repeat from event to event: their answer is remembered.
+_SHORT = 64
+_redact_short = functools.lru_cache(maxsize=4096)(_redact)
+
+
+@functools.lru_cache(maxsize=1024)
+def _credential_key(key: str) -> bool:
+    """Whether a key's string value is a credential by the key's name alone."""
+    return _CREDENTIAL_KEY.search(key) is not None
 
 
 class _Clock:
@@ -147,7 +165,12 @@ def _error_text(failure: Failure) -> str:
 
 
 def _put(out: dict[str, object], key: str, value: object, depth: int) -> None:
-    if isinstance(value, str) and _CREDENTIAL_KEY.search(key):
+    kind = type(value)
+    if kind is str:
+        out[key] = REDACTED if _credential_key(key) else redact(cast(str, value))
+    elif kind is int or kind is bool or value is None:
+        out[key] = value
+    elif isinstance(value, str) and _credential_key(key):
         out[key] = REDACTED
     elif isinstance(value, Mapping) and depth < _MAX_DEPTH:
         _flatten(out, f"{key}.", value, depth + 1)
@@ -170,7 +193,7 @@ def _failure(event: LogEvent) -> Failure | None:
 def json_fields(event: LogEvent) -> dict[str, object]:
     """The object :func:`json_line` writes for ``event``, before encoding."""
     when = event.get("log_time")
-    level = event.get("log_level")
+    level = getattr(event.get("log_level"), "name", None)
     legacy = "isError" in event and "message" in event
     failure = _failure(event)
     if legacy and failure is not None:
@@ -181,7 +204,7 @@ def json_fields(event: LogEvent) -> dict[str, object]:
         message = formatEvent(event)
     fields: dict[str, object] = {
         "time": _clock.format(when if isinstance(when, int | float) else time.time()),
-        "level": level.name if isinstance(level, type(LogLevel.info)) else "info",
+        "level": level if isinstance(level, str) else "info",
         "namespace": _text(event.get("log_namespace", "-")),
         "message": redact(message),
     }
