@@ -15,6 +15,9 @@ config is :attr:`EdgeService.config`.
 
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener:
 node TLS with a client CA, so that every node presents a certificate the registry can check.
+
+Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
+``logging:`` (or ``--log-format``/``--log-level``) asks for.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ shutdown (SIGTERM/SIGINT) exits 0.
 
 Configuration is node.yaml (``--config``) or, for a one-line join, ``--edge HOST:PORT
 --token-file F --ca-file F`` and friends with no file at all
-(:func:`iop.config.node.node_config_from_flags`); the two are exclusive.
+(:func:`iop.config.node.node_config_from_flags`); the two are exclusive. Under twistd the service
+comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer ``logging:`` (or
+``--log-format``/``--log-level``) asks for.
 """
 
 from __future__ import annotations
