@@ -12,6 +12,8 @@ import signal
 import urllib.request
 from typing import Any
 
+import yaml
+
 from tests.harness import CLIENT_KEY, TWISTD, Cluster, Daemon, port_open, wait_until
 
 REQUIRED = ("time", "level", "namespace", "message")
@@ -195,3 +197,39 @@ def test_logfile_flag_and_one_line_join(cluster: Cluster) -> None:
     assert any(e["message"] == "node node-a ready" for e in events)
     assert not any(e["level"] == "debug" for e in events)
     json_lines(node.output(), "joined node")
+
+
+def refresh(cluster: Cluster) -> dict[str, Any]:
+    request = urllib.request.Request(
+        cluster.admin + "/config/refresh",
+        data=json.dumps({"mode": "apply"}).encode(),
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        document: dict[str, Any] = json.loads(response.read())
+        return document
+
+
+def test_level_switched_by_a_refresh(cluster: Cluster) -> None:
+    """``logging.level: debug`` applied live by a config refresh: the lease lines appear."""
+    configure(cluster, logging={"format": "json"})
+    edge = cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    assert chat(cluster)["choices"]
+    assert "leased provider" not in edge.output()
+
+    path = cluster.root / "edge.yaml"
+    data = yaml.safe_load(path.read_text())
+    data["logging"]["level"] = "debug"
+    path.write_text(yaml.safe_dump(data))
+    result = refresh(cluster)
+    assert result["result"] == "applied", result
+    assert [(r["path"], r["change_class"]) for r in result["reports"]] == [
+        ("logging.level", "live")
+    ]
+    assert chat(cluster)["choices"]
+    wait_until(lambda: "leased provider" in edge.output(), 10, "the lease debug line")
+    leased = [e for e in json_lines(edge.output(), "edge") if e["level"] == "debug"]
+    assert leased and leased[0]["provider_id"] == "a-chat", leased

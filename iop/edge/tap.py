@@ -17,11 +17,12 @@ Managed mode (``security.mode: managed``) will not start without mTLS on the nod
 node TLS with a client CA, so that every node presents a certificate the registry can check.
 
 Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
-``logging:`` (or ``--log-format``/``--log-level``) asks for.
+``logging:`` (or ``--log-format``/``--log-level``) asks for; a refresh switches its level.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
@@ -53,7 +54,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
-from iop.logs.twistd import LOG_FLAGS, for_twistd
+from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.runtime.events import Usage
 from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
@@ -251,4 +252,12 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         sighup = RefreshOnSignal(edge.refresher, reactor)
         sighup.setName("sighup")
         sighup.setServiceParent(edge)
-    return for_twistd(edge, config.logging, options)
+    top = for_twistd(edge, config.logging, options)
+    if isinstance(top, TwistdLogging):
+        edge.applier.add_listener(functools.partial(_use_logging, top))
+    return top
+
+
+def _use_logging(top: TwistdLogging, config: EdgeConfig) -> None:
+    """A refresh applied: its ``logging.level`` from the next log event on."""
+    top.use_logging(config.logging)

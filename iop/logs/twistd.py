@@ -13,7 +13,8 @@ to the application, so:
   SIGUSR1 as twistd does), ``twistd.log`` for a daemon;
 - ``format: text`` writes twistd's own lines (:func:`~twisted.logger.textFileLogObserver`),
   ``format: json`` :mod:`iop.logs.jsonlines`' lines;
-- events below ``level`` are dropped before anything formats them (:class:`MinimumLevel`);
+- events below ``level`` are dropped before anything formats them (:class:`MinimumLevel`); the
+  Edge's live config refresh switches the level (:meth:`TwistdLogging.use_logging`);
 - an explicit ``--logger`` or ``--syslog`` wins: then nothing is installed and twistd logs as
   it always did, and so does a service that is not run by twistd (tests, embedding).
 
@@ -153,12 +154,28 @@ class TwistdLogging(MultiService):
     :class:`~twisted.logger.ILogObserver` component, which twistd then begins logging to.
     """
 
-    def __init__(self, service: IService, settings: LoggingConfig, server: Mapping[str, Any]):
+    def __init__(
+        self,
+        service: IService,
+        settings: LoggingConfig,
+        server: Mapping[str, Any],
+        *,
+        pinned_level: bool = False,
+    ) -> None:
         super().__init__()
         self.settings = settings
         self._server = server
+        self._pinned_level = pinned_level
         self.level: MinimumLevel | None = None
         service.setServiceParent(self)
+
+    def use_logging(self, config: LoggingConfig) -> None:
+        """
+        A refreshed config's ``logging``: its level applies from the next event on (unless
+        ``--log-level`` pinned it); a new format waits for a restart.
+        """
+        if self.level is not None and not self._pinned_level:
+            self.level.set_level(config.level)
 
     def setServiceParent(self, parent: Any) -> None:
         if isinstance(parent, Componentized):
@@ -177,4 +194,9 @@ def for_twistd(service: IService, config: LoggingConfig, options: usage.Options)
     server = options.parent
     if server is None:
         return service
-    return TwistdLogging(service, logging_settings(config, options), server)
+    return TwistdLogging(
+        service,
+        logging_settings(config, options),
+        server,
+        pinned_level=bool(options.get("log-level")),
+    )

@@ -147,7 +147,7 @@ _LONG = "a pool capacity like capacity: the provider pool applies it to the next
 _MODEL = "models[] display/provider mapping: the Edge's routing, for the next dispatch"
 _POLICY = "models[] generation policy, applied per request"
 _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
-_LOGGING = "the log observer is installed when twistd starts logging"
+_LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
 
 RULES: dict[type, dict[str, Rule]] = {
@@ -328,7 +328,12 @@ RULES: dict[type, dict[str, Rule]] = {
     },
     LoggingConfig: {
         "format": Leaf("format", RESTART, _LOGGING, origin=PROJECT),
-        "level": Leaf("level", RESTART, _LOGGING, origin=PROJECT),
+        "level": Leaf(
+            "level",
+            LIVE,
+            "the log level filter is switched with the config (unless --log-level pins it)",
+            origin=PROJECT,
+        ),
     },
     CredentialSlot: {
         "name": Key(),

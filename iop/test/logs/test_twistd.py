@@ -6,6 +6,7 @@ destination, and the application component twistd begins logging to.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -13,13 +14,16 @@ import signal
 import sys
 from typing import Any, cast
 
+import yaml
 from twisted.application.service import Application, IService, MultiService, Service
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import ILogObserver, LogEvent, Logger, LogLevel, textFileLogObserver
 from twisted.python import usage
 from twisted.python.logfile import LogFile
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import LoggingConfig
+from iop.edge import tap as edge_tap
 from iop.logs import twistd
 from iop.logs.twistd import (
     MinimumLevel,
@@ -29,6 +33,8 @@ from iop.logs.twistd import (
     logging_settings,
     twistd_log_file,
 )
+from iop.node import tap as node_tap
+from iop.testing.pki import create_dev_pki
 
 WHEN = 1796136091.25
 
@@ -229,3 +235,111 @@ class InstallTests(SynchronousTestCase):
         parent = MultiService()
         top.setServiceParent(parent)
         self.assertEqual(list(parent), [top])
+
+
+class RefreshTests(SynchronousTestCase):
+    def parented(self, *argv: str) -> tuple[TwistdLogging, io.StringIO]:
+        out = io.StringIO()
+        self.patch(twistd, "twistd_log_file", lambda server: out)
+        top = for_twistd(Service(), LoggingConfig("json", "info"), parsed(*argv))
+        assert isinstance(top, TwistdLogging)
+        top.setServiceParent(Application("iop-test"))
+        return top, out
+
+    def test_level_switched(self) -> None:
+        top, _ = self.parented("-n", "iop-test")
+        assert top.level is not None
+        top.use_logging(LoggingConfig("json", "debug"))
+        self.assertEqual(top.level.level, LogLevel.debug)
+        top.use_logging(LoggingConfig("text", "error"))
+        self.assertEqual(top.level.level, LogLevel.error)
+
+    def test_flag_pins_the_level(self) -> None:
+        top, _ = self.parented("-n", "iop-test", "--log-level", "warn")
+        assert top.level is not None
+        top.use_logging(LoggingConfig("json", "debug"))
+        self.assertEqual(top.level.level, LogLevel.warn)
+
+    def test_before_parenting(self) -> None:
+        """Nothing to switch yet (not parented to twistd's application): no error."""
+        top = for_twistd(Service(), LoggingConfig(), parsed("-n", "iop-test"))
+        assert isinstance(top, TwistdLogging)
+        top.use_logging(LoggingConfig("text", "debug"))
+        self.assertIsNone(top.level)
+
+
+class DaemonServer(usage.Options):
+    """twistd's options with the two real plugins as subcommands."""
+
+    optFlags = [["nodaemon", "n", ""]]
+    optParameters = [["logfile", "l", None, ""]]
+    subCommands = [
+        ["iop-edge", None, edge_tap.Options, ""],
+        ["iop-node", None, node_tap.Options, ""],
+    ]
+
+
+class TapTests(SynchronousTestCase):
+    """The two plugins under twistd: their service wrapped, the Edge's level refreshed live."""
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        create_dev_pki(os.path.join(self.dir, "pki"), node_names=["node-a"])
+        with open(os.path.join(self.dir, "node.token"), "w") as f:
+            f.write("tap-token")
+        self.out = io.StringIO()
+        self.patch(twistd, "twistd_log_file", lambda server: self.out)
+
+    def write(self, name: str, data: dict[str, Any]) -> str:
+        path = os.path.join(self.dir, name)
+        with open(path, "w") as f:
+            yaml.safe_dump(data, f)
+        return path
+
+    def test_edge_level_follows_a_refresh(self) -> None:
+        path = self.write(
+            "edge.yaml",
+            {
+                "listen": {"nodes": "tcp:17443:interface=127.0.0.1"},
+                "node_transport": {
+                    "tls": {"cert_file": "pki/edge.crt", "key_file": "pki/edge.key"}
+                },
+                "nodes": [{"id": "node-a", "token_file": "node.token"}],
+                "logging": {"format": "json"},
+            },
+        )
+        server = DaemonServer()
+        server.parseOptions(["-n", "iop-edge", "--config", path])
+        top = edge_tap.makeService(server.subOptions, MemoryReactorClock())
+        assert isinstance(top, TwistdLogging)
+        [edge] = list(top)
+        assert isinstance(edge, edge_tap.EdgeService)
+        top.setServiceParent(Application("iop-edge"))
+        assert top.level is not None
+        self.assertEqual(top.level.level, LogLevel.info)
+        config = edge.config
+        edge.applier.apply(dataclasses.replace(config, logging=LoggingConfig("json", "debug")))
+        self.assertEqual(top.level.level, LogLevel.debug)
+        edge.applier.apply(config)
+        self.assertEqual(top.level.level, LogLevel.info)
+
+    def test_node_wrapped(self) -> None:
+        path = self.write(
+            "node.yaml",
+            {
+                "edge": {
+                    "host": "127.0.0.1",
+                    "port": 17443,
+                    "ca_file": "pki/ca.crt",
+                    "server_name": "edge.iop.internal",
+                },
+                "token_file": "node.token",
+                "logging": {"format": "json", "level": "warn"},
+            },
+        )
+        server = DaemonServer()
+        server.parseOptions(["-n", "iop-node", "--config", path])
+        top = node_tap.makeService(server.subOptions, MemoryReactorClock())
+        assert isinstance(top, TwistdLogging)
+        self.assertEqual(top.settings, LoggingConfig("json", "warn"))

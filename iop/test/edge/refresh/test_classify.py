@@ -350,9 +350,9 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (CredentialSlot, "enabled"): [(f"{C}.enabled", LIVE)],
     # The admin bearer token: the admin listener is wrapped at start.
     (AdminConfig, "auth"): [("admin.auth", RESTART)],
-    # The log observer: installed once, when twistd starts logging.
+    # The log observer is installed once, when twistd starts logging; its level filter is live.
     (LoggingConfig, "format"): [("logging.format", RESTART)],
-    (LoggingConfig, "level"): [("logging.level", RESTART)],
+    (LoggingConfig, "level"): [("logging.level", LIVE)],
 }
 
 # Whole sub-records and lists, walked by their own dataclass's rows (and the entry tests).
