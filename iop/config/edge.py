@@ -32,6 +32,7 @@ from iop.config.errors import (
     read_yaml_file,
     type_name,
 )
+from iop.config.logs import logging_section
 from iop.config.model import (
     ADAPTER_TYPES,
     DEFAULT_CLIENT_IDLE_TIMEOUT_SEC,
@@ -402,6 +403,7 @@ class _EdgeParser:
         nodes = self._nodes(top)
         models = self._models(top)
         routes, client_api = self._client_api(top, nodes, models)
+        logging = logging_section(top)
         top.finish()
 
         if self.issues:
@@ -423,6 +425,7 @@ class _EdgeParser:
             security=self.security,
             credentials=credentials,
             admin=admin,
+            logging=logging,
             source_path=source_path,
         )
 

@@ -34,6 +34,13 @@ DEFAULT_LEASE_TTL_SEC = 30.0
 MAX_LEASE_TTL_SEC = 300.0
 DEFAULT_LEASE_CLOCK_SKEW_SEC = 5.0
 
+# ``logging:`` in edge.yaml and node.yaml: how a daemon writes its log under twistd.
+LOG_FORMATS = ("text", "json")
+# Twisted's level names, lowest first; an event below the configured level is dropped.
+LOG_LEVELS = ("debug", "info", "warn", "error", "critical")
+DEFAULT_LOG_FORMAT = "text"
+DEFAULT_LOG_LEVEL = "info"
+
 
 class Secret:
     """
@@ -375,6 +382,18 @@ class EdgeSecurity:
 
 
 @dataclass(frozen=True)
+class LoggingConfig:
+    """
+    ``logging:`` in edge.yaml and node.yaml. ``format``: ``text`` (twistd's classic lines) or
+    ``json`` (one JSON object per line, for log shippers). ``level``: the lowest level written
+    (one of :data:`LOG_LEVELS`); events below it are dropped before they are formatted.
+    """
+
+    format: str = DEFAULT_LOG_FORMAT
+    level: str = DEFAULT_LOG_LEVEL
+
+
+@dataclass(frozen=True)
 class AdminConfig:
     """
     ``admin:`` in edge.yaml. ``auth``: the digest of the admin bearer token (from ``token:
@@ -406,6 +425,7 @@ class EdgeConfig:
     security: EdgeSecurity = EdgeSecurity()
     credentials: tuple[CredentialSlot, ...] = ()
     admin: AdminConfig = AdminConfig()
+    logging: LoggingConfig = LoggingConfig()
     source_path: str = ""
 
     @property
@@ -490,4 +510,5 @@ class NodeDaemonConfig:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     handshake_timeout_sec: float = 10.0
     security: NodeSecurity = NodeSecurity()
+    logging: LoggingConfig = LoggingConfig()
     source_path: str = ""

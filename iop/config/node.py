@@ -29,6 +29,7 @@ from iop.config.errors import (
     as_section,
     read_yaml_file,
 )
+from iop.config.logs import logging_section
 from iop.config.model import (
     DEFAULT_LEASE_CLOCK_SKEW_SEC,
     DEFAULT_MAX_FRAME_BYTES,
@@ -217,6 +218,7 @@ def parse_node_config(
     handshake_timeout = top.number(
         "handshake_timeout_sec", DEFAULT_HANDSHAKE_TIMEOUT_SEC, positive=True
     )
+    logging = logging_section(top)
     top.finish(_EDGE_ONLY_KEYS)
 
     issues.raise_if_any(source_path)
@@ -231,6 +233,7 @@ def parse_node_config(
         max_frame_bytes=max_frame,
         handshake_timeout_sec=handshake_timeout,
         security=security,
+        logging=logging,
         source_path=source_path,
     )
 

@@ -16,10 +16,14 @@ config is :attr:`EdgeService.config`.
 
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener:
 node TLS with a client CA, so that every node presents a certificate the registry can check.
+
+Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
+``logging:`` (or ``--log-format``/``--log-level``) asks for; a refresh switches its level.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
@@ -52,6 +56,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
+from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
 
@@ -59,7 +64,7 @@ from iop.security.tls import TLSConfigError, server_context_factory
 class Options(usage.Options):
     synopsis = "--config PATH"
     longdesc = "Run the IOP Edge: node listener (TLS) and admin HTTP surface."
-    optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."]]
+    optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."], *LOG_FLAGS]
 
     def postOptions(self) -> None:
         try:
@@ -253,4 +258,12 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         sighup = RefreshOnSignal(edge.refresher, reactor)
         sighup.setName("sighup")
         sighup.setServiceParent(edge)
-    return edge
+    top = for_twistd(edge, config.logging, options)
+    if isinstance(top, TwistdLogging):
+        edge.applier.add_listener(functools.partial(_use_logging, top))
+    return top
+
+
+def _use_logging(top: TwistdLogging, config: EdgeConfig) -> None:
+    """A refresh applied: its ``logging.level`` from the next log event on."""
+    top.use_logging(config.logging)

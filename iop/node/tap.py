@@ -18,7 +18,9 @@ shutdown (SIGTERM/SIGINT) exits 0.
 
 Configuration is node.yaml (``--config``) or, for a one-line join, ``--edge HOST:PORT
 --token-file F --ca-file F`` and friends with no file at all
-(:func:`iop.config.node.node_config_from_flags`); the two are exclusive.
+(:func:`iop.config.node.node_config_from_flags`); the two are exclusive. Under twistd the service
+comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer ``logging:`` (or
+``--log-format``/``--log-level``) asks for.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from iop.config import ConfigError, load_node_config
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
+from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
@@ -93,6 +96,7 @@ class Options(usage.Options):
             None,
             f"With --edge: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
         ],
+        *LOG_FLAGS,
     ]
 
     def postOptions(self) -> None:
@@ -330,4 +334,4 @@ def makeService(
     top = MultiService()
     node.setServiceParent(top)
     supervisor.when_finished().addCallback(finished)
-    return top
+    return for_twistd(top, config.logging, options)

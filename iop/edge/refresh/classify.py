@@ -33,6 +33,7 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
+    LoggingConfig,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
@@ -146,6 +147,7 @@ _LONG = "a pool capacity like capacity: the provider pool applies it to the next
 _MODEL = "models[] display/provider mapping: the Edge's routing, for the next dispatch"
 _POLICY = "models[] generation policy, applied per request"
 _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
+_LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
 
 RULES: dict[type, dict[str, Rule]] = {
@@ -183,6 +185,7 @@ RULES: dict[type, dict[str, Rule]] = {
             origin=PROJECT,
         ),
         "admin": Record("admin", AdminConfig),
+        "logging": Record("logging", LoggingConfig),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
     },
     ServerTLS: {
@@ -320,6 +323,15 @@ RULES: dict[type, dict[str, Rule]] = {
             RESTART,
             "the admin listener's bearer-token check is set up at start",
             secret="value",
+            origin=PROJECT,
+        ),
+    },
+    LoggingConfig: {
+        "format": Leaf("format", RESTART, _LOGGING, origin=PROJECT),
+        "level": Leaf(
+            "level",
+            LIVE,
+            "the log level filter is switched with the config (unless --log-level pins it)",
             origin=PROJECT,
         ),
     },

@@ -30,6 +30,7 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
+    LoggingConfig,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
@@ -239,6 +240,7 @@ LOCATORS: dict[type, Locator] = {
     EdgeSecurity: lambda c, f: dataclasses.replace(c, security=f(c.security)),
     CredentialSlot: lambda c, f: dataclasses.replace(c, credentials=_nth(c.credentials, 1, f)),
     AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
+    LoggingConfig: lambda c, f: dataclasses.replace(c, logging=f(c.logging)),
 }
 
 N = "nodes[1]"
@@ -348,6 +350,9 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (CredentialSlot, "enabled"): [(f"{C}.enabled", LIVE)],
     # The admin bearer token: the admin listener is wrapped at start.
     (AdminConfig, "auth"): [("admin.auth", RESTART)],
+    # The log observer is installed once, when twistd starts logging; its level filter is live.
+    (LoggingConfig, "format"): [("logging.format", RESTART)],
+    (LoggingConfig, "level"): [("logging.level", LIVE)],
 }
 
 # Whole sub-records and lists, walked by their own dataclass's rows (and the entry tests).
@@ -364,6 +369,7 @@ CONTAINERS = {
         "security",
         "credentials",
         "admin",
+        "logging",
     )
 } | {
     (NodeConfig, "adapters"),
