@@ -98,10 +98,9 @@ def json_lines(text: str, name: str) -> list[dict[str, Any]]:
 def test_json_lines_edge_and_node(cluster: Cluster) -> None:
     """
     With ``logging.format: json`` every line either daemon writes is one JSON object carrying
-    time, level, namespace and message, plus the event's own keys; ``level: debug`` lets the
-    pool's per-lease events through.
+    time, level, namespace and message, plus the event's own keys (the access line's facts).
     """
-    configure(cluster, logging={"format": "json", "level": "debug"})
+    configure(cluster, logging={"format": "json"})
     cluster.write_node_config(logging={"format": "json"})
     edge = cluster.start_edge()
     node = cluster.start_node()
@@ -113,9 +112,15 @@ def test_json_lines_edge_and_node(cluster: Cluster) -> None:
     ready = [e for e in edge_events if e["message"] == "node node-a ready"]
     assert ready and ready[0]["node_id"] == "node-a" and ready[0]["level"] == "info", ready
     assert ready[0]["namespace"].startswith("iop.edge."), ready
-    leased = [e for e in edge_events if e["message"].startswith("leased provider a-chat")]
-    assert leased and leased[0]["level"] == "debug", messages
-    assert (leased[0]["provider_id"], leased[0]["node_id"]) == ("a-chat", "node-a")
+    [access] = [e for e in edge_events if e["namespace"] == "iop.edge.access"]
+    assert access["message"].startswith("openai chat pool "), access
+    assert (access["level"], access["status"], access["outcome"]) == ("info", 200, "complete")
+    assert (access["model"], access["provider_id"], access["node_id"]) == (
+        "pool",
+        "a-chat",
+        "node-a",
+    )
+    assert access["duration_ms"] > 0 and access["stream"] is False, access
     assert messages[-1] == "Server Shut Down.", messages[-3:]
     # Twisted's bookkeeping is not repeated as fields.
     assert not [k for e in edge_events for k in e if k.startswith("log_")]
@@ -129,7 +134,7 @@ def test_json_lines_edge_and_node(cluster: Cluster) -> None:
 def test_text_by_default(cluster: Cluster) -> None:
     """
     No ``logging:`` section: twistd's classic text lines as before (no JSON), and the default
-    level (info) keeps the per-lease debug events out.
+    level (info) keeps debug events out; the request's access line is there.
     """
     configure(cluster)
     edge = cluster.start_edge()
@@ -143,7 +148,8 @@ def test_text_by_default(cluster: Cluster) -> None:
     text = edge.output()
     assert "[iop.edge.registry.NodeRegistry#info] node node-a ready" in text, text
     assert "twistd " in text and "Server Shut Down." in text
-    assert "leased provider" not in text and "#debug]" not in text
+    assert "[iop.edge.access#info] openai chat pool \N{RIGHTWARDS ARROW} 200 complete" in text
+    assert "#debug]" not in text
 
 
 def test_logfile_flag_and_one_line_join(cluster: Cluster) -> None:
@@ -212,17 +218,18 @@ def refresh(cluster: Cluster) -> dict[str, Any]:
 
 
 def test_level_switched_by_a_refresh(cluster: Cluster) -> None:
-    """``logging.level: debug`` applied live by a config refresh: the lease lines appear."""
-    configure(cluster, logging={"format": "json"})
+    """``logging.level`` applied live by a config refresh: at ``warn`` no access line, back
+    at ``info`` the next request's appears."""
+    configure(cluster, logging={"format": "json", "level": "warn"})
     edge = cluster.start_edge()
     cluster.start_node()
     wait_until(cluster.node_connected, 20, "node-a connected")
     assert chat(cluster)["choices"]
-    assert "leased provider" not in edge.output()
+    assert "iop.edge.access" not in edge.output()
 
     path = cluster.root / "edge.yaml"
     data = yaml.safe_load(path.read_text())
-    data["logging"]["level"] = "debug"
+    data["logging"]["level"] = "info"
     path.write_text(yaml.safe_dump(data))
     result = refresh(cluster)
     assert result["result"] == "applied", result
@@ -230,6 +237,6 @@ def test_level_switched_by_a_refresh(cluster: Cluster) -> None:
         ("logging.level", "live")
     ]
     assert chat(cluster)["choices"]
-    wait_until(lambda: "leased provider" in edge.output(), 10, "the lease debug line")
-    leased = [e for e in json_lines(edge.output(), "edge") if e["level"] == "debug"]
-    assert leased and leased[0]["provider_id"] == "a-chat", leased
+    wait_until(lambda: "iop.edge.access" in edge.output(), 10, "the access line")
+    access = [e for e in json_lines(edge.output(), "edge") if e["namespace"] == "iop.edge.access"]
+    assert len(access) == 1 and access[0]["provider_id"] == "a-chat", access

@@ -21,7 +21,7 @@ from twisted.logger import Logger
 
 from iop.edge.events import RequestFinished
 
-__all__ = ["AccessLog"]
+__all__ = ["NAMESPACE", "AccessLog"]
 
 FORMAT = (
     "{surface} {operation} {model_text} \N{RIGHTWARDS ARROW} {status} {outcome} in "
@@ -33,10 +33,15 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000.0, 1)
 
 
-class AccessLog:
-    """Subscribe :meth:`observe` to the Edge's event bus."""
+# Not a class attribute: a Logger on a class takes the class's name as its namespace.
+NAMESPACE = "iop.edge.access"
 
-    log = Logger(namespace="iop.edge.access")
+
+class AccessLog:
+    """Subscribe :meth:`observe` to the Edge's event bus; lines go to ``log``."""
+
+    def __init__(self, log: Logger | None = None) -> None:
+        self.log = log if log is not None else Logger(namespace=NAMESPACE)
 
     def observe(self, event: object) -> None:
         if isinstance(event, RequestFinished):

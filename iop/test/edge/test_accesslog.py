@@ -8,7 +8,7 @@ from typing import Any
 from twisted.logger import Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.accesslog import AccessLog
+from iop.edge.accesslog import NAMESPACE, AccessLog
 from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
 from iop.runtime.events import Usage
 
@@ -16,9 +16,8 @@ from iop.runtime.events import Usage
 class AccessLogTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.events: list[dict[str, Any]] = []
-        self.access = AccessLog()
         observer: Any = self.events.append
-        self.access.log = Logger(namespace="iop.edge.access", observer=observer)
+        self.access = AccessLog(Logger(namespace=NAMESPACE, observer=observer))
 
     def test_a_streamed_chat(self) -> None:
         self.access.observe(
@@ -75,6 +74,9 @@ class AccessLogTests(SynchronousTestCase):
             "anthropic messages - \N{RIGHTWARDS ARROW} 401 refused in 0.0 ms (invalid_api_key)",
         )
         self.assertIsNone(event["input_tokens"])
+
+    def test_the_default_logger_is_in_its_own_namespace(self) -> None:
+        self.assertEqual(AccessLog().log.namespace, "iop.edge.access")
 
     def test_other_events_are_not_logged(self) -> None:
         self.access.observe(NodeEvent(NodeEventKind.CONNECTED, "node-a"))
