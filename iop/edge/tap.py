@@ -34,6 +34,7 @@ from iop.config.model import EdgeConfig
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import protect
 from iop.edge.commands import NodeCommander
+from iop.edge.console import ConsoleEvents, public_shell
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus, UsageEvent
 from iop.edge.gateway import EdgeGateway, Placement
@@ -155,6 +156,7 @@ class EdgeService(MultiService):
             self.gateway,
             self.refresher,
             metrics=self.metrics,
+            console=ConsoleEvents(self.bus.subscribe, reactor),
         )
 
     def _use_config(self, config: EdgeConfig) -> None:
@@ -227,9 +229,10 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     nodes.setName("nodes")
     nodes.setServiceParent(edge)
 
+    admin_app = edge.admin.resource()
     admin = StreamServerEndpointService(
         serverFromString(reactor, config.admin_listen_endpoint),
-        Site(protect(edge.admin.resource(), config.admin)),
+        Site(public_shell(protect(admin_app, config.admin), admin_app)),
     )
     admin._raiseSynchronously = True
     admin.setName("admin")
