@@ -13,11 +13,14 @@ import re
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from twisted.web.server import Site
 from twisted.web.test.requesthelper import DummyRequest
 
 from iop.config.model import AdminConfig, NodeToken
@@ -442,3 +445,40 @@ class ServiceTests(SynchronousTestCase):
         response = self.successResultOf(treq.get("http://admin/events", headers=headers))
         self.assertEqual(response.code, 200)
         self.assertEqual(service.admin._console.open_streams, 1)
+
+
+class ChannelBackpressureTests(SynchronousTestCase):
+    """Over Twisted's own HTTP channel: the transport's pause reaches the stream."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.bus = EventBus(self.clock)
+        self.events = ConsoleEvents(self.bus.subscribe, self.clock)
+        app = AdminApp(lambda: {"nodes": []}, console=self.events).resource()
+        self.transport = StringTransport()
+        self.channel = Site(app).buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+        self.channel.makeConnection(self.transport)
+        self.channel.dataReceived(b"GET /events HTTP/1.1\r\nHost: admin\r\n\r\n")
+
+    def test_pausedTransportBuffersNothing(self) -> None:
+        self.assertIn(b"event: snapshot", self.transport.value())
+        channel: Any = self.transport.producer
+        channel.pauseProducing()
+        size = len(self.transport.value())
+        for _ in range(1000):
+            self.bus.publish(finished())
+        self.clock.advance(0)
+        self.assertEqual(len(self.transport.value()), size)
+        channel.resumeProducing()
+        self.assertIn(b'event: dropped\ndata: {"dropped": 1000}', self.transport.value())
+        self.bus.publish(finished())
+        self.clock.advance(0)
+        self.assertTrue(self.transport.value().rstrip().endswith(b"}"))
+        self.assertIn(b"event: request", self.transport.value()[size:])
+
+    def test_connectionLostUnsubscribes(self) -> None:
+        self.assertEqual(len(self.bus._subscriptions), 2)
+        self.channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(len(self.bus._subscriptions), 1)
+        self.assertEqual(self.events.open_streams, 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
