@@ -40,6 +40,11 @@ _REQUEST_FIELDS: tuple[tuple[str, Any], ...] = (
 _TOKEN_FIELDS = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")
 
 
+def shown(event: object) -> bool:
+    """Whether the console shows ``event`` (cheap: nothing is built)."""
+    return isinstance(event, NodeEvent) or getattr(event, "kind", None) == "request.finished"
+
+
 def console_event(event: object) -> tuple[str, dict[str, Any]] | None:
     """``(name, data)`` for an event the console shows, else ``None``."""
     if isinstance(event, NodeEvent):

@@ -17,7 +17,9 @@ open at once; one more is answered 503.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,7 +32,7 @@ from twisted.web.server import NOT_DONE_YET
 from zope.interface import implementer
 
 from iop.edge.console.memory import ConsoleMemory
-from iop.edge.console.payload import console_event
+from iop.edge.console.payload import console_event, shown
 
 HEARTBEAT_SEC = 15.0
 MAX_STREAMS = 16
@@ -64,8 +66,25 @@ class ConsoleEvents:
         self._heartbeat_sec = heartbeat_sec
         self._max_streams = max_streams
         self._streams: set[EventStream] = set()
+        self._encoded: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
         self.memory = ConsoleMemory()
         subscribe(self.memory.observe)
+
+    def encoded(self, event: object) -> bytes:
+        """
+        The SSE bytes of ``event`` (one the console shows), encoded once however many streams
+        send it: each stream's subscription reaches the same event object on its own turn.
+        """
+        try:
+            cached = self._encoded.get(event)
+        except TypeError:  # not weakly referenceable or not hashable: encode it each time
+            cached = None
+        if cached is None:
+            named = console_event(event)
+            cached = sse_event(*named) if named is not None else b""
+            with contextlib.suppress(TypeError):
+                self._encoded[event] = cached
+        return cached
 
     @property
     def open_streams(self) -> int:
@@ -123,14 +142,13 @@ class EventStream(Resource):
 
     def send(self, event: object) -> None:
         """The bus subscriber: one SSE event per event the console shows; dropped while paused."""
-        shown = console_event(event)
-        if shown is None or self._request is None:
+        if self._request is None or not shown(event):
             return
         if self.paused:
             self.dropped += 1
             self._unreported += 1
             return
-        self._request.write(sse_event(*shown))
+        self._request.write(self._events.encoded(event))
 
     # IPushProducer: the transport pauses us when its write buffer is full.
     def pauseProducing(self) -> None:

@@ -30,7 +30,7 @@ from iop.edge.admin_auth import protect
 from iop.edge.console import assets
 from iop.edge.console.assets import ASSETS, CSP, PAGE, PublicShell, public_shell
 from iop.edge.console.memory import ConsoleMemory
-from iop.edge.console.payload import console_event
+from iop.edge.console.payload import console_event, shown
 from iop.edge.console.stream import HEARTBEAT_SEC, ConsoleEvents, EventStream
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind, RequestFinished, UsageEvent
 from iop.runtime.events import Usage
@@ -212,6 +212,11 @@ class PayloadTests(SynchronousTestCase):
     def test_other(self) -> None:
         self.assertIsNone(console_event(object()))
         self.assertIsNone(console_event({"kind": "request.finished"}))
+
+    def test_shownAgrees(self) -> None:
+        node = NodeEvent(NodeEventKind.CONNECTED, "node-a")
+        for event in (finished(), node, object(), {"kind": "request.finished"}):
+            self.assertEqual(shown(event), console_event(event) is not None)
 
 
 class MemoryTests(SynchronousTestCase):
