@@ -69,11 +69,21 @@ def render_asset(request: IRequest, name: str) -> bytes:
     return asset_bytes(name)
 
 
+_SHELL_ASSETS = frozenset(name.encode() for name in ASSETS)
+
+
 def is_shell_request(path: bytes, request: IRequest) -> bool:
-    """A ``GET``/``HEAD`` of the page (``/``) or of an asset (``/console/...``)."""
+    """
+    A ``GET``/``HEAD`` of exactly the page (``/``) or one asset (``/console/<name>`` for a
+    name in :data:`ASSETS`): ``path`` is the first segment, ``request.postpath`` the rest.
+    Nothing else is public, whatever a router might make of ``..`` or empty segments.
+    """
     if request.method not in (b"GET", b"HEAD"):
         return False
-    return (path == b"" and not request.postpath) or path == PREFIX
+    rest = request.postpath
+    if path == b"":
+        return not rest
+    return path == PREFIX and len(rest) == 1 and rest[0] in _SHELL_ASSETS
 
 
 @implementer(IResource)

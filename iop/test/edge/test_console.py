@@ -392,7 +392,8 @@ class HttpStreamTests(SynchronousTestCase):
         self.events = ConsoleEvents(self.bus.subscribe, self.clock)
         app = AdminApp(lambda: {"nodes": []}, console=self.events).resource()
         self.admin = AdminConfig(auth=NodeToken.from_plaintext(ADMIN_TOKEN))
-        self.treq: Any = StubTreq(public_shell(protect(app, self.admin), app))
+        self.root = public_shell(protect(app, self.admin), app)
+        self.treq: Any = StubTreq(self.root)
 
     def open(self, headers: dict[str, list[str]]) -> tuple[Any, _Collect]:
         response = self.successResultOf(self.treq.get("http://admin/events", headers=headers))
@@ -430,6 +431,27 @@ class HttpStreamTests(SynchronousTestCase):
             self.assertEqual(response.code, 401, path)
         response = self.successResultOf(self.treq.post("http://admin/", data=b"{}"))
         self.assertEqual(response.code, 401)
+
+    def test_shellIsExactlyThePageAndAssets(self) -> None:
+        """Raw request lines (no client-side normalisation): nothing else reaches the app."""
+        for path in (
+            b"/console/../status",
+            b"/console/%2e%2e/status",
+            b"/console/..%2fstatus",
+            b"/console/console.js/../../status",
+            b"/console//../status",
+            b"/console/",
+            b"/console/nope.js",
+            b"//status",
+            b"/%2e%2e/status",
+            b"/events",
+        ):
+            transport = StringTransport()
+            channel = Site(self.root).buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
+            channel.makeConnection(transport)
+            channel.dataReceived(b"GET " + path + b" HTTP/1.1\r\nHost: admin\r\n\r\n")
+            status_line = transport.value().split(b"\r\n", 1)[0]
+            self.assertEqual(status_line, b"HTTP/1.1 401 Unauthorized", path)
 
     def test_unprotectedIsTheApp(self) -> None:
         app = AdminApp(lambda: {"nodes": []}).resource()

@@ -9,6 +9,7 @@
   const TOKEN_KEY = "iop-admin-token";
   const POLL_MS = 2000;
   const RECONNECT_MS = 2000;
+  const RENDER_MS = 250;
   const HISTORY_SEC = 300;
   const BUCKET_SEC = 10;
   const RATE_WINDOW_SEC = 60;
@@ -187,7 +188,14 @@
     else if (name === "node") onNode(payload);
     else if (name === "dropped") $("updated").textContent =
       payload.dropped + " events dropped (this console fell behind)";
-    render();
+    scheduleRender();
+  }
+
+  // Events can come faster than a page should redraw: at most one redraw per RENDER_MS.
+  let renderTimer = null;
+  function scheduleRender() {
+    if (renderTimer !== null) return;
+    renderTimer = setTimeout(() => { renderTimer = null; render(); }, RENDER_MS);
   }
 
   function onSnapshot(s) {
