@@ -116,8 +116,14 @@ class Browser:
         *messages, self._buffer = self._buffer.split(b"\0")
         return [json.loads(m) for m in messages if m]
 
-    def open(self, url: str) -> None:
+    def open(self, url: str, timeout: float = 30) -> None:
+        """Navigate to ``url`` and wait until that document has loaded."""
         self.call("Page.navigate", {"url": url})
+        self.wait_for(
+            f"location.href === {json.dumps(url)} && document.readyState === 'complete'",
+            timeout,
+            f"{url} to load",
+        )
 
     def evaluate(self, expression: str) -> Any:
         """The JSON value of ``expression`` in the page (awaited if it is a promise)."""
@@ -130,15 +136,25 @@ class Browser:
         return result["result"].get("value")
 
     def wait_for(self, expression: str, timeout: float, what: str) -> Any:
-        """Poll ``expression`` until truthy; its value. Fails the test, with the page's text."""
+        """
+        Poll ``expression`` until truthy; its value. Fails the test on timeout, with the
+        page's text.
+        """
         deadline = time.monotonic() + timeout
+        problem = ""
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            # Until the page has what the expression reads, it may throw: not yet, not a failure.
+            try:
+                value = self.evaluate(expression)
+            except BrowserError as e:
+                problem, value = f" (last: {e})", None
             if value:
                 return value
             time.sleep(0.1)
         text = self.evaluate("document.body ? document.body.innerText : ''")
-        pytest.fail(f"timed out after {timeout}s waiting for {what}; the page shows:\n{text}")
+        pytest.fail(
+            f"timed out after {timeout}s waiting for {what}{problem}; the page shows:\n{text}"
+        )
 
     def screenshot(self, path: Path) -> Path:
         data = self.call("Page.captureScreenshot", {"format": "png"})["data"]

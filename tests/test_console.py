@@ -100,7 +100,7 @@ def chat(cluster: Cluster, count: int) -> None:
 def cell(row: str, field: str) -> str:
     """A JS expression: the text of ``field``'s cell in the row matched by ``row``, or ''."""
     selector = json.dumps(f"{row} td[data-field={field}]")
-    return f"(document.querySelector({selector}) || {{}}).textContent || ''"
+    return f"((document.querySelector({selector}) || {{}}).textContent || '')"
 
 
 def test_console_shows_nodes_providers_and_traffic(edge: Cluster, tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_console_shows_nodes_providers_and_traffic(edge: Cluster, tmp_path: Path
         browser.wait_for("document.body.dataset.stream === 'live'", 20, "the event stream")
         node = 'tr[data-node-id="node-a"]'
         browser.wait_for(f"{cell(node, 'state')} === 'ready'", 10, "node-a ready")
-        assert browser.evaluate(cell(node, "connected_since")), "no connected-since time"
+        browser.wait_for(cell(node, "connected_since"), 10, "node-a's connected-since time")
         assert "p-chat" in browser.evaluate(cell(node, "providers"))
         provider = 'tr[data-provider-id="p-chat"][data-node-id="node-a"]'
         assert browser.evaluate(cell(provider, "status")) == "available"

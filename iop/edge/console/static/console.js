@@ -148,7 +148,6 @@
       const r = await fetch("/events", {headers: headers(), cache: "no-store"});
       if (r.status === 401) return unauthorized(r);
       if (!r.ok || !r.body) throw new Error("events " + r.status);
-      setStream("live");
       const reader = r.body.getReader();
       const decoder = new TextDecoder();
       let buffer = "";
@@ -183,7 +182,12 @@
     }
     if (!data.length) return;
     const payload = JSON.parse(data.join("\n"));
-    if (name === "snapshot") onSnapshot(payload);
+    if (name === "snapshot") {
+      // Live from the stream's first event on: the page has the Edge's recent past.
+      onSnapshot(payload);
+      setStream("live");
+      return render();
+    }
     else if (name === "request") onRequest(payload);
     else if (name === "node") onNode(payload);
     else if (name === "dropped") $("updated").textContent =
