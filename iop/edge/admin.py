@@ -3,6 +3,8 @@
 The small admin HTTP surface (Klein), loopback by default.
 
 - ``GET /healthz``, ``GET /status``
+- ``GET /``, ``GET /console/<asset>``: the live web console; ``GET /events``: its Server-Sent
+  Events stream off the event bus (:mod:`iop.edge.console`); 503 when this Edge has none.
 - ``GET /metrics``: Prometheus text exposition of the Edge's own registry
   (:class:`~iop.edge.metrics.EdgeMetrics`); 503 when this Edge has none.
 - ``POST /runs``: submit a normalized run (``{"model": ..., "input": ...}`` through
@@ -51,6 +53,8 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource
 
 from iop.edge.commands import NodeCommander, SessionTermination
+from iop.edge.console.assets import PAGE, render_asset
+from iop.edge.console.stream import ConsoleEvents
 from iop.edge.errors import CommandFailed, DispatchError, NodeUnavailable, NoRoute
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import ApiError
@@ -163,8 +167,10 @@ class AdminApp:
         gateway: EdgeGateway | None = None,
         refresher: ConfigRefresher | None = None,
         metrics: EdgeMetrics | None = None,
+        console: ConsoleEvents | None = None,
     ) -> None:
         self._snapshot = status_snapshot
+        self._console = console
         self._metrics = metrics
         self._refresher = refresher
         self._runs = runs
@@ -269,6 +275,20 @@ class AdminApp:
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
         request.setHeader(b"cache-control", b"no-store")
         return self._metrics.render()
+
+    @app.route("/", methods=["GET"])
+    def console_page(self, request: IRequest) -> bytes:
+        return render_asset(request, PAGE)
+
+    @app.route("/console/<string:name>", methods=["GET"])
+    def console_asset(self, request: IRequest, name: str) -> bytes:
+        return render_asset(request, name)
+
+    @app.route("/events", methods=["GET"])
+    def console_events(self, request: IRequest) -> bytes | IResource:
+        if self._console is None:
+            return _error(request, 503, "the console event stream is not available on this edge")
+        return self._console.resource()
 
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:

@@ -40,6 +40,7 @@ from iop.edge.accesslog import AccessLog
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import protect
 from iop.edge.commands import NodeCommander
+from iop.edge.console import ConsoleEvents, public_shell
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
@@ -171,6 +172,7 @@ class EdgeService(MultiService):
             self.gateway,
             self.refresher,
             metrics=self.metrics,
+            console=ConsoleEvents(self.bus.subscribe, reactor),
         )
 
     def _use_config(self, config: EdgeConfig) -> None:
@@ -238,9 +240,10 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     nodes.setName("nodes")
     nodes.setServiceParent(edge)
 
+    admin_app = edge.admin.resource()
     admin = StreamServerEndpointService(
         serverFromString(reactor, config.admin_listen_endpoint),
-        AdminSite(protect(edge.admin.resource(), config.admin)),
+        AdminSite(public_shell(protect(admin_app, config.admin), admin_app)),
     )
     admin._raiseSynchronously = True
     admin.setName("admin")

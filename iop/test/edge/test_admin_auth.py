@@ -18,6 +18,7 @@ from iop.config.model import AdminConfig, EdgeConfig, HeartbeatConfig, NodeToken
 from iop.edge import admin_auth, tap
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import BearerAuthResource, protect
+from iop.edge.console.assets import PublicShell
 from iop.edge.refresh.classify import classify
 
 ADMIN_TOKEN = "admin-token-for-tests"
@@ -150,8 +151,12 @@ class ServiceWiringTests(SynchronousTestCase):
         return service.getServiceNamed("admin").factory.resource
 
     def test_wrappedWithAuth(self) -> None:
+        """Behind the check, but for the console's static shell (iop.edge.console.assets)."""
         admin = AdminConfig(auth=NodeToken.from_plaintext(ADMIN_TOKEN))
-        self.assertIsInstance(self.admin_resource(admin), BearerAuthResource)
+        resource = self.admin_resource(admin)
+        self.assertIsInstance(resource, PublicShell)
+        assert isinstance(resource, PublicShell)
+        self.assertIsInstance(resource.protected, BearerAuthResource)
 
     def test_openWithoutAuth(self) -> None:
         self.assertNotIsInstance(self.admin_resource(AdminConfig()), BearerAuthResource)

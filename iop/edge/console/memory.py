@@ -1,0 +1,58 @@
+# -*- test-case-name: iop.test.edge.test_console -*-
+"""
+What the console remembers from the event bus, so that a console opened now starts with the
+Edge's recent past rather than an empty page.
+
+One :class:`ConsoleMemory` per Edge, subscribed from its start: when each node became ready
+(``connected_since``, cleared when it disconnects), requests and errors per model since the
+start, the last :data:`KEEP_REQUESTS` requests and the last :data:`KEEP_NODE_EVENTS` node events,
+as the SSE stream sends them (:mod:`iop.edge.console.payload`). Bounded: models and nodes are
+the config's ids, the rest are fixed-length deques.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from iop.edge.console.payload import NODE, REQUEST, console_event, is_error
+
+KEEP_REQUESTS = 50
+KEEP_NODE_EVENTS = 20
+
+
+class ConsoleMemory:
+    def __init__(
+        self, keep_requests: int = KEEP_REQUESTS, keep_node_events: int = KEEP_NODE_EVENTS
+    ) -> None:
+        self._requests: deque[dict[str, Any]] = deque(maxlen=keep_requests)
+        self._node_events: deque[dict[str, Any]] = deque(maxlen=keep_node_events)
+        self._connected_since: dict[str, float] = {}
+        self._totals: dict[str, dict[str, int]] = {}
+
+    def observe(self, event: object) -> None:
+        """The event bus subscriber."""
+        shown = console_event(event)
+        if shown is None:
+            return
+        name, data = shown
+        if name == NODE:
+            self._node_events.append(data)
+            if data["kind"] == "node.connected":
+                self._connected_since[data["node_id"]] = data["at"]
+            elif data["kind"] == "node.disconnected":
+                self._connected_since.pop(data["node_id"], None)
+        elif name == REQUEST:
+            self._requests.append(data)
+            totals = self._totals.setdefault(data["model"], {"requests": 0, "errors": 0})
+            totals["requests"] += 1
+            totals["errors"] += int(is_error(data))
+
+    def snapshot(self) -> dict[str, Any]:
+        """The stream's first event: copies, oldest request first."""
+        return {
+            "connected_since": dict(self._connected_since),
+            "models": {model: dict(totals) for model, totals in self._totals.items()},
+            "requests": list(self._requests),
+            "node_events": list(self._node_events),
+        }
