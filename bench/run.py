@@ -621,6 +621,8 @@ def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
                     result = run_loadgen(target, level, level, 0, timeout=600)
                 entry: dict[str, Any] = {
                     "target": target.name,
+                    "mode": STREAM,
+                    "tokens": tokens,
                     "streams": level,
                     "ok": result["ok"],
                     "errors": result["errors"],
