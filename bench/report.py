@@ -316,6 +316,11 @@ def figures(runs: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
         if target not in IOP_TARGETS:
             continue
         cpu_ms = gateway_cpu_ms(run)
+        cpu_s = sum(
+            float(p["cpu_seconds"])
+            for name, p in run.get("processes", {}).items()
+            if name in GATEWAY_PROCESSES
+        )
         chunks = int(run.get("chunks") or tokens or 1)
         base = runs.get((run.get("baseline") or "", mode, tokens, level))
         litellm = runs.get((LITELLM_1W, mode, tokens, level))
@@ -331,6 +336,9 @@ def figures(runs: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
             "edge_node_cpu_us_per_chunk": round(cpu_ms * 1000 / chunks, 2)
             if mode == STREAM
             else None,
+            # Cores the Edge + Node kept busy while the cell ran: well under the cores they
+            # could use means they wait rather than compute.
+            "edge_node_cores": round(cpu_s / run["wall_s"], 2) if run.get("wall_s") else None,
             "added_p50_ms": round(run["total_ms"]["p50"] - base["total_ms"]["p50"], 3)
             if base is not None
             else None,
@@ -437,8 +445,10 @@ def _figures_section(results: dict[str, Any]) -> list[str]:
         "Edge + Node CPU: CPU seconds of the Edge and Node processes over the cell (warm-up "
         "included) ÷ requests handled, for a non-stream cell in **ms per request**, for a stream "
         "cell in **µs per streamed chunk** (÷ (requests · chunks per answer)). Added p50: the "
-        "target's p50 latency minus its direct upstream's in the same cell. vs LiteLLM, vs "
-        "direct: throughput ratios. A goal is marked where it applies.",
+        "target's p50 latency minus its direct upstream's in the same cell. Cores: the Edge + "
+        "Node CPU seconds ÷ the cell's wall-clock seconds (far below the machine's cores: they "
+        "wait rather than compute). vs LiteLLM, vs direct: throughput ratios. A goal is marked "
+        "where it applies.",
         "",
     ]
     rows = []
@@ -460,6 +470,7 @@ def _figures_section(results: dict[str, Any]) -> list[str]:
                 _mark(
                     e, "edge_node_cpu_us_per_chunk" if stream else "edge_node_cpu_ms_per_request"
                 ),
+                _fmt(e.get("edge_node_cores")),
                 _fmt(e["added_p50_ms"]),
                 _mark(e, "added_p50_ms"),
                 _fmt(e["vs_litellm_1w"], 1),
@@ -477,6 +488,7 @@ def _figures_section(results: dict[str, Any]) -> list[str]:
             "c",
             "Edge + Node CPU",
             "goal",
+            "cores",
             "added p50 ms",
             "goal",
             "vs LiteLLM 1w",

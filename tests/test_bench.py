@@ -91,8 +91,10 @@ def run(
         "ttfb_ms": times,
         "ttft_ms": times,
         "total_ms": times,
+        "wall_s": 0.5,
         "processes": {
-            name: {"cpu_ms_per_request": ms, "after": {"rss_mib": 1.0}} for name, ms in cpu.items()
+            name: {"cpu_ms_per_request": ms, "cpu_seconds": ms / 10, "after": {"rss_mib": 1.0}}
+            for name, ms in cpu.items()
         },
     }
 
@@ -131,6 +133,8 @@ def test_figures_and_goals() -> None:
     # The better LiteLLM (2 workers here) in that cell.
     assert (stream["vs_best_litellm"], stream["best_litellm"]) == (16.667, "litellm-2w")
     assert stream["vs_direct"] == 0.25
+    # 100 requests of 0.6 ms of Edge + Node CPU in half a second.
+    assert stream["edge_node_cores"] == 0.12
     assert whole["edge_node_cpu_ms_per_request"] == 0.9
     assert whole["edge_node_cpu_us_per_chunk"] is None
     marks = {(mode, g["goal"]): g["pass"] for mode, f in figures.items() for g in f["goals"]}
@@ -152,7 +156,7 @@ def test_figures_and_goals() -> None:
 
     text = report.markdown(results)
     assert "## Figures that carry across machines, and the goals" in text
-    assert "| iop-tunnel | stream | 32 | 1 | 18.8 µs/chunk | pass (≤ 20) |" in text
+    assert "| iop-tunnel | stream | 32 | 1 | 18.8 µs/chunk | pass (≤ 20) | 0.12 | 1.50 |" in text
     assert "0.900 ms/request | **miss** (≤ 0.8)" in text
 
 
