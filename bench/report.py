@@ -801,7 +801,7 @@ def ratio_summary(results: dict[str, Any]) -> str:
     for r in (r for r in results.get("ratios", []) if r["metric"] == "throughput (req/s)"):
         values = ", ".join(f"c={lv}: {_fmt(r['by_level'].get(str(lv)))}" for lv in levels)
         cell = _cell_label(r.get("mode", STREAM), r.get("tokens", 0))
-        lines.append(f"  {cell:<22} {r['ratio']:<40} {r['metric']:<24} {values}")
+        lines.append(f"  {cell:<22} {r['ratio']:<52} {values}")
     out = ["throughput ratios (gateway ÷ reference):", *lines] if lines else ["no ratios"]
     goals = [g for g in results.get("goals", []) if g["cells"]]
     if goals:

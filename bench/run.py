@@ -376,12 +376,21 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
         )
         world.pids["iop-managed-edge"] = world.managed.edge.pid
         world.pids["iop-managed-node"] = world.managed.node.pid
+    # The proxies start side by side (each takes a while to import), then are waited for.
     for name, workers in LITELLM_TARGETS.items():
         if name in settings.targets:
             world.litellm[name] = start_litellm(
-                world.children, scratch / name, settings.litellm_venv, openai_ports, workers, name
+                world.children,
+                scratch / name,
+                settings.litellm_venv,
+                openai_ports,
+                workers,
+                name,
+                wait=False,
             )
             world.pids[name] = world.litellm[name].child.pid
+    for proxy in world.litellm.values():
+        proxy.wait_ready()
 
 
 def shares(total: int, rounds: int) -> list[int]:
@@ -701,10 +710,14 @@ def environment(settings: Settings, world: World) -> dict[str, Any]:
 
 
 def parse_levels(text: str) -> list[int]:
-    levels = [int(x) for x in text.split(",") if x.strip()]
+    """Positive integers, comma-separated (levels, stream counts, tokens per answer)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
     if not levels or any(level < 1 for level in levels):
-        raise argparse.ArgumentTypeError("levels must be positive integers, comma-separated")
-    return levels
+        raise argparse.ArgumentTypeError("expected positive integers, comma-separated")
+    return list(dict.fromkeys(levels))
 
 
 def parse_modes(text: str) -> list[str]:

@@ -344,6 +344,23 @@ class LiteLLM:
     version: str
     workers: int
 
+    def wait_ready(self) -> None:
+        """Until the proxy answers ``/health/liveliness`` (BenchError if it exits or lingers)."""
+
+        def alive() -> bool:
+            if not self.child.running():
+                return True
+            try:
+                get_json(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=2)
+                return True
+            except (OSError, urllib.error.URLError, ValueError):
+                return False
+
+        wait_until(
+            alive, LITELLM_START_S, f"the LiteLLM proxy ({self.name}) to answer /health/liveliness"
+        )
+        self.child.check()
+
 
 def litellm_available(venv: Path) -> bool:
     return (venv / "bin" / "litellm").exists()
@@ -362,12 +379,14 @@ def start_litellm(
     openai_ports: Mapping[int, int],
     workers: int = 1,
     name: str = "litellm",
+    wait: bool = True,
 ) -> LiteLLM:
     """
     The LiteLLM proxy on its own port: no database, no telemetry, the local model cost map (no
     network), no retries, no client auth, ``workers`` worker processes, per answer size one
     model ``openai/<name>`` at that size's fake upstream (:func:`litellm_model`). ``name``
-    names the child (and its log).
+    names the child (and its log). ``wait``: return once it answers (else call
+    :meth:`LiteLLM.wait_ready`, e.g. after starting another one beside it).
     """
     root.mkdir(parents=True, exist_ok=True)
     config = {
@@ -420,18 +439,10 @@ def start_litellm(
         root,
     )
 
-    def alive() -> bool:
-        if not child.running():
-            return True
-        try:
-            get_json(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
-            return True
-        except (OSError, urllib.error.URLError, ValueError):
-            return False
-
-    wait_until(alive, LITELLM_START_S, f"the LiteLLM proxy ({name}) to answer /health/liveliness")
-    child.check()
-    return LiteLLM(name, port, child, litellm_version(venv), workers)
+    proxy = LiteLLM(name, port, child, litellm_version(venv), workers)
+    if wait:
+        proxy.wait_ready()
+    return proxy
 
 
 def stop_quietly(children: Children) -> None:
