@@ -373,6 +373,7 @@ def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "warmup": {
             "requests": sum(p["warmup"]["requests"] for p in parts),
             "errors": sum(p["warmup"]["errors"] for p in parts),
+            "elapsed_s": round(sum(p["warmup"].get("elapsed_s", 0.0) for p in parts), 4),
         },
     }
 
@@ -410,6 +411,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     summary["warmup"] = {
         "requests": len(warm.outcomes),
         "errors": sum(1 for o in warm.outcomes if not o.ok),
+        "elapsed_s": round(warm.finished - warm.started, 4),
     }
     return summary
 

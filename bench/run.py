@@ -421,8 +421,6 @@ def _level(
     cpu: dict[str, dict[str, float]] = {t.name: {} for t in targets}
     first: dict[str, dict[str, ProcSample]] = {}
     last: dict[str, dict[str, ProcSample]] = {}
-    # Wall-clock seconds of each target's load-generator runs (warm-up included, like its CPU).
-    wall: dict[str, float] = dict.fromkeys(parts, 0.0)
     plan = {
         t.name: shares(
             settings.litellm_requests if t.name in LITELLM_TARGETS else settings.requests,
@@ -436,9 +434,8 @@ def _level(
             if share == 0:
                 continue
             world.check()
-            before, started = world.samples(), time.monotonic()
+            before = world.samples()
             part = run_loadgen(target, level, share, settings.warmup, raw=True)
-            wall[target.name] += time.monotonic() - started
             after = world.samples()
             first.setdefault(target.name, before)
             last[target.name] = after
@@ -458,7 +455,8 @@ def _level(
             "tokens": target.tokens,
             "chunks": target.chunks,
             "baseline": target.baseline,
-            "wall_s": round(wall[target.name], 3),
+            # Seconds the load generator drove the target (warm-up included, like the CPU).
+            "wall_s": round(result["elapsed_s"] + result["warmup"]["elapsed_s"], 3),
         }
         result["processes"] = {
             name: {
