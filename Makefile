@@ -55,7 +55,8 @@ package-check:
 clean:
 	rm -rf build dist *.egg-info _trial_temp .pytest_cache .mypy_cache .ruff_cache var tests/agents/node_modules
 
-# Benchmark: IOP vs the upstream called directly vs the LiteLLM proxy, side by side (bench/).
+# Benchmark: IOP vs the upstream called directly vs the LiteLLM proxy (1 and 2 workers), side by
+# side (bench/): streamed and non-streamed answers of 32 and 64 tokens, then the scale scenario.
 # LiteLLM lives in its own bench-only venv, created on first use (~2 min, ~750 MB). Pinned: the
 # newest releases' proxy extra needs packages the registry does not serve yet.
 BENCH_VENV      ?= bench/.venv-litellm
@@ -71,8 +72,9 @@ $(BENCH_VENV)/.installed:
 	touch $@
 
 bench: $(STAMP) $(BENCH_VENV)/.installed
-	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench --litellm-venv $(BENCH_VENV) $(BENCH_ARGS)
 
-# Seconds: no LiteLLM, levels 1 and 4, a handful of requests, a tiny scale scenario.
+# Under a minute: no LiteLLM, stream and non-stream, 32-token answers, levels 1 and 4, a handful
+# of requests, a tiny scale scenario.
 bench-smoke: $(STAMP)
 	$(BIN)/python -m bench --smoke $(BENCH_ARGS)

@@ -2,16 +2,23 @@
 The load generator: its own process, so that its CPU use is never the gateway's.
 
 ``python -m bench.loadgen --port P --path /v1/chat/completions --body JSON --concurrency C
---requests N [--warmup W] [--format sse|ndjson]`` sends ``max(W, C)`` untimed warm-up requests
-(so every connection is open before timing starts; none when ``W`` is 0), then ``N`` timed
-streaming requests with ``C`` in flight at all times, each worker on its own keep-alive HTTP/1.1
+--requests N [--warmup W] [--format sse|ndjson|json]`` sends ``max(W, C)`` untimed warm-up
+requests (so every connection is open before timing starts; none when ``W`` is 0), then ``N``
+timed requests with ``C`` in flight at all times, each worker on its own keep-alive HTTP/1.1
 connection (asyncio streams, no client library), and prints one JSON object with the results.
 
-Per request it times the first streamed event (``ttfb``: the first SSE ``data:`` line, or the
-first NDJSON line), the first event carrying answer text (``ttft``: a non-empty ``content``)
-and the end of the response body (``total``). A request counts as an error
-when the connection fails, the status is not 200, the stream ends without its terminator
-(``data: [DONE]`` for SSE, a ``"done": true`` line for NDJSON) or it exceeds ``--timeout``.
+Streamed answers (``sse``, ``ndjson``): per request it times the first streamed event
+(``ttfb``: the first SSE ``data:`` line, or the first NDJSON line), the first event carrying
+answer text (``ttft``: a non-empty ``content``) and the end of the response body (``total``).
+A request counts as an error when the connection fails, the status is not 200, the stream ends
+without its terminator (``data: [DONE]`` for SSE, a ``"done": true`` line for NDJSON) or it
+exceeds ``--timeout``.
+
+Whole answers (``json``, a ``"stream": false`` request): ``ttfb`` is the first byte of the body,
+``ttft`` = ``total`` the end of it (the answer text arrives all at once). A request is ok when
+the status is 200 and the body is one JSON object that is an answer: an OpenAI
+``chat.completion`` (a non-empty ``choices`` list) or an Ollama ``/api/chat`` object
+(``"done": true`` and a ``message`` object).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from typing import Any
 
 SSE = "sse"
 NDJSON = "ndjson"
+JSON = "json"
+FORMATS = (SSE, NDJSON, JSON)
 
 
 class ProtocolError(Exception):
@@ -74,12 +83,13 @@ class Connection:
         self.reader = self.writer = None
 
 
-def build_request(host: str, port: int, path: str, body: bytes, auth: str) -> bytes:
+def build_request(host: str, port: int, path: str, body: bytes, auth: str, fmt: str = SSE) -> bytes:
+    accept = {SSE: "text/event-stream", NDJSON: "application/x-ndjson", JSON: "application/json"}
     headers = [
         f"POST {path} HTTP/1.1",
         f"Host: {host}:{port}",
         "Content-Type: application/json",
-        "Accept: text/event-stream",
+        f"Accept: {accept[fmt]}",
         f"Content-Length: {len(body)}",
     ]
     if auth:
@@ -95,7 +105,8 @@ _CONTENT = re.compile(rb'"content"\s*:\s*"(?!")')
 class EventScanner:
     """
     Splits a streamed body into lines and times, from ``start``: the first event (``ttfb``) and
-    the first event with answer text (``ttft``); notes the stream terminator.
+    the first event with answer text (``ttft``); notes the stream terminator. For a whole
+    (``json``) answer it keeps the body and times its first byte.
     """
 
     def __init__(self, fmt: str, start: float) -> None:
@@ -107,6 +118,11 @@ class EventScanner:
         self.terminated = False
 
     def feed(self, data: bytes) -> None:
+        if self.fmt == JSON:
+            if data and math.isnan(self.ttfb):
+                self.ttfb = time.perf_counter() - self.start
+            self.buffer += data
+            return
         self.buffer += data
         if b"\n" not in self.buffer:
             return
@@ -129,6 +145,28 @@ class EventScanner:
                 self.ttfb = time.perf_counter() - self.start
             if math.isnan(self.ttft) and _CONTENT.search(payload):
                 self.ttft = time.perf_counter() - self.start
+
+    def end(self) -> None:
+        """The body is complete: flush the last line, or judge the whole answer."""
+        if self.fmt != JSON:
+            self.feed(b"\n")
+            return
+        self.terminated = is_answer(self.buffer)
+        self.buffer = b""
+
+
+def is_answer(body: bytes) -> bool:
+    """Whether ``body`` is a whole chat answer: OpenAI ``chat.completion`` or Ollama's object."""
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return False
+    if not isinstance(value, dict):
+        return False
+    choices = value.get("choices")
+    if isinstance(choices, list) and choices:
+        return True
+    return value.get("done") is True and isinstance(value.get("message"), dict)
 
 
 async def read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
@@ -179,7 +217,7 @@ async def read_body(
             size += len(data)
             scanner.feed(data)
         headers["connection"] = "close"
-    scanner.feed(b"\n")
+    scanner.end()
     return size
 
 
@@ -215,8 +253,12 @@ async def one_request(conn: Connection, request: bytes, fmt: str, timeout: float
     if status != 200:
         return Outcome(False, body_bytes=size, error=f"HTTP {status}")
     if not scanner.terminated:
+        if fmt == JSON:
+            return Outcome(False, body_bytes=size, error="body is not a whole chat answer")
         return Outcome(False, body_bytes=size, error="stream ended without its terminator")
-    return Outcome(True, ttfb=scanner.ttfb, ttft=scanner.ttft, total=total, body_bytes=size)
+    # A whole answer's text arrives with its end.
+    ttft = total if fmt == JSON else scanner.ttft
+    return Outcome(True, ttfb=scanner.ttfb, ttft=ttft, total=total, body_bytes=size)
 
 
 async def drive(
@@ -331,13 +373,14 @@ def combine(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "warmup": {
             "requests": sum(p["warmup"]["requests"] for p in parts),
             "errors": sum(p["warmup"]["errors"] for p in parts),
+            "elapsed_s": round(sum(p["warmup"].get("elapsed_s", 0.0) for p in parts), 4),
         },
     }
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     body = args.body.encode()
-    request = build_request(args.host, args.port, args.path, body, args.auth)
+    request = build_request(args.host, args.port, args.path, body, args.auth, args.format)
     conns: list[Connection] = []
     warm = Results()
     if args.warmup > 0:
@@ -368,19 +411,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     summary["warmup"] = {
         "requests": len(warm.outcomes),
         "errors": sum(1 for o in warm.outcomes if not o.ok),
+        "elapsed_s": round(warm.finished - warm.started, 4),
     }
     return summary
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m bench.loadgen", description="Drive streaming HTTP requests at one level."
+        prog="python -m bench.loadgen", description="Drive chat requests at one concurrency level."
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--path", default="/v1/chat/completions")
     parser.add_argument("--body", required=True, help="the JSON request body")
-    parser.add_argument("--format", choices=(SSE, NDJSON), default=SSE)
+    parser.add_argument(
+        "--format", choices=FORMATS, default=SSE, help="streamed SSE or NDJSON, or a whole JSON"
+    )
     parser.add_argument("--auth", default="", help="a bearer token to send, if any")
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--requests", type=int, required=True)

@@ -1,7 +1,10 @@
 """
-From raw benchmark results to what a reader wants: ratios (IOP/direct, IOP/LiteLLM), the latency
-each gateway adds over calling its upstream directly at the same level in the same run, and the
-JSON + Markdown files in ``bench/results/``.
+From raw benchmark results to what a reader wants, per cell (answer mode, tokens per answer,
+concurrency level): the figures that carry across machines (Edge + Node CPU per request and per
+streamed chunk, the p50 latency IOP adds over calling its upstream directly) beside the
+performance goals (:data:`GOALS`) with a pass/miss mark; the ratios (IOP/direct, IOP/LiteLLM with
+one worker, IOP/the better LiteLLM); the added latency of every gateway; and the JSON + Markdown
+files in ``bench/results/``.
 """
 
 from __future__ import annotations
@@ -9,22 +12,54 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+STREAM = "stream"
+NON_STREAM = "non-stream"
+MODES = (STREAM, NON_STREAM)
+LITELLM_1W = "litellm-1w"
+LITELLMS = (LITELLM_1W, "litellm-2w")
+# A reference that stands for the better of the LiteLLM targets, per cell and metric.
+BEST_LITELLM = "litellm-best"
+IOP_TARGETS = ("iop-tunnel", "iop-managed", "iop-run")
 
 # (gateway, reference, label). A pair is reported when both ran.
 RATIOS: tuple[tuple[str, str, str], ...] = (
     ("iop-tunnel", "direct", "IOP tunnel / direct"),
-    ("iop-tunnel", "litellm", "IOP tunnel / LiteLLM"),
+    ("iop-tunnel", LITELLM_1W, "IOP tunnel / LiteLLM (1 worker)"),
+    ("iop-tunnel", BEST_LITELLM, "IOP tunnel / best LiteLLM"),
     ("iop-managed", "iop-tunnel", "IOP managed tunnel / legacy tunnel"),
     ("iop-run", "direct-ollama", "IOP run / direct (Ollama upstream)"),
-    ("iop-run", "litellm", "IOP run / LiteLLM (different upstream wire)"),
-    ("litellm", "direct", "LiteLLM / direct"),
+    ("iop-run", LITELLM_1W, "IOP run / LiteLLM 1 worker (different upstream wire)"),
+    (LITELLM_1W, "direct", "LiteLLM (1 worker) / direct"),
+    ("litellm-2w", LITELLM_1W, "LiteLLM 2 workers / 1 worker"),
 )
 
+Key = tuple[str, str, int, int]
 
-def _runs(results: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
-    return {(r["target"], int(r["concurrency"])): r for r in results.get("throughput", [])}
+
+def _mode(run: dict[str, Any]) -> str:
+    return str(run.get("mode", STREAM))
+
+
+def _tokens(run: dict[str, Any]) -> int:
+    return int(run.get("tokens", 0))
+
+
+def _runs(results: dict[str, Any]) -> dict[Key, dict[str, Any]]:
+    """Every throughput result by (target, mode, tokens, level)."""
+    return {
+        (r["target"], _mode(r), _tokens(r), int(r["concurrency"])): r
+        for r in results.get("throughput", [])
+    }
+
+
+def _cells(results: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (mode, tokens) cell sets that ran, streams first, smaller answers first."""
+    cells = {(_mode(r), _tokens(r)) for r in results.get("throughput", [])}
+    return sorted(cells, key=lambda c: (MODES.index(c[0]) if c[0] in MODES else 9, c[1]))
 
 
 def _div(a: float, b: float) -> float | None:
@@ -37,23 +72,33 @@ def _levels(results: dict[str, Any]) -> list[int]:
     return sorted({int(r["concurrency"]) for r in results.get("throughput", [])})
 
 
-def failures(results: dict[str, Any], targets: Iterable[str], levels: Iterable[int]) -> list[str]:
-    """What makes a run a failure: a target or level without results, or with errors."""
+def failures(
+    results: dict[str, Any],
+    targets: Iterable[str],
+    levels: Iterable[int],
+    modes: Iterable[str] = (STREAM,),
+    tokens: Iterable[int] = (),
+) -> list[str]:
+    """What makes a run a failure: a target or cell without results, or with errors."""
     out: list[str] = []
     runs = _runs(results)
+    sizes = list(tokens) or sorted({_tokens(r) for r in results.get("throughput", [])})
     if "throughput" in results:
-        for level in levels:
-            for target in targets:
-                run = runs.get((target, level))
-                if run is None:
-                    out.append(f"{target} at concurrency {level}: no result")
-                elif run["ok"] == 0:
-                    out.append(f"{target} at concurrency {level}: no successful request")
-                elif run["errors"] or run["warmup"]["errors"]:
-                    out.append(
-                        f"{target} at concurrency {level}: {run['errors']} errors "
-                        f"({run['warmup']['errors']} in warm-up): {run['error_kinds']}"
-                    )
+        for mode in modes:
+            for size in sizes:
+                for level in levels:
+                    for target in targets:
+                        where = f"{target} {mode} {size} tokens at concurrency {level}"
+                        run = runs.get((target, mode, size, level))
+                        if run is None:
+                            out.append(f"{where}: no result")
+                        elif run["ok"] == 0:
+                            out.append(f"{where}: no successful request")
+                        elif run["errors"] or run["warmup"]["errors"]:
+                            out.append(
+                                f"{where}: {run['errors']} errors "
+                                f"({run['warmup']['errors']} in warm-up): {run['error_kinds']}"
+                            )
     scale = results.get("scale")
     if isinstance(scale, dict):
         idle = scale.get("idle_nodes", {})
@@ -68,17 +113,47 @@ def failures(results: dict[str, Any], targets: Iterable[str], levels: Iterable[i
     return out
 
 
+def _reference(
+    runs: dict[Key, dict[str, Any]],
+    reference: str,
+    cell: tuple[str, int, int],
+    value: Callable[[dict[str, Any]], float],
+    better: str,
+) -> tuple[str, dict[str, Any]] | None:
+    """The reference's run in a cell; for :data:`BEST_LITELLM` the better LiteLLM's."""
+    mode, tokens, level = cell
+    names = LITELLMS if reference == BEST_LITELLM else (reference,)
+    found = [(n, runs[(n, mode, tokens, level)]) for n in names if (n, mode, tokens, level) in runs]
+    found = [(n, r) for n, r in found if not math.isnan(value(r))]
+    if not found:
+        return None
+    pick = max if better == "higher" else min
+    return pick(found, key=lambda nr: value(nr[1]))
+
+
+def _rps(run: dict[str, Any]) -> float:
+    return float(run["rps"])
+
+
 def derive(results: dict[str, Any]) -> None:
-    """Add ``added_latency_ms`` and ``ratios`` to ``results``."""
+    """Add ``added_latency_ms``, ``ratios``, ``figures`` and ``goals`` to ``results``."""
     runs = _runs(results)
     levels = _levels(results)
     added: list[dict[str, Any]] = []
-    for (target, level), run in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    for (target, mode, tokens, level), run in sorted(
+        runs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])
+    ):
         baseline = run.get("baseline")
-        base = runs.get((baseline, level)) if baseline else None
+        base = runs.get((baseline, mode, tokens, level)) if baseline else None
         if base is None:
             continue
-        entry: dict[str, Any] = {"target": target, "baseline": baseline, "concurrency": level}
+        entry: dict[str, Any] = {
+            "target": target,
+            "baseline": baseline,
+            "mode": mode,
+            "tokens": tokens,
+            "concurrency": level,
+        }
         for metric in ("total_ms", "ttfb_ms", "ttft_ms"):
             entry[metric] = {
                 q: round(run[metric][q] - base[metric][q], 3) for q in ("p50", "p90", "p99")
@@ -87,36 +162,236 @@ def derive(results: dict[str, Any]) -> None:
     results["added_latency_ms"] = added
 
     ratios: list[dict[str, Any]] = []
-    for gateway, reference, label in RATIOS:
-        if not any((gateway, lv) in runs and (reference, lv) in runs for lv in levels):
-            continue
-        metrics: list[tuple[str, Callable[[dict[str, Any]], float], str]] = [
-            ("throughput (req/s)", lambda r: float(r["rps"]), "higher"),
-            ("p50 latency", lambda r: float(r["total_ms"]["p50"]), "lower"),
-            ("p99 latency", lambda r: float(r["total_ms"]["p99"]), "lower"),
-            ("p50 time to first token", lambda r: float(r["ttft_ms"]["p50"]), "lower"),
-        ]
-        if reference == "litellm":
-            # Direct has no gateway process, so this one only compares gateways.
-            metrics.append(("gateway CPU per request", gateway_cpu_ms, "lower"))
-        for metric, value, better in metrics:
-            row: dict[str, Any] = {
-                "ratio": label,
-                "gateway": gateway,
-                "reference": reference,
-                "metric": metric,
-                "better": better,
-                "by_level": {},
-            }
-            for level in levels:
-                a, b = runs.get((gateway, level)), runs.get((reference, level))
-                if a is not None and b is not None:
-                    row["by_level"][str(level)] = _div(value(a), value(b))
-            ratios.append(row)
+    for mode, tokens in _cells(results):
+        for gateway, reference, label in RATIOS:
+            refs = LITELLMS if reference == BEST_LITELLM else (reference,)
+            if not any(
+                (gateway, mode, tokens, lv) in runs and (ref, mode, tokens, lv) in runs
+                for lv in levels
+                for ref in refs
+            ):
+                continue
+            metrics: list[tuple[str, Callable[[dict[str, Any]], float], str]] = [
+                ("throughput (req/s)", _rps, "higher"),
+                ("p50 latency", lambda r: float(r["total_ms"]["p50"]), "lower"),
+                ("p99 latency", lambda r: float(r["total_ms"]["p99"]), "lower"),
+                ("p50 time to first token", lambda r: float(r["ttft_ms"]["p50"]), "lower"),
+            ]
+            if reference.startswith("litellm"):
+                # Direct has no gateway process, so this one only compares gateways.
+                metrics.append(("gateway CPU per request", gateway_cpu_ms, "lower"))
+            for metric, value, better in metrics:
+                row: dict[str, Any] = {
+                    "ratio": label,
+                    "mode": mode,
+                    "tokens": tokens,
+                    "gateway": gateway,
+                    "reference": reference,
+                    "metric": metric,
+                    "better": better,
+                    "by_level": {},
+                }
+                if reference == BEST_LITELLM:
+                    row["reference_by_level"] = {}
+                for level in levels:
+                    a = runs.get((gateway, mode, tokens, level))
+                    ref = _reference(runs, reference, (mode, tokens, level), value, better)
+                    if a is not None and ref is not None:
+                        row["by_level"][str(level)] = _div(value(a), value(ref[1]))
+                        if reference == BEST_LITELLM:
+                            row["reference_by_level"][str(level)] = ref[0]
+                ratios.append(row)
     results["ratios"] = ratios
+    results["figures"] = figures(runs)
+    results["goals"] = goal_summary(results["figures"])
 
 
-GATEWAY_PROCESSES = ("iop-edge", "iop-node", "iop-managed-edge", "iop-managed-node", "litellm")
+# -- the figures that carry across machines, and the goals --------------------------------------
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One performance goal: a figure (a key of a :func:`figures` entry) and where it applies."""
+
+    figure: str
+    label: str
+    target: str
+    limit: float
+    # True: the figure must be at most ``limit``; False: at least.
+    at_most: bool
+    mode: str | None = None
+    levels: tuple[int, ...] | None = None
+    chunks: int | None = None
+
+    def applies(self, entry: dict[str, Any]) -> bool:
+        return (
+            entry["target"] == self.target
+            and (self.mode is None or entry["mode"] == self.mode)
+            and (self.levels is None or entry["concurrency"] in self.levels)
+            and (
+                self.chunks is None or (entry["mode"] == STREAM and entry["chunks"] == self.chunks)
+            )
+        )
+
+    def met(self, value: float) -> bool:
+        return value <= self.limit if self.at_most else value >= self.limit
+
+    @property
+    def bound(self) -> str:
+        return f"{'≤' if self.at_most else '≥'} {self.limit:g}"
+
+
+# The performance goals (one interleaved run, ratios only; the CPU figures carry across
+# machines). The CPU, latency and LiteLLM goals are the tunnel's; the run path's is its own.
+GOALS: tuple[Goal, ...] = (
+    Goal(
+        "edge_node_cpu_ms_per_request",
+        "Edge + Node CPU per non-stream request ≤ 0.8 ms",
+        "iop-tunnel",
+        0.8,
+        True,
+        mode=NON_STREAM,
+    ),
+    Goal(
+        "edge_node_cpu_us_per_chunk",
+        "Edge + Node CPU per streamed chunk ≤ 20 µs",
+        "iop-tunnel",
+        20,
+        True,
+        mode=STREAM,
+    ),
+    Goal(
+        "added_p50_ms",
+        "added p50 at c=1 ≤ 1 ms, non-stream",
+        "iop-tunnel",
+        1.0,
+        True,
+        mode=NON_STREAM,
+        levels=(1,),
+    ),
+    Goal(
+        "added_p50_ms",
+        "added p50 at c=1 ≤ 1.2 ms, 32-chunk stream",
+        "iop-tunnel",
+        1.2,
+        True,
+        mode=STREAM,
+        levels=(1,),
+        chunks=32,
+    ),
+    Goal(
+        "vs_litellm_1w",
+        "throughput ≥ 20x LiteLLM (1 worker) at c=1, 10, 50",
+        "iop-tunnel",
+        20,
+        False,
+        levels=(1, 10, 50),
+    ),
+    Goal(
+        "vs_direct",
+        "run path throughput ≥ 0.25x direct Ollama at c=50",
+        "iop-run",
+        0.25,
+        False,
+        levels=(50,),
+    ),
+)
+
+
+def figures(runs: dict[Key, dict[str, Any]]) -> list[dict[str, Any]]:
+    """
+    Per IOP target and cell: Edge + Node CPU per request (ms) and per streamed chunk (µs;
+    stream cells), the p50 latency added over its direct baseline, and its throughput over
+    LiteLLM (1 worker), the better LiteLLM and direct; each goal that applies, met or not.
+    """
+    out: list[dict[str, Any]] = []
+    for (target, mode, tokens, level), run in sorted(
+        runs.items(),
+        key=lambda kv: (
+            MODES.index(kv[0][1]) if kv[0][1] in MODES else 9,
+            *kv[0][2:],
+            IOP_TARGETS.index(kv[0][0]) if kv[0][0] in IOP_TARGETS else 9,
+        ),
+    ):
+        if target not in IOP_TARGETS:
+            continue
+        cpu_ms = gateway_cpu_ms(run)
+        cpu_s = sum(
+            float(p["cpu_seconds"])
+            for name, p in run.get("processes", {}).items()
+            if name in GATEWAY_PROCESSES
+        )
+        chunks = int(run.get("chunks") or tokens or 1)
+        base = runs.get((run.get("baseline") or "", mode, tokens, level))
+        litellm = runs.get((LITELLM_1W, mode, tokens, level))
+        best = _reference(runs, BEST_LITELLM, (mode, tokens, level), _rps, "higher")
+        entry: dict[str, Any] = {
+            "target": target,
+            "mode": mode,
+            "tokens": tokens,
+            "chunks": chunks,
+            "concurrency": level,
+            "rps": run["rps"],
+            "edge_node_cpu_ms_per_request": round(cpu_ms, 4),
+            "edge_node_cpu_us_per_chunk": round(cpu_ms * 1000 / chunks, 2)
+            if mode == STREAM
+            else None,
+            # Cores the Edge + Node kept busy while the cell ran: well under the cores they
+            # could use means they wait rather than compute.
+            "edge_node_cores": round(cpu_s / run["wall_s"], 2) if run.get("wall_s") else None,
+            "added_p50_ms": round(run["total_ms"]["p50"] - base["total_ms"]["p50"], 3)
+            if base is not None
+            else None,
+            "baseline": run.get("baseline"),
+            "vs_direct": _div(_rps(run), _rps(base)) if base is not None else None,
+            "vs_litellm_1w": _div(_rps(run), _rps(litellm)) if litellm is not None else None,
+            "vs_best_litellm": _div(_rps(run), _rps(best[1])) if best is not None else None,
+            "best_litellm": best[0] if best is not None else None,
+            "goals": [],
+        }
+        for goal in GOALS:
+            value = entry.get(goal.figure)
+            if goal.applies(entry) and isinstance(value, int | float) and not math.isnan(value):
+                entry["goals"].append(
+                    {
+                        "goal": goal.label,
+                        "figure": goal.figure,
+                        "bound": goal.bound,
+                        "pass": goal.met(float(value)),
+                    }
+                )
+        out.append(entry)
+    return out
+
+
+def goal_summary(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per goal: the cells it was judged in, how many met it, and the worst value."""
+    out: list[dict[str, Any]] = []
+    for goal in GOALS:
+        judged = [(e, g) for e in entries for g in e["goals"] if g["goal"] == goal.label]
+        values = [float(e[goal.figure]) for e, _ in judged]
+        worst = (max if goal.at_most else min)(values) if values else None
+        out.append(
+            {
+                "goal": goal.label,
+                "target": goal.target,
+                "cells": len(judged),
+                "pass": sum(1 for _, g in judged if g["pass"]),
+                "miss": sum(1 for _, g in judged if not g["pass"]),
+                "worst": worst,
+            }
+        )
+    return out
+
+
+GATEWAY_PROCESSES = (
+    "iop-edge",
+    "iop-node",
+    "iop-managed-edge",
+    "iop-managed-node",
+    *LITELLMS,
+    "litellm",
+)
 
 
 def gateway_cpu_ms(run: dict[str, Any]) -> float:
@@ -146,9 +421,108 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def _cell_label(mode: str, tokens: int) -> str:
+    return f"{mode}, {tokens} tokens"
+
+
+def _mark(entry: dict[str, Any], figure: str) -> str:
+    """The pass/miss mark of the goals on ``figure`` in a figures entry; ``-`` for none."""
+    marks = [
+        f"{'pass' if g['pass'] else '**miss**'} ({g['bound']})"
+        for g in entry["goals"]
+        if g["figure"] == figure
+    ]
+    return "; ".join(marks) or "-"
+
+
+def _figures_section(results: dict[str, Any]) -> list[str]:
+    entries = results.get("figures", [])
+    if not entries:
+        return []
+    lines = [
+        "## Figures that carry across machines, and the goals",
+        "",
+        "Edge + Node CPU: CPU seconds of the Edge and Node processes over the cell (warm-up "
+        "included) ÷ requests handled, for a non-stream cell in **ms per request**, for a stream "
+        "cell in **µs per streamed chunk** (÷ (requests · chunks per answer)). Added p50: the "
+        "target's p50 latency minus its direct upstream's in the same cell. Cores: the Edge + "
+        "Node CPU seconds ÷ the cell's wall-clock seconds (far below the machine's cores: they "
+        "wait rather than compute). vs LiteLLM, vs direct: throughput ratios. A goal is marked "
+        "where it applies.",
+        "",
+    ]
+    rows = []
+    for e in entries:
+        stream = e["mode"] == STREAM
+        cpu = (
+            f"{_fmt(e['edge_node_cpu_us_per_chunk'], 1)} µs/chunk"
+            if stream
+            else f"{_fmt(e['edge_node_cpu_ms_per_request'], 3)} ms/request"
+        )
+        best = e.get("best_litellm")
+        rows.append(
+            [
+                e["target"],
+                e["mode"],
+                str(e["tokens"]),
+                str(e["concurrency"]),
+                cpu,
+                _mark(
+                    e, "edge_node_cpu_us_per_chunk" if stream else "edge_node_cpu_ms_per_request"
+                ),
+                _fmt(e.get("edge_node_cores")),
+                _fmt(e["added_p50_ms"]),
+                _mark(e, "added_p50_ms"),
+                _fmt(e["vs_litellm_1w"], 1),
+                _mark(e, "vs_litellm_1w"),
+                f"{_fmt(e['vs_best_litellm'], 1)}" + (f" ({best})" if best else ""),
+                _fmt(e["vs_direct"], 3),
+                _mark(e, "vs_direct"),
+            ]
+        )
+    lines += _table(
+        [
+            "target",
+            "mode",
+            "tokens",
+            "c",
+            "Edge + Node CPU",
+            "goal",
+            "cores",
+            "added p50 ms",
+            "goal",
+            "vs LiteLLM 1w",
+            "goal",
+            "vs best LiteLLM",
+            "vs direct",
+            "goal",
+        ],
+        rows,
+    )
+    goals = results.get("goals", [])
+    if goals:
+        lines += ["", "Goals over the run:", ""]
+        lines += _table(
+            ["goal", "target", "cells judged", "pass", "miss", "worst"],
+            [
+                [
+                    g["goal"],
+                    g["target"],
+                    str(g["cells"]),
+                    str(g["pass"]),
+                    str(g["miss"]),
+                    _fmt(g["worst"], 3),
+                ]
+                for g in goals
+            ],
+        )
+    return [*lines, ""]
+
+
 def markdown(results: dict[str, Any]) -> str:
     levels = _levels(results)
     runs = _runs(results)
+    cells = _cells(results)
     settings = results.get("settings", {})
     env = results.get("environment", {})
     title = f"# IOP benchmark, {results.get('date')}, {env.get('host_alias')}"
@@ -161,18 +535,27 @@ def markdown(results: dict[str, Any]) -> str:
         lines[-1] = ""
     level_heads = [f"c={lv}" for lv in levels]
 
+    lines += _figures_section(results)
+
     lines += ["## Ratios", ""]
     lines += [
-        "Gateway ÷ reference at each concurrency level, same run, same machine, same upstream. "
-        "Throughput: higher is better for the gateway; latency (request start → end of stream): "
-        "lower is better.",
+        "Gateway ÷ reference at each concurrency level, same run, same machine, same upstream, "
+        "per cell (answer mode, tokens per answer). Throughput: higher is better for the "
+        "gateway; latency (request start → end of the answer): lower is better. Best LiteLLM: "
+        "the better of 1 and 2 workers in each cell and metric.",
         "",
     ]
     rows = [
-        [r["ratio"], r["metric"], *(_fmt(r["by_level"].get(str(lv))) for lv in levels)]
+        [
+            r["mode"],
+            str(r["tokens"]),
+            r["ratio"],
+            r["metric"],
+            *(_fmt(r["by_level"].get(str(lv))) for lv in levels),
+        ]
         for r in results.get("ratios", [])
     ]
-    lines += _table(["ratio", "metric", *level_heads], rows)
+    lines += _table(["mode", "tokens", "ratio", "metric", *level_heads], rows)
 
     lines += [
         "",
@@ -182,8 +565,11 @@ def markdown(results: dict[str, Any]) -> str:
         "(raw provider tunnel); `iop-managed` = the same in managed mode (mTLS workload "
         "identity, a signed, sealed credential lease per request, opened on the Node); "
         "`iop-run` = the same listener → pooled model → `ollama` provider "
-        "(normalized RunRequest/RunEvent path, NDJSON → SSE on the Edge); `litellm` = LiteLLM "
-        "proxy → the fake OpenAI upstream.",
+        "(normalized RunRequest/RunEvent path, NDJSON → SSE on the Edge); `litellm-1w` / "
+        "`litellm-2w` = the LiteLLM proxy with 1 / 2 workers → the fake OpenAI upstream. "
+        'Modes: `stream` = `"stream": true` (SSE, NDJSON from Ollama), `non-stream` = '
+        '`"stream": false` (one JSON answer). Every upstream answers at once (no delay), '
+        "one token per chunk.",
         "",
         "## Gateway CPU per request (ms)",
         "",
@@ -191,15 +577,17 @@ def markdown(results: dict[str, Any]) -> str:
         "the load generator) per request handled, warm-up included.",
         "",
     ]
-    gateways = [t for t in results["settings"].get("targets", []) if not t.startswith("direct")]
+    gateways = [t for t in settings.get("targets", []) if not t.startswith("direct")]
     rows = []
-    for target in gateways:
-        cells = []
-        for level in levels:
-            run = runs.get((target, level))
-            cells.append(_fmt(gateway_cpu_ms(run), 3) if run is not None else "-")
-        rows.append([target, *cells])
-    lines += _table(["target", *level_heads], rows)
+    for mode, tokens in cells:
+        for target in gateways:
+            cells_cpu = []
+            for level in levels:
+                run = runs.get((target, mode, tokens, level))
+                cells_cpu.append(_fmt(gateway_cpu_ms(run), 3) if run is not None else "-")
+            if any(c != "-" for c in cells_cpu):
+                rows.append([mode, str(tokens), target, *cells_cpu])
+    lines += _table(["mode", "tokens", "target", *level_heads], rows)
 
     leases = results.get("lease_cost")
     if leases:
@@ -233,6 +621,8 @@ def markdown(results: dict[str, Any]) -> str:
             [
                 a["target"],
                 a["baseline"],
+                a.get("mode", STREAM),
+                str(a.get("tokens", "")),
                 str(a["concurrency"]),
                 _fmt(a["total_ms"]["p50"]),
                 _fmt(a["total_ms"]["p90"]),
@@ -242,45 +632,61 @@ def markdown(results: dict[str, Any]) -> str:
             ]
         )
     lines += _table(
-        ["target", "minus", "c", "total p50", "total p90", "total p99", "TTFT p50", "TTFT p99"],
+        [
+            "target",
+            "minus",
+            "mode",
+            "tokens",
+            "c",
+            "total p50",
+            "total p90",
+            "total p99",
+            "TTFT p50",
+            "TTFT p99",
+        ],
         rows,
     )
 
-    lines += ["", "## Every target and level", ""]
+    lines += ["", "## Every target and cell", ""]
     rows = []
-    for level in levels:
-        for target in results["settings"].get("targets", []):
-            run = runs.get((target, level))
-            if run is None:
-                continue
-            cpu = "; ".join(
-                f"{name} {_fmt(p['cpu_ms_per_request'], 3)}"
-                for name, p in run.get("processes", {}).items()
-            )
-            rss = "; ".join(
-                f"{name} {_fmt(p['after']['rss_mib'], 1)}"
-                for name, p in run.get("processes", {}).items()
-            )
-            rows.append(
-                [
-                    str(level),
-                    target,
-                    f"{run['ok']}/{run['requests']}",
-                    _fmt(run["rps"], 1),
-                    _fmt(run["ttfb_ms"]["p50"]),
-                    _fmt(run["ttft_ms"]["p50"]),
-                    _fmt(run["ttft_ms"]["p99"]),
-                    _fmt(run["total_ms"]["p50"]),
-                    _fmt(run["total_ms"]["p90"]),
-                    _fmt(run["total_ms"]["p99"]),
-                    _fmt(run["bytes_per_s"] / 2**20, 2),
-                    str(run["errors"]),
-                    cpu,
-                    rss,
-                ]
-            )
+    for mode, tokens in cells:
+        for level in levels:
+            for target in settings.get("targets", []):
+                run = runs.get((target, mode, tokens, level))
+                if run is None:
+                    continue
+                cpu = "; ".join(
+                    f"{name} {_fmt(p['cpu_ms_per_request'], 3)}"
+                    for name, p in run.get("processes", {}).items()
+                )
+                rss = "; ".join(
+                    f"{name} {_fmt(p['after']['rss_mib'], 1)}"
+                    for name, p in run.get("processes", {}).items()
+                )
+                rows.append(
+                    [
+                        mode,
+                        str(tokens),
+                        str(level),
+                        target,
+                        f"{run['ok']}/{run['requests']}",
+                        _fmt(run["rps"], 1),
+                        _fmt(run["ttfb_ms"]["p50"]),
+                        _fmt(run["ttft_ms"]["p50"]),
+                        _fmt(run["ttft_ms"]["p99"]),
+                        _fmt(run["total_ms"]["p50"]),
+                        _fmt(run["total_ms"]["p90"]),
+                        _fmt(run["total_ms"]["p99"]),
+                        _fmt(run["bytes_per_s"] / 2**20, 2),
+                        str(run["errors"]),
+                        cpu,
+                        rss,
+                    ]
+                )
     lines += _table(
         [
+            "mode",
+            "tokens",
             "c",
             "target",
             "ok",
@@ -300,10 +706,11 @@ def markdown(results: dict[str, Any]) -> str:
     )
     lines += [
         "",
-        "Latencies in ms from sending the request: TTFB = first streamed event, TTFT = first "
-        "event with answer text (a non-empty `content`), total = end of the stream. "
-        "CPU ms/request: CPU seconds each server used during the level (warm-up included) ÷ "
-        "requests it handled. RSS: resident memory after the level.",
+        "Latencies in ms from sending the request: TTFB = first streamed event (non-stream: "
+        "first byte of the body), TTFT = first event with answer text (a non-empty `content`; "
+        "non-stream: the whole answer, = total), total = end of the answer. "
+        "CPU ms/request: CPU seconds each server used during the cell (warm-up included) ÷ "
+        "requests it handled. RSS: resident memory after the cell.",
     ]
 
     scale = results.get("scale")
@@ -390,7 +797,17 @@ def _finite(value: Any) -> Any:
 def ratio_summary(results: dict[str, Any]) -> str:
     levels = _levels(results)
     lines = []
-    for r in results.get("ratios", []):
+    # The console gets the throughput ratios; the Markdown has every metric.
+    for r in (r for r in results.get("ratios", []) if r["metric"] == "throughput (req/s)"):
         values = ", ".join(f"c={lv}: {_fmt(r['by_level'].get(str(lv)))}" for lv in levels)
-        lines.append(f"  {r['ratio']:<44} {r['metric']:<24} {values}")
-    return "\n".join(["ratios (gateway ÷ reference):", *lines]) if lines else "no ratios"
+        cell = _cell_label(r.get("mode", STREAM), r.get("tokens", 0))
+        lines.append(f"  {cell:<22} {r['ratio']:<52} {values}")
+    out = ["throughput ratios (gateway ÷ reference):", *lines] if lines else ["no ratios"]
+    goals = [g for g in results.get("goals", []) if g["cells"]]
+    if goals:
+        out.append("goals:")
+        out += [
+            f"  {g['goal']:<54} {g['pass']} pass, {g['miss']} miss (worst {_fmt(g['worst'], 3)})"
+            for g in goals
+        ]
+    return "\n".join(out)

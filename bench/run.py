@@ -1,9 +1,9 @@
 """
 ``python -m bench`` / ``python bench/run.py``: IOP vs the upstream called directly vs the LiteLLM
-proxy, in one run, on one machine, against one fake upstream.
+proxy, in one run, on one machine, against the same fake upstreams.
 
-Throughput scenario (upstream without delay). Targets, all answering a streaming
-``POST /v1/chat/completions`` (or Ollama's ``POST /api/chat`` for ``direct-ollama``):
+Throughput scenario (upstream without delay: each answer written at once). Targets, all
+answering ``POST /v1/chat/completions`` (or Ollama's ``POST /api/chat`` for ``direct-ollama``):
 
 - ``direct``: the load generator calls the fake OpenAI upstream itself (the physical limit);
 - ``direct-ollama``: the same for the fake Ollama upstream (the baseline of ``iop-run``);
@@ -15,21 +15,32 @@ Throughput scenario (upstream without delay). Targets, all answering a streaming
 - ``iop-run``: the same listener, pooled model over an ``ollama`` provider: the normalized path
   (``RunRequest`` to the Node, Ollama NDJSON → ``RunEvent`` deltas → OpenAI SSE chunks on the
   Edge). This is the path every non-OpenAI provider takes;
-- ``litellm``: the LiteLLM proxy (own virtualenv, one worker) in front of the fake OpenAI
-  upstream.
+- ``litellm-1w``, ``litellm-2w``: the LiteLLM proxy (own virtualenv) with one, resp. two
+  workers, each on its own port, in front of the fake OpenAI upstream.
 
-For each concurrency level the targets run one after the other (so drift hits all alike), each
-with a short warm-up, then a fixed number of timed requests, from a separate load-generator
-process (:mod:`bench.loadgen`). Before and after each, ``/proc`` gives every server's RSS and CPU
-seconds.
+Cells: every target runs in each answer mode (``--modes``: ``stream`` = ``"stream": true``, an
+SSE or NDJSON stream; ``non-stream`` = ``"stream": false``, one JSON answer) and answer size
+(``--tokens``, default 32 and 64 tokens, one token per chunk: a fake upstream of each size),
+at each concurrency level. Per mode, size and level the targets run one after the other (so
+drift hits all alike), in ``--rounds`` passes, each with a short warm-up, then its share of a
+fixed number of timed requests (fewer for LiteLLM, ``--litellm-requests``: it is ~20x slower),
+from a separate load-generator process (:mod:`bench.loadgen`). Before and after each,
+``/proc`` gives every server's RSS and CPU seconds. Every result row carries its ``mode`` and
+``tokens``.
 
 Scale scenario (fresh Edge + Node, slow upstream): the Edge's RSS with N idle fake nodes
 connected (:mod:`bench.fakenodes`, the real TLS + protobuf wire) and with M concurrent slow
 streams in flight, per connection and per stream (LiteLLM's RSS under the same streams beside
 it when it is available).
 
-Results: ``<out>/<date>-<alias>.json`` and ``.md`` (``smoke-…`` in smoke mode), the Markdown's
-first rows being the ratios IOP/direct and IOP/LiteLLM.
+Results: ``<out>/<date>-<alias>.json`` and ``.md`` (``smoke-…`` in smoke mode): the figures
+that carry across machines (Edge + Node CPU per request and per streamed chunk, the latency IOP
+adds over direct) beside the performance goals (:data:`bench.report.GOALS`) with a pass/miss
+mark, then the ratios IOP/direct,
+IOP/LiteLLM (1 worker) and IOP/best LiteLLM, per cell (:mod:`bench.report`).
+
+Smoke (``--smoke``, what CI runs): no LiteLLM, both modes, one answer size (32), levels 1 and 4,
+20 requests each, a tiny scale scenario.
 """
 
 from __future__ import annotations
@@ -56,27 +67,32 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import lease, report
-from bench.loadgen import combine
+from bench.loadgen import JSON, NDJSON, SSE, combine
 from bench.procs import BenchError, Children, ProcSample, sample, wait_until
 from bench.systems import (
     IOP,
-    LITELLM_MODEL,
     OLLAMA_MODEL,
     OPENAI_MODEL,
-    RUN_MODEL,
-    TUNNEL_MODEL,
     LiteLLM,
     Upstream,
     litellm_available,
+    litellm_model,
+    run_model,
     start_iop,
     start_litellm,
     start_upstream,
     stop_quietly,
+    tunnel_model,
 )
 
 BENCH_DIR = Path(__file__).resolve().parent
 DEFAULT_VENV = BENCH_DIR / ".venv-litellm"
-ALL_TARGETS = ("direct", "direct-ollama", "iop-tunnel", "iop-managed", "iop-run", "litellm")
+# The LiteLLM targets and their worker counts.
+LITELLM_TARGETS = {"litellm-1w": 1, "litellm-2w": 2}
+ALL_TARGETS = ("direct", "direct-ollama", "iop-tunnel", "iop-managed", "iop-run", *LITELLM_TARGETS)
+STREAM = "stream"
+NON_STREAM = "non-stream"
+MODES = (STREAM, NON_STREAM)
 HOST_ALIAS = f"python-{os.cpu_count() or 0}core"
 PROMPT = "Write a short story about a gateway that measured itself."
 
@@ -86,10 +102,12 @@ class Settings:
     smoke: bool
     levels: list[int]
     requests: int
+    litellm_requests: int
     rounds: int
     warmup: int
     targets: list[str]
-    tokens: int
+    modes: list[str]
+    tokens: list[int]
     chunk_tokens: int
     out: Path
     alias: str
@@ -107,9 +125,11 @@ class Settings:
             "smoke": self.smoke,
             "levels": self.levels,
             "requests_per_level": self.requests,
+            "litellm_requests_per_level": self.litellm_requests,
             "rounds_per_level": self.rounds,
             "warmup_per_round": self.warmup,
             "targets": self.targets,
+            "modes": self.modes,
             "tokens_per_response": self.tokens,
             "chunk_tokens": self.chunk_tokens,
             "upstream_delay_ms": 0,
@@ -125,6 +145,10 @@ class Settings:
 @dataclass
 class Target:
     name: str
+    mode: str
+    # Tokens per upstream answer, and the chunks a streamed answer has.
+    tokens: int
+    chunks: int
     port: int
     path: str
     body: dict[str, Any]
@@ -135,18 +159,30 @@ class Target:
     baseline: str | None
 
 
+def openai_process(tokens: int) -> str:
+    """The process name of the fake OpenAI upstream answering ``tokens`` tokens."""
+    return f"fake-openai-{tokens}"
+
+
+def ollama_process(tokens: int) -> str:
+    """The process name of the fake Ollama upstream answering ``tokens`` tokens."""
+    return f"fake-ollama-{tokens}"
+
+
 @dataclass
 class World:
     """Everything running for one scenario."""
 
     children: Children = field(default_factory=Children)
     pids: dict[str, int] = field(default_factory=dict)
-    openai: Upstream | None = None
-    ollama: Upstream | None = None
+    # The fake upstreams by tokens per answer.
+    openai: dict[int, Upstream] = field(default_factory=dict)
+    ollama: dict[int, Upstream] = field(default_factory=dict)
     iop: IOP | None = None
     # The same Edge + Node in managed mode (a credential lease per tunnel request).
     managed: IOP | None = None
-    litellm: LiteLLM | None = None
+    # By target name (``litellm-1w``, ``litellm-2w``).
+    litellm: dict[str, LiteLLM] = field(default_factory=dict)
 
     def samples(self) -> dict[str, ProcSample]:
         return {name: sample(pid) for name, pid in self.pids.items()}
@@ -156,88 +192,96 @@ class World:
             child.check()
 
 
-def chat_body(model: str) -> dict[str, Any]:
+def chat_body(model: str, stream: bool) -> dict[str, Any]:
     return {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
-        "stream": True,
+        "stream": stream,
     }
 
 
-def build_targets(world: World, names: list[str]) -> list[Target]:
+def build_targets(
+    world: World, names: list[str], mode: str, tokens: int, chunk_tokens: int = 1
+) -> list[Target]:
+    """The targets among ``names`` that ``world`` runs, for one mode and answer size."""
+    stream = mode == STREAM
+    chunks = -(-tokens // chunk_tokens)
+    openai = world.openai.get(tokens)
+    ollama = world.ollama.get(tokens)
     targets: list[Target] = []
+
+    def add(
+        name: str,
+        port: int,
+        path: str,
+        model: str,
+        fmt: str,
+        servers: list[str],
+        baseline: str | None,
+        answer_chunks: int = chunks,
+    ) -> None:
+        targets.append(
+            Target(
+                name,
+                mode,
+                tokens,
+                answer_chunks,
+                port,
+                path,
+                chat_body(model, stream),
+                fmt if stream else JSON,
+                servers,
+                baseline,
+            )
+        )
+
+    fake_openai, fake_ollama = openai_process(tokens), ollama_process(tokens)
     for name in names:
-        if name == "direct" and world.openai is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.openai.port,
-                    "/v1/chat/completions",
-                    chat_body(OPENAI_MODEL),
-                    "sse",
-                    ["fake-openai"],
-                    None,
-                )
+        if name == "direct" and openai is not None:
+            add(name, openai.port, "/v1/chat/completions", OPENAI_MODEL, SSE, [fake_openai], None)
+        elif name == "direct-ollama" and ollama is not None:
+            # The fake Ollama streams one token per line, whatever ``chunk_tokens`` says.
+            add(name, ollama.port, "/api/chat", OLLAMA_MODEL, NDJSON, [fake_ollama], None, tokens)
+        elif name == "iop-tunnel" and world.iop is not None and openai is not None:
+            add(
+                name,
+                world.iop.client_port,
+                "/v1/chat/completions",
+                tunnel_model(tokens),
+                SSE,
+                ["iop-edge", "iop-node", fake_openai],
+                "direct",
             )
-        elif name == "direct-ollama" and world.ollama is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.ollama.port,
-                    "/api/chat",
-                    chat_body(OLLAMA_MODEL),
-                    "ndjson",
-                    ["fake-ollama"],
-                    None,
-                )
+        elif name == "iop-managed" and world.managed is not None and openai is not None:
+            add(
+                name,
+                world.managed.client_port,
+                "/v1/chat/completions",
+                tunnel_model(tokens),
+                SSE,
+                ["iop-managed-edge", "iop-managed-node", fake_openai],
+                "direct",
             )
-        elif name == "iop-tunnel" and world.iop is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.iop.client_port,
-                    "/v1/chat/completions",
-                    chat_body(TUNNEL_MODEL),
-                    "sse",
-                    ["iop-edge", "iop-node", "fake-openai"],
-                    "direct",
-                )
+        elif name == "iop-run" and world.iop is not None and ollama is not None:
+            add(
+                name,
+                world.iop.client_port,
+                "/v1/chat/completions",
+                run_model(tokens),
+                SSE,
+                ["iop-edge", "iop-node", fake_ollama],
+                "direct-ollama",
+                tokens,
             )
-        elif name == "iop-managed" and world.managed is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.managed.client_port,
-                    "/v1/chat/completions",
-                    chat_body(TUNNEL_MODEL),
-                    "sse",
-                    ["iop-managed-edge", "iop-managed-node", "fake-openai"],
-                    "direct",
-                )
-            )
-        elif name == "iop-run" and world.iop is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.iop.client_port,
-                    "/v1/chat/completions",
-                    chat_body(RUN_MODEL),
-                    "sse",
-                    ["iop-edge", "iop-node", "fake-ollama"],
-                    "direct-ollama",
-                )
-            )
-        elif name == "litellm" and world.litellm is not None:
-            targets.append(
-                Target(
-                    name,
-                    world.litellm.port,
-                    "/v1/chat/completions",
-                    chat_body(LITELLM_MODEL),
-                    "sse",
-                    ["litellm", "fake-openai"],
-                    "direct",
-                )
+        elif name in world.litellm and openai is not None:
+            add(
+                name,
+                world.litellm[name].port,
+                "/v1/chat/completions",
+                litellm_model(tokens),
+                SSE,
+                [name, fake_openai],
+                "direct",
             )
     return targets
 
@@ -290,28 +334,34 @@ def log(message: str) -> None:
 
 def start_throughput_world(settings: Settings, scratch: Path, world: World) -> None:
     """Start what the throughput targets need into ``world`` (stopped by the caller)."""
-    upstream_args = ["--tokens", str(settings.tokens), "--delay-ms", "0"]
-    world.openai = start_upstream(
-        world.children,
-        scratch,
-        "fake_openai",
-        [*upstream_args, "--chunk-tokens", str(settings.chunk_tokens)],
-        "fake-openai",
-    )
-    world.pids["fake-openai"] = world.openai.child.pid
     wants_run = "iop-run" in settings.targets or "direct-ollama" in settings.targets
-    if wants_run:
-        world.ollama = start_upstream(
-            world.children, scratch, "fake_ollama", upstream_args, "fake-ollama"
+    for tokens in settings.tokens:
+        upstream_args = ["--tokens", str(tokens), "--delay-ms", "0"]
+        name = openai_process(tokens)
+        world.openai[tokens] = start_upstream(
+            world.children,
+            scratch,
+            "fake_openai",
+            [*upstream_args, "--chunk-tokens", str(settings.chunk_tokens)],
+            name,
         )
-        world.pids["fake-ollama"] = world.ollama.child.pid
+        world.pids[name] = world.openai[tokens].child.pid
+        if wants_run:
+            name = ollama_process(tokens)
+            world.ollama[tokens] = start_upstream(
+                world.children, scratch, "fake_ollama", upstream_args, name
+            )
+            world.pids[name] = world.ollama[tokens].child.pid
+    openai_ports = {tokens: up.port for tokens, up in world.openai.items()}
+    ollama_ports = {tokens: up.port for tokens, up in world.ollama.items()}
+    capacity = max(settings.levels) + 16
     if "iop-tunnel" in settings.targets or "iop-run" in settings.targets:
         world.iop = start_iop(
             world.children,
             scratch / "iop",
-            openai_port=world.openai.port,
-            ollama_port=world.ollama.port if world.ollama is not None else None,
-            capacity=max(settings.levels) + 16,
+            openai_ports=openai_ports,
+            ollama_ports=ollama_ports,
+            capacity=capacity,
         )
         world.pids["iop-edge"] = world.iop.edge.pid
         world.pids["iop-node"] = world.iop.node.pid
@@ -319,71 +369,113 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
         world.managed = start_iop(
             world.children,
             scratch / "iop-managed",
-            openai_port=world.openai.port,
-            ollama_port=None,
-            capacity=max(settings.levels) + 16,
+            openai_ports=openai_ports,
+            ollama_ports={},
+            capacity=capacity,
             managed=True,
         )
         world.pids["iop-managed-edge"] = world.managed.edge.pid
         world.pids["iop-managed-node"] = world.managed.node.pid
-    if "litellm" in settings.targets:
-        world.litellm = start_litellm(
-            world.children, scratch / "litellm", settings.litellm_venv, world.openai.port
-        )
-        world.pids["litellm"] = world.litellm.child.pid
+    # The proxies start side by side (each takes a while to import), then are waited for.
+    for name, workers in LITELLM_TARGETS.items():
+        if name in settings.targets:
+            world.litellm[name] = start_litellm(
+                world.children,
+                scratch / name,
+                settings.litellm_venv,
+                openai_ports,
+                workers,
+                name,
+                wait=False,
+            )
+            world.pids[name] = world.litellm[name].child.pid
+    for proxy in world.litellm.values():
+        proxy.wait_ready()
+
+
+def shares(total: int, rounds: int) -> list[int]:
+    """``total`` requests split over ``rounds`` as evenly as possible."""
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
 
 
 def throughput(settings: Settings, world: World) -> list[dict[str, Any]]:
     """
-    Per level, ``rounds`` passes over the targets (each pass: warm-up, then its share of the
-    timed requests), so that a burst of outside noise lands on every target alike; the rounds'
-    samples are pooled per target.
+    Per cell set (mode and answer size) and level, ``rounds`` passes over the targets (each pass:
+    warm-up, then its share of the timed requests), so that a burst of outside noise lands on
+    every target alike; the rounds' samples are pooled per target. The LiteLLM targets get
+    ``litellm_requests`` timed requests, the others ``requests``.
     """
-    targets = build_targets(world, settings.targets)
     runs: list[dict[str, Any]] = []
-    for level in settings.levels:
-        parts: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
-        cpu: dict[str, dict[str, float]] = {t.name: {} for t in targets}
-        first: dict[str, dict[str, ProcSample]] = {}
-        last: dict[str, dict[str, ProcSample]] = {}
-        shares = [
-            settings.requests // settings.rounds
-            + (1 if i < settings.requests % settings.rounds else 0)
-            for i in range(settings.rounds)
-        ]
-        for share in shares:
-            for target in targets:
-                world.check()
-                before = world.samples()
-                part = run_loadgen(target, level, share, settings.warmup, raw=True)
-                after = world.samples()
-                first.setdefault(target.name, before)
-                last[target.name] = after
-                parts[target.name].append(part)
-                for name in target.servers:
-                    spent = after[name].cpu_seconds - before[name].cpu_seconds
-                    cpu[target.name][name] = cpu[target.name].get(name, 0.0) + spent
+    for mode in settings.modes:
+        for tokens in settings.tokens:
+            targets = build_targets(world, settings.targets, mode, tokens, settings.chunk_tokens)
+            for level in settings.levels:
+                runs += _level(settings, world, targets, level)
+    return runs
+
+
+def _level(
+    settings: Settings, world: World, targets: list[Target], level: int
+) -> list[dict[str, Any]]:
+    parts: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+    cpu: dict[str, dict[str, float]] = {t.name: {} for t in targets}
+    first: dict[str, dict[str, ProcSample]] = {}
+    last: dict[str, dict[str, ProcSample]] = {}
+    plan = {
+        t.name: shares(
+            settings.litellm_requests if t.name in LITELLM_TARGETS else settings.requests,
+            settings.rounds,
+        )
+        for t in targets
+    }
+    for index in range(settings.rounds):
         for target in targets:
-            result = combine(parts[target.name])
-            handled = result["requests"] + result["warmup"]["requests"]
-            result |= {"target": target.name, "baseline": target.baseline}
-            result["processes"] = {
-                name: {
-                    "before": first[target.name][name].as_dict(),
-                    "after": last[target.name][name].as_dict(),
-                    "cpu_seconds": round(cpu[target.name][name], 3),
-                    "cpu_ms_per_request": round(cpu[target.name][name] * 1000 / max(handled, 1), 4),
-                }
-                for name in target.servers
+            share = plan[target.name][index]
+            if share == 0:
+                continue
+            world.check()
+            before = world.samples()
+            part = run_loadgen(target, level, share, settings.warmup, raw=True)
+            after = world.samples()
+            first.setdefault(target.name, before)
+            last[target.name] = after
+            parts[target.name].append(part)
+            for name in target.servers:
+                spent = after[name].cpu_seconds - before[name].cpu_seconds
+                cpu[target.name][name] = cpu[target.name].get(name, 0.0) + spent
+    runs: list[dict[str, Any]] = []
+    for target in targets:
+        if not parts[target.name]:
+            continue
+        result = combine(parts[target.name])
+        handled = result["requests"] + result["warmup"]["requests"]
+        result |= {
+            "target": target.name,
+            "mode": target.mode,
+            "tokens": target.tokens,
+            "chunks": target.chunks,
+            "baseline": target.baseline,
+            # Seconds the load generator drove the target (warm-up included, like the CPU).
+            "wall_s": round(result["elapsed_s"] + result["warmup"]["elapsed_s"], 3),
+        }
+        result["processes"] = {
+            name: {
+                "before": first[target.name][name].as_dict(),
+                "after": last[target.name][name].as_dict(),
+                "cpu_seconds": round(cpu[target.name][name], 3),
+                "cpu_ms_per_request": round(cpu[target.name][name] * 1000 / max(handled, 1), 4),
             }
-            runs.append(result)
-            log(
-                f"c={level:<4} {target.name:<14} {result['rps']:>9.1f} req/s "
-                f"(rounds {', '.join(f'{r:.0f}' for r in result['rps_by_round'])})  "
-                f"TTFT p50 {result['ttft_ms']['p50']:>8.2f} ms  "
-                f"p50 {result['total_ms']['p50']:>8.2f} ms  "
-                f"p99 {result['total_ms']['p99']:>8.2f} ms  errors {result['errors']}"
-            )
+            for name in target.servers
+        }
+        runs.append(result)
+        log(
+            f"{target.mode:<10} {target.tokens:>3} tok c={level:<4} {target.name:<13} "
+            f"{result['rps']:>9.1f} req/s "
+            f"(rounds {', '.join(f'{r:.0f}' for r in result['rps_by_round'])})  "
+            f"TTFT p50 {result['ttft_ms']['p50']:>8.2f} ms  "
+            f"p50 {result['total_ms']['p50']:>8.2f} ms  "
+            f"p99 {result['total_ms']['p99']:>8.2f} ms  errors {result['errors']}"
+        )
     return runs
 
 
@@ -425,8 +517,9 @@ def kib(n: float) -> float:
 
 def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
     world = World()
+    tokens = settings.stream_tokens
     try:
-        world.openai = start_upstream(
+        upstream = start_upstream(
             world.children,
             scratch,
             "fake_openai",
@@ -440,12 +533,13 @@ def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
             ],
             "fake-openai-slow",
         )
-        world.pids["fake-openai"] = world.openai.child.pid
+        world.openai[tokens] = upstream
+        world.pids[openai_process(tokens)] = upstream.child.pid
         world.iop = start_iop(
             world.children,
             scratch / "iop-scale",
-            openai_port=world.openai.port,
-            ollama_port=None,
+            openai_ports={tokens: upstream.port},
+            ollama_ports={},
             capacity=max(settings.stream_levels) + 16,
             fake_nodes=settings.idle_nodes,
         )
@@ -511,14 +605,21 @@ def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
             f"{mib(before)} → {mib(after)} MiB"
         )
 
-        if "litellm" in settings.targets and litellm_available(settings.litellm_venv):
-            world.litellm = start_litellm(
-                world.children, scratch / "litellm-scale", settings.litellm_venv, world.openai.port
+        # LiteLLM with one worker beside it, when any LiteLLM target is on.
+        wants_litellm = any(name in settings.targets for name in LITELLM_TARGETS)
+        if wants_litellm and litellm_available(settings.litellm_venv):
+            world.litellm["litellm-1w"] = start_litellm(
+                world.children,
+                scratch / "litellm-scale",
+                settings.litellm_venv,
+                {tokens: upstream.port},
+                workers=1,
+                name="litellm-1w",
             )
-            world.pids["litellm"] = world.litellm.child.pid
-        names = ["direct", "iop-tunnel", *(["litellm"] if world.litellm is not None else [])]
+            world.pids["litellm-1w"] = world.litellm["litellm-1w"].child.pid
+        names = ["direct", "iop-tunnel", *world.litellm]
         streams: list[dict[str, Any]] = []
-        for target in build_targets(world, names):
+        for target in build_targets(world, names, STREAM, tokens):
             watched = {n: world.pids[n] for n in target.servers if n in world.pids}
             # A few streams first, so that what a server loads on its first request (imports,
             # pools) is in the baseline rather than charged to the streams.
@@ -531,6 +632,8 @@ def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
                     result = run_loadgen(target, level, level, 0, timeout=600)
                 entry: dict[str, Any] = {
                     "target": target.name,
+                    "mode": STREAM,
+                    "tokens": tokens,
                     "streams": level,
                     "ok": result["ok"],
                     "errors": result["errors"],
@@ -596,16 +699,40 @@ def environment(settings: Settings, world: World) -> dict[str, Any]:
         "commit": commit or None,
         "iop_code_modified_since_commit": modified == 1 if modified in (0, 1) else None,
     }
-    if world.litellm is not None:
-        env["litellm"] = {"version": world.litellm.version, "num_workers": world.litellm.workers}
+    if world.litellm:
+        env["litellm"] = {
+            "version": next(iter(world.litellm.values())).version,
+            "num_workers": {name: proxy.workers for name, proxy in world.litellm.items()},
+        }
     return env
 
 
 def parse_levels(text: str) -> list[int]:
-    levels = [int(x) for x in text.split(",") if x.strip()]
+    """Positive integers, comma-separated (levels, stream counts, tokens per answer)."""
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        levels = []
     if not levels or any(level < 1 for level in levels):
-        raise argparse.ArgumentTypeError("levels must be positive integers, comma-separated")
-    return levels
+        raise argparse.ArgumentTypeError("expected positive integers, comma-separated")
+    return list(dict.fromkeys(levels))
+
+
+def parse_modes(text: str) -> list[str]:
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)} (comma-separated)")
+    return list(dict.fromkeys(modes))
+
+
+def parse_targets(text: str) -> list[str]:
+    """Comma-separated target names; ``litellm`` stands for every LiteLLM target."""
+    targets: list[str] = []
+    for name in (t.strip() for t in text.split(",")):
+        if name:
+            targets += list(LITELLM_TARGETS) if name == "litellm" else [name]
+    return list(dict.fromkeys(targets))
 
 
 def parse_args(argv: Sequence[str]) -> Settings:
@@ -615,7 +742,17 @@ def parse_args(argv: Sequence[str]) -> Settings:
     )
     parser.add_argument("--smoke", action="store_true", help="seconds; no LiteLLM; tiny scale")
     parser.add_argument("--levels", type=parse_levels, help="concurrency levels (1,10,50,200)")
+    parser.add_argument(
+        "--modes",
+        type=parse_modes,
+        help=f"answer modes, comma-separated, from {','.join(MODES)} (default: both)",
+    )
     parser.add_argument("--requests", type=int, help="timed requests per target and level")
+    parser.add_argument(
+        "--litellm-requests",
+        type=int,
+        help="timed requests per LiteLLM target and level (default: --requests, at most 500)",
+    )
     parser.add_argument(
         "--rounds", type=int, help="passes over the targets per level (requests split evenly)"
     )
@@ -624,9 +761,15 @@ def parse_args(argv: Sequence[str]) -> Settings:
     )
     parser.add_argument(
         "--targets",
-        help=f"comma-separated, from {','.join(ALL_TARGETS)} (default: all)",
+        help=f"comma-separated, from {','.join(ALL_TARGETS)}; litellm = both LiteLLM targets "
+        "(default: all)",
     )
-    parser.add_argument("--tokens", type=int, default=64, help="tokens per upstream answer")
+    parser.add_argument(
+        "--tokens",
+        type=parse_levels,
+        help="tokens per upstream answer, comma-separated: one cell set each (default 32,64; "
+        "smoke 32)",
+    )
     parser.add_argument("--chunk-tokens", type=int, default=1, help="tokens per SSE chunk")
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--alias", default=HOST_ALIAS, help="machine alias in the file name")
@@ -640,20 +783,25 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--label", default="", help="a suffix for the result file names")
     args = parser.parse_args(list(argv))
     smoke = bool(args.smoke)
-    targets = [t.strip() for t in (args.targets or ",".join(ALL_TARGETS)).split(",") if t.strip()]
+    targets = parse_targets(args.targets or ",".join(ALL_TARGETS))
     unknown = sorted(set(targets) - set(ALL_TARGETS))
     if unknown:
         parser.error(f"unknown targets: {', '.join(unknown)}")
-    if smoke and "litellm" in targets and args.targets is None:
-        targets.remove("litellm")
+    if smoke and args.targets is None:
+        targets = [t for t in targets if t not in LITELLM_TARGETS]
+    if args.chunk_tokens < 1:
+        parser.error("--chunk-tokens must be >= 1")
+    requests = args.requests or (20 if smoke else 2000)
     return Settings(
         smoke=smoke,
         levels=args.levels or ([1, 4] if smoke else [1, 10, 50, 200]),
-        requests=args.requests or (20 if smoke else 2000),
+        requests=requests,
+        litellm_requests=args.litellm_requests or min(requests, 500),
         rounds=max(1, args.rounds or (1 if smoke else 3)),
         warmup=args.warmup if args.warmup is not None else (5 if smoke else 50),
         targets=targets,
-        tokens=args.tokens,
+        modes=args.modes or list(MODES),
+        tokens=args.tokens or ([32] if smoke else [32, 64]),
         chunk_tokens=args.chunk_tokens,
         out=args.out,
         alias=args.alias,
@@ -676,14 +824,15 @@ def _terminated(signum: int, frame: object) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_args(sys.argv[1:] if argv is None else argv)
     notes: list[str] = []
-    if "litellm" in settings.targets and not litellm_available(settings.litellm_venv):
-        settings.targets.remove("litellm")
+    wanted = [t for t in settings.targets if t in LITELLM_TARGETS]
+    if wanted and not litellm_available(settings.litellm_venv):
+        settings.targets[:] = [t for t in settings.targets if t not in LITELLM_TARGETS]
         notes.append(
             f"LiteLLM skipped: no proxy virtualenv at {settings.litellm_venv.name}/ "
             "(`make bench` creates it)"
         )
         log(notes[-1])
-    elif settings.smoke and "litellm" not in settings.targets:
+    elif settings.smoke and not wanted:
         notes.append("LiteLLM skipped in smoke mode")
         log(notes[-1])
     scratch = Path(tempfile.mkdtemp(prefix="iop-bench-"))
@@ -717,7 +866,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop_quietly(world.children)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     results.setdefault("environment", environment(settings, world))
-    failures += report.failures(results, settings.targets, settings.levels)
+    failures += report.failures(
+        results, settings.targets, settings.levels, settings.modes, settings.tokens
+    )
     results["failures"] = failures
     report.derive(results)
     json_path, md_path = report.write(

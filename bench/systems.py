@@ -1,16 +1,20 @@
 """
 The systems under test, each started as real processes on loopback in a private directory:
 
-- the fake upstreams (:mod:`iop.testing.fake_openai`, :mod:`iop.testing.fake_ollama`);
+- the fake upstreams (:mod:`iop.testing.fake_openai`, :mod:`iop.testing.fake_ollama`), one of
+  each per answer size (tokens per answer), every answer written at once (no delay);
 - IOP: one Edge and one Node as ``twistd`` daemons, TLS between them with a throwaway PKI and a
   random node token (handed over in the environment, never written to a file), the Edge's
-  OpenAI-compatible client listener on loopback without auth, and optionally many extra
-  ``nodes[]`` entries (``token_sha256`` only) for :mod:`bench.fakenodes`;
+  OpenAI-compatible client listener on loopback without auth, per answer size one adapter,
+  provider and pooled model for each fake upstream (``bench-tunnel-<tokens>``,
+  ``bench-run-<tokens>``), and optionally many extra ``nodes[]`` entries (``token_sha256``
+  only) for :mod:`bench.fakenodes`;
 - IOP in managed mode (``managed=True``): the same, plus mTLS with the node's workload
   certificate, a lease-signing key and the node's recipient key (:mod:`iop.security.keys`), and
   the provider bound to a credential slot whose secret (random, in a 0600 file) reaches the node
   only sealed in each tunnel request's lease;
-- the LiteLLM proxy from its own virtualenv, one model pointing at the fake OpenAI upstream.
+- the LiteLLM proxy from its own virtualenv with an explicit worker count, per answer size one
+  model (``bench-litellm-<tokens>``) pointing at that size's fake OpenAI upstream.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import secrets
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,12 +39,25 @@ from iop.testing.pki import DEFAULT_EDGE_NAME, create_dev_pki
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 NODE_NAME = "bench"
-# What the load generator asks for on each target.
+# What the load generator asks for on each target: the upstreams' own model names, and the
+# gateways' models, one per answer size (see the functions below).
 OPENAI_MODEL = "demo-model"
 OLLAMA_MODEL = "llama3.2"
-TUNNEL_MODEL = "bench-tunnel"
-RUN_MODEL = "bench-run"
-LITELLM_MODEL = "bench-litellm"
+
+
+def tunnel_model(tokens: int) -> str:
+    """IOP's pooled model over the ``openai_compat`` provider of the ``tokens``-token upstream."""
+    return f"bench-tunnel-{tokens}"
+
+
+def run_model(tokens: int) -> str:
+    """IOP's pooled model over the ``ollama`` provider of the ``tokens``-token upstream."""
+    return f"bench-run-{tokens}"
+
+
+def litellm_model(tokens: int) -> str:
+    """LiteLLM's model for the ``tokens``-token fake OpenAI upstream."""
+    return f"bench-litellm-{tokens}"
 
 
 def get_json(url: str, timeout: float = 5) -> Any:
@@ -118,49 +136,58 @@ def edge_config(
     node_port: int,
     admin_port: int,
     client_port: int,
-    openai_port: int,
-    ollama_port: int | None,
+    openai_ports: Mapping[int, int],
+    ollama_ports: Mapping[int, int],
     capacity: int,
     fake_digests: list[str],
     managed: bool = False,
 ) -> dict[str, Any]:
-    adapters: list[dict[str, Any]] = [
-        {
-            "name": "fake-openai",
-            "type": "openai_compat",
-            "base_url": f"http://127.0.0.1:{openai_port}/v1",
-            "max_concurrency": capacity,
-        }
-    ]
-    providers: list[dict[str, Any]] = [
-        {
-            "id": "bench-openai",
-            "adapter": "fake-openai",
-            "category": "api",
-            "models": [OPENAI_MODEL],
-            "capacity": capacity,
-        }
-    ]
-    models: list[dict[str, Any]] = [{"id": TUNNEL_MODEL, "providers": ["bench-openai"]}]
-    if ollama_port is not None:
+    """
+    ``openai_ports`` / ``ollama_ports``: the fake upstreams' ports by tokens per answer; each
+    gets its own adapter, provider and pooled model on the one Node.
+    """
+    adapters: list[dict[str, Any]] = []
+    providers: list[dict[str, Any]] = []
+    models: list[dict[str, Any]] = []
+    for tokens, port in sorted(openai_ports.items()):
         adapters.append(
             {
-                "name": "fake-ollama",
-                "type": "ollama",
-                "base_url": f"http://127.0.0.1:{ollama_port}",
+                "name": f"fake-openai-{tokens}",
+                "type": "openai_compat",
+                "base_url": f"http://127.0.0.1:{port}/v1",
                 "max_concurrency": capacity,
             }
         )
         providers.append(
             {
-                "id": "bench-ollama",
-                "adapter": "fake-ollama",
+                "id": f"bench-openai-{tokens}",
+                "adapter": f"fake-openai-{tokens}",
+                "category": "api",
+                "models": [OPENAI_MODEL],
+                "capacity": capacity,
+            }
+        )
+        models.append({"id": tunnel_model(tokens), "providers": [f"bench-openai-{tokens}"]})
+    openai_providers = list(providers)
+    for tokens, port in sorted(ollama_ports.items()):
+        adapters.append(
+            {
+                "name": f"fake-ollama-{tokens}",
+                "type": "ollama",
+                "base_url": f"http://127.0.0.1:{port}",
+                "max_concurrency": capacity,
+            }
+        )
+        providers.append(
+            {
+                "id": f"bench-ollama-{tokens}",
+                "adapter": f"fake-ollama-{tokens}",
                 "category": "local_inference",
                 "models": [OLLAMA_MODEL],
                 "capacity": capacity,
             }
         )
-        models.append({"id": RUN_MODEL, "providers": ["bench-ollama"]})
+        models.append({"id": run_model(tokens), "providers": [f"bench-ollama-{tokens}"]})
     nodes: list[dict[str, Any]] = [
         {
             "id": NODE_NAME,
@@ -177,7 +204,8 @@ def edge_config(
     if managed:
         tls["client_ca_file"] = "pki/ca.crt"
         nodes[0]["recipient_key_file"] = "keys/node.recipient.pub"
-        providers[0].update(profile="openai-chat", credential="upstream")
+        for provider in openai_providers:
+            provider.update(profile="openai-chat", credential="upstream")
         managed_parts = {
             "security": {"mode": "managed", "lease": {"signing_key_file": "keys/issuer.key"}},
             "credentials": [{"name": "upstream", "secret_file": "secrets/upstream.key"}],
@@ -212,15 +240,16 @@ def start_iop(
     children: Children,
     root: Path,
     *,
-    openai_port: int,
-    ollama_port: int | None,
+    openai_ports: Mapping[int, int],
+    ollama_ports: Mapping[int, int],
     capacity: int,
     fake_nodes: int = 0,
     managed: bool = False,
 ) -> IOP:
     """
     Write the PKI and configs under ``root``, start the Edge, then the Node; wait for ready.
-    ``managed``: managed mode (module docstring).
+    ``openai_ports`` / ``ollama_ports``: the fake upstreams by tokens per answer (see
+    :func:`edge_config`); ``managed``: managed mode (module docstring).
     """
     root.mkdir(parents=True, exist_ok=True)
     create_dev_pki(root / "pki", node_names=[NODE_NAME])
@@ -240,8 +269,8 @@ def start_iop(
         node_port=node_port,
         admin_port=admin_port,
         client_port=client_port,
-        openai_port=openai_port,
-        ollama_port=ollama_port,
+        openai_ports=openai_ports,
+        ollama_ports=ollama_ports,
         capacity=capacity,
         fake_digests=[hashlib.sha256(t.encode()).hexdigest() for t in fake_tokens],
         managed=managed,
@@ -302,15 +331,35 @@ def write_managed_keys(root: Path) -> None:
 
 # -- LiteLLM -------------------------------------------------------------------------------------
 
-LITELLM_WORKERS = 1
+
+# Seconds LiteLLM may take to start (it imports a lot; several workers import it at once).
+LITELLM_START_S = 300
 
 
 @dataclass
 class LiteLLM:
+    name: str
     port: int
     child: Child
     version: str
     workers: int
+
+    def wait_ready(self) -> None:
+        """Until the proxy answers ``/health/liveliness`` (BenchError if it exits or lingers)."""
+
+        def alive() -> bool:
+            if not self.child.running():
+                return True
+            try:
+                get_json(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=2)
+                return True
+            except (OSError, urllib.error.URLError, ValueError):
+                return False
+
+        wait_until(
+            alive, LITELLM_START_S, f"the LiteLLM proxy ({self.name}) to answer /health/liveliness"
+        )
+        self.child.check()
 
 
 def litellm_available(venv: Path) -> bool:
@@ -323,24 +372,35 @@ def litellm_version(venv: Path) -> str:
     return "unknown"
 
 
-def start_litellm(children: Children, root: Path, venv: Path, openai_port: int) -> LiteLLM:
+def start_litellm(
+    children: Children,
+    root: Path,
+    venv: Path,
+    openai_ports: Mapping[int, int],
+    workers: int = 1,
+    name: str = "litellm",
+    wait: bool = True,
+) -> LiteLLM:
     """
-    The LiteLLM proxy: no database, no telemetry, the local model cost map (no network), no
-    retries, no client auth, an explicit worker count, one model ``openai/<name>`` at the fake
-    upstream.
+    The LiteLLM proxy on its own port: no database, no telemetry, the local model cost map (no
+    network), no retries, no client auth, ``workers`` worker processes, per answer size one
+    model ``openai/<name>`` at that size's fake upstream (:func:`litellm_model`). ``name``
+    names the child (and its log). ``wait``: return once it answers (else call
+    :meth:`LiteLLM.wait_ready`, e.g. after starting another one beside it).
     """
     root.mkdir(parents=True, exist_ok=True)
     config = {
         "model_list": [
             {
-                "model_name": LITELLM_MODEL,
+                "model_name": litellm_model(tokens),
                 "litellm_params": {
                     "model": f"openai/{OPENAI_MODEL}",
-                    "api_base": f"http://127.0.0.1:{openai_port}/v1",
+                    "api_base": f"http://127.0.0.1:{port}/v1",
                     "api_key": "sk-bench-not-a-secret",
                     "max_retries": 0,
                 },
             }
+            for tokens, port in sorted(openai_ports.items())
         ],
         "litellm_settings": {"num_retries": 0, "request_timeout": 120, "telemetry": False},
         "router_settings": {"num_retries": 0},
@@ -348,7 +408,7 @@ def start_litellm(children: Children, root: Path, venv: Path, openai_port: int) 
         # this LiteLLM only accepts when told so explicitly.
         "general_settings": {"dangerously_permit_weak_or_unset_master_key": True},
     }
-    path = root / "litellm.yaml"
+    path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     port = free_port()
     env = base_env()
@@ -356,7 +416,7 @@ def start_litellm(children: Children, root: Path, venv: Path, openai_port: int) 
     env["LITELLM_TELEMETRY"] = "False"
     env["NO_PROXY"] = "127.0.0.1,localhost"
     child = children.start(
-        "litellm",
+        name,
         [
             str(venv / "bin" / "litellm"),
             "--config",
@@ -366,27 +426,23 @@ def start_litellm(children: Children, root: Path, venv: Path, openai_port: int) 
             "--port",
             str(port),
             "--num_workers",
-            str(LITELLM_WORKERS),
+            str(workers),
+            # With several workers uvicorn's supervisor kills a worker that has not answered
+            # its health check within a few seconds, and importing the proxy takes longer than
+            # that on a busy machine: the workers would be restarted forever.
+            *(["--timeout_worker_healthcheck", str(LITELLM_START_S)] if workers > 1 else []),
             "--telemetry",
             "False",
         ],
         env,
-        root / "litellm.log",
+        root / f"{name}.log",
         root,
     )
 
-    def alive() -> bool:
-        if not child.running():
-            return True
-        try:
-            get_json(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
-            return True
-        except (OSError, urllib.error.URLError, ValueError):
-            return False
-
-    wait_until(alive, 120, "the LiteLLM proxy to answer /health/liveliness")
-    child.check()
-    return LiteLLM(port, child, litellm_version(venv), LITELLM_WORKERS)
+    proxy = LiteLLM(name, port, child, litellm_version(venv), workers)
+    if wait:
+        proxy.wait_ready()
+    return proxy
 
 
 def stop_quietly(children: Children) -> None:

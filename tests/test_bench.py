@@ -1,0 +1,167 @@
+"""
+The benchmark harness's own logic, without running a benchmark: what the load generator counts
+as a whole answer, the command line's cells (modes, answer sizes, LiteLLM targets), and the
+report's figures and goals from known results. ``make bench-smoke`` runs the harness for real.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from bench import report
+from bench.loadgen import JSON, SSE, EventScanner, is_answer
+from bench.run import parse_args
+
+COMPLETION = {"id": "x", "object": "chat.completion", "choices": [{"index": 0}]}
+OLLAMA = {"model": "m", "message": {"role": "assistant", "content": "hi"}, "done": True}
+
+
+def test_whole_answers() -> None:
+    assert is_answer(json.dumps(COMPLETION).encode())
+    assert is_answer(json.dumps(OLLAMA).encode())
+    assert not is_answer(json.dumps({**COMPLETION, "choices": []}).encode())
+    assert not is_answer(json.dumps({**OLLAMA, "done": False}).encode())
+    assert not is_answer(b'data: {"choices": [{}]}\n\ndata: [DONE]\n\n')
+    assert not is_answer(b"[1, 2]")
+
+
+def test_json_scanner_times_the_first_byte_and_judges_the_body() -> None:
+    scanner = EventScanner(JSON, start=0.0)
+    body = json.dumps(COMPLETION).encode()
+    scanner.feed(body[:5])
+    assert not math.isnan(scanner.ttfb)
+    scanner.feed(body[5:])
+    scanner.end()
+    assert scanner.terminated
+
+    cut = EventScanner(JSON, start=0.0)
+    cut.feed(body[:-1])
+    cut.end()
+    assert not cut.terminated
+
+
+def test_sse_scanner_needs_done() -> None:
+    scanner = EventScanner(SSE, start=0.0)
+    scanner.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: [DONE]')
+    scanner.end()
+    assert scanner.terminated and not math.isnan(scanner.ttft)
+
+
+def test_cells_on_the_command_line() -> None:
+    smoke = parse_args(["--smoke"])
+    assert smoke.modes == ["stream", "non-stream"]
+    assert smoke.tokens == [32]
+    assert not any(t.startswith("litellm") for t in smoke.targets)
+    full = parse_args([])
+    assert full.tokens == [32, 64]
+    assert {"litellm-1w", "litellm-2w"} <= set(full.targets)
+    assert full.litellm_requests == 500
+    picked = parse_args(["--targets", "iop-tunnel,litellm", "--modes", "non-stream"])
+    assert picked.targets == ["iop-tunnel", "litellm-1w", "litellm-2w"]
+    assert picked.modes == ["non-stream"]
+
+
+def run(
+    target: str,
+    mode: str,
+    tokens: int,
+    rps: float,
+    p50: float,
+    cpu: dict[str, float],
+    baseline: str | None = None,
+) -> dict[str, Any]:
+    times = {"p50": p50, "p90": p50, "p99": p50, "mean": p50}
+    return {
+        "target": target,
+        "mode": mode,
+        "tokens": tokens,
+        "chunks": tokens,
+        "concurrency": 1,
+        "baseline": baseline,
+        "requests": 100,
+        "ok": 100,
+        "errors": 0,
+        "error_kinds": {},
+        "warmup": {"requests": 0, "errors": 0},
+        "rps": rps,
+        "rps_by_round": [rps],
+        "bytes_per_s": 0.0,
+        "ttfb_ms": times,
+        "ttft_ms": times,
+        "total_ms": times,
+        "wall_s": 0.5,
+        "processes": {
+            name: {"cpu_ms_per_request": ms, "cpu_seconds": ms / 10, "after": {"rss_mib": 1.0}}
+            for name, ms in cpu.items()
+        },
+    }
+
+
+def known_results() -> dict[str, Any]:
+    edge_node = {"iop-edge": 0.3, "iop-node": 0.3, "fake-openai-32": 0.5}
+    runs = [
+        run("direct", mode, 32, 2000.0, 1.0, {"fake-openai-32": 0.5})
+        for mode in ("stream", "non-stream")
+    ]
+    runs += [
+        # Stream: 0.6 ms / 32 chunks = 18.75 µs per chunk; added p50 1.5 ms (goal 1.2: miss).
+        run("iop-tunnel", "stream", 32, 500.0, 2.5, edge_node, "direct"),
+        run("litellm-1w", "stream", 32, 20.0, 50.0, {"litellm-1w": 40.0}, "direct"),
+        run("litellm-2w", "stream", 32, 30.0, 40.0, {"litellm-2w": 45.0}, "direct"),
+        # Non-stream: 0.9 ms per request (goal 0.8: miss); added p50 0.5 ms (goal 1: pass).
+        run("iop-tunnel", "non-stream", 32, 600.0, 1.5, {**edge_node, "iop-node": 0.6}, "direct"),
+        run("litellm-1w", "non-stream", 32, 25.0, 40.0, {"litellm-1w": 30.0}, "direct"),
+    ]
+    return {
+        "date": "2026-01-01",
+        "settings": {"targets": ["direct", "iop-tunnel", "litellm-1w", "litellm-2w"]},
+        "environment": {"host_alias": "test"},
+        "throughput": runs,
+    }
+
+
+def test_figures_and_goals() -> None:
+    results = known_results()
+    report.derive(results)
+    figures = {f["mode"]: f for f in results["figures"]}
+    stream, whole = figures["stream"], figures["non-stream"]
+    assert stream["edge_node_cpu_us_per_chunk"] == 18.75
+    assert stream["added_p50_ms"] == 1.5
+    assert stream["vs_litellm_1w"] == 25.0
+    # The better LiteLLM (2 workers here) in that cell.
+    assert (stream["vs_best_litellm"], stream["best_litellm"]) == (16.667, "litellm-2w")
+    assert stream["vs_direct"] == 0.25
+    # 100 requests of 0.6 ms of Edge + Node CPU in half a second.
+    assert stream["edge_node_cores"] == 0.12
+    assert whole["edge_node_cpu_ms_per_request"] == 0.9
+    assert whole["edge_node_cpu_us_per_chunk"] is None
+    marks = {(mode, g["goal"]): g["pass"] for mode, f in figures.items() for g in f["goals"]}
+    assert marks == {
+        ("stream", "Edge + Node CPU per streamed chunk ≤ 20 µs"): True,
+        ("stream", "added p50 at c=1 ≤ 1.2 ms, 32-chunk stream"): False,
+        ("stream", "throughput ≥ 20x LiteLLM (1 worker) at c=1, 10, 50"): True,
+        ("non-stream", "Edge + Node CPU per non-stream request ≤ 0.8 ms"): False,
+        ("non-stream", "added p50 at c=1 ≤ 1 ms, non-stream"): True,
+        ("non-stream", "throughput ≥ 20x LiteLLM (1 worker) at c=1, 10, 50"): True,
+    }
+    summary = {g["goal"]: g for g in results["goals"]}
+    assert summary["throughput ≥ 20x LiteLLM (1 worker) at c=1, 10, 50"]["worst"] == 24.0
+
+    ratios = {(r["mode"], r["ratio"], r["metric"]): r for r in results["ratios"]}
+    best = ratios[("stream", "IOP tunnel / best LiteLLM", "throughput (req/s)")]
+    assert best["by_level"] == {"1": 16.667}
+    assert best["reference_by_level"] == {"1": "litellm-2w"}
+
+    text = report.markdown(results)
+    assert "## Figures that carry across machines, and the goals" in text
+    assert "| iop-tunnel | stream | 32 | 1 | 18.8 µs/chunk | pass (≤ 20) | 0.12 | 1.50 |" in text
+    assert "0.900 ms/request | **miss** (≤ 0.8)" in text
+
+
+def test_failures_name_the_cell() -> None:
+    results = known_results()
+    results["throughput"][2]["errors"] = 3
+    found = report.failures(results, ["iop-tunnel"], [1], ["stream", "non-stream"], [32])
+    assert found == ["iop-tunnel stream 32 tokens at concurrency 1: 3 errors (0 in warm-up): {}"]
