@@ -454,3 +454,17 @@ class RecordedRefusalTests(ChannelCase):
             ],
         )
         self.assertAlmostEqual(refusals[1].duration, 11.0)
+
+
+class FormBodyTests(ChannelCase):
+    def test_a_form_body_is_not_parsed_and_gets_the_surface_error(self) -> None:
+        for content_type in (
+            b"multipart/form-data; boundary=x",
+            b"application/x-www-form-urlencoded",
+        ):
+            body = b"not a multipart body"
+            headers = b"Content-Type: " + content_type + b"\r\nContent-Length: %d\r\n" % len(body)
+            connection = self.exchange(post("/v1/chat/completions", headers, body))
+            [response] = connection.responses()
+            self.assertEqual(response.status, 400, content_type)
+            self.assertEqual(set(response.json()), {"error"}, content_type)
