@@ -467,4 +467,6 @@ class FormBodyTests(ChannelCase):
             connection = self.exchange(post("/v1/chat/completions", headers, body))
             [response] = connection.responses()
             self.assertEqual(response.status, 400, content_type)
-            self.assertEqual(set(response.json()), {"error"}, content_type)
+            error = response.json()["error"]
+            # The app's answer (the body is not JSON), not a refusal before it.
+            self.assertEqual(error["code"], "invalid_json", content_type)
