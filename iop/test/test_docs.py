@@ -31,6 +31,7 @@ from iop.config.edge import parse_edge_config
 from iop.config.model import DEFAULT_MAX_CONNECTIONS
 from iop.edge import tap as edge_tap
 from iop.edge.errors import Overloaded, QueueTimeout, Unavailable, UnknownModel
+from iop.edge.registry import REJECT_REASONS
 from iop.node import tap as node_tap
 from iop.security.lease import LEASE_ERRORS
 from iop.wire import runtime_pb2 as pb
@@ -225,7 +226,8 @@ class TroubleshootingTests(SynchronousTestCase):
             "request_too_large",
             "too_many_connections",
         ]
-        for name in [*reject_codes, *LEASE_ERRORS, *pool_codes, *client_codes]:
+        names = [*reject_codes, *REJECT_REASONS, *LEASE_ERRORS, *pool_codes, *client_codes]
+        for name in names:
             self.assertIn(f"`{name}`", text, f"troubleshooting.md does not explain {name}")
 
 
