@@ -47,6 +47,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The OpenAI Chat protocol profile of write_chat_edge_config's provider.
+OPENAI_CHAT_PROFILE: dict[str, Any] = {
+    "name": "openai-chat",
+    "driver": "openai_chat",
+    "operations": {"chat_completions": "/chat/completions"},
+    "capabilities": ["chat", "streaming", "tools"],
+}
+
+
 @dataclass
 class Daemon:
     name: str
@@ -185,6 +194,46 @@ class Cluster:
         path = self.root / "edge.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
+
+    def write_chat_edge_config(
+        self, upstream_port: int, *, capacity: int = 4, **overrides: Any
+    ) -> Path:
+        """
+        The one-provider Edge several suites use: node-a's ``openai_compat`` adapter at the fake
+        OpenAI upstream on ``upstream_port``, provider ``p-chat`` (profile ``openai-chat``,
+        ``capacity``) serving model ``chat``, the client API with auth on; ``overrides`` as
+        :meth:`write_edge_config`'s (e.g. ``openai=`` with CORS).
+        """
+        config: dict[str, Any] = {
+            "protocol_profiles": [OPENAI_CHAT_PROFILE],
+            "nodes": [
+                {
+                    "id": "node-a",
+                    "token": "${IOP_TEST_NODE_TOKEN}",
+                    "adapters": [
+                        {
+                            "name": "fake-openai",
+                            "type": "openai_compat",
+                            "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+                        }
+                    ],
+                    "providers": [
+                        {
+                            "id": "p-chat",
+                            "adapter": "fake-openai",
+                            "category": "api",
+                            "models": ["demo-model"],
+                            "profile": "openai-chat",
+                            "capacity": capacity,
+                        }
+                    ],
+                }
+            ],
+            "models": [{"id": "chat", "providers": ["p-chat"], "default_max_tokens": 64}],
+            "openai": self.client_api(),
+        }
+        config.update(overrides)
+        return self.write_edge_config(**config)
 
     def start_fake(self, module: str, *args: str) -> int:
         """Start ``python -m iop.testing.<module> --port P ...``; return its port once open."""

@@ -18,6 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -30,47 +31,11 @@ TOKENS = 6
 BEFORE = 4
 WHILE_OPEN = 3
 ADMIN_TOKEN = "systest-console-admin-token"
-PROFILES = [
-    {
-        "name": "openai-chat",
-        "driver": "openai_chat",
-        "operations": {"chat_completions": "/chat/completions"},
-        "capabilities": ["chat", "streaming", "tools"],
-    },
-]
 
 
-def configure(cluster: Cluster, **extra: object) -> None:
+def configure(cluster: Cluster, **extra: Any) -> None:
     upstream = cluster.start_fake("fake_openai", "--tokens", str(TOKENS))
-    cluster.write_edge_config(
-        protocol_profiles=PROFILES,
-        nodes=[
-            {
-                "id": "node-a",
-                "token": "${IOP_TEST_NODE_TOKEN}",
-                "adapters": [
-                    {
-                        "name": "fake-openai",
-                        "type": "openai_compat",
-                        "base_url": f"http://127.0.0.1:{upstream}/v1",
-                    }
-                ],
-                "providers": [
-                    {
-                        "id": "p-chat",
-                        "adapter": "fake-openai",
-                        "category": "api",
-                        "models": ["demo-model"],
-                        "profile": "openai-chat",
-                        "capacity": 4,
-                    }
-                ],
-            }
-        ],
-        models=[{"id": "chat", "providers": ["p-chat"], "default_max_tokens": 64}],
-        openai=cluster.client_api(),
-        **extra,
-    )
+    cluster.write_chat_edge_config(upstream, **extra)
 
 
 @pytest.fixture

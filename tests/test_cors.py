@@ -26,14 +26,6 @@ from iop.testing.fake_openai import fake_text
 from tests.harness import CLIENT_KEY, Cluster, free_port, wait_until
 
 TOKENS = 6
-PROFILES = [
-    {
-        "name": "openai-chat",
-        "driver": "openai_chat",
-        "operations": {"chat_completions": "/chat/completions"},
-        "capabilities": ["chat", "streaming", "tools"],
-    },
-]
 
 # The page's script: every call's outcome, then POST /result to its own origin.
 PAGE = """<!doctype html>
@@ -187,33 +179,8 @@ def edge(cluster: Cluster) -> Iterator[tuple[Cluster, PageServer, PageServer]]:
     allowed = PageServer(browser_edge)
     other = PageServer(browser_edge)
     upstream = cluster.start_fake("fake_openai", "--tokens", str(TOKENS))
-    cluster.write_edge_config(
-        protocol_profiles=PROFILES,
-        nodes=[
-            {
-                "id": "node-a",
-                "token": "${IOP_TEST_NODE_TOKEN}",
-                "adapters": [
-                    {
-                        "name": "fake-openai",
-                        "type": "openai_compat",
-                        "base_url": f"http://127.0.0.1:{upstream}/v1",
-                    }
-                ],
-                "providers": [
-                    {
-                        "id": "p-chat",
-                        "adapter": "fake-openai",
-                        "category": "api",
-                        "models": ["demo-model"],
-                        "profile": "openai-chat",
-                        "capacity": 4,
-                    }
-                ],
-            }
-        ],
-        models=[{"id": "chat", "providers": ["p-chat"], "default_max_tokens": 64}],
-        openai=cluster.client_api(cors={"allow_origins": [allowed.origin]}),
+    cluster.write_chat_edge_config(
+        upstream, openai=cluster.client_api(cors={"allow_origins": [allowed.origin]})
     )
     cluster.start_edge()
     cluster.start_node()

@@ -20,12 +20,6 @@ from iop.testing.fake_openai import fake_text
 from tests.harness import CLIENT_KEY, Cluster, wait_until
 
 TOKENS = 8
-PROFILE = {
-    "name": "openai-chat",
-    "driver": "openai_chat",
-    "operations": {"chat_completions": "/chat/completions"},
-    "capabilities": ["chat", "streaming", "tools"],
-}
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -53,34 +47,7 @@ def total(samples: Samples, name: str, **match: str) -> float:
 @pytest.fixture
 def edge(cluster: Cluster) -> Cluster:
     port = cluster.start_fake("fake_openai", "--delay-ms", "2", "--tokens", str(TOKENS))
-    cluster.write_edge_config(
-        protocol_profiles=[PROFILE],
-        nodes=[
-            {
-                "id": "node-a",
-                "token": "${IOP_TEST_NODE_TOKEN}",
-                "adapters": [
-                    {
-                        "name": "fake-openai",
-                        "type": "openai_compat",
-                        "base_url": f"http://127.0.0.1:{port}/v1",
-                    }
-                ],
-                "providers": [
-                    {
-                        "id": "p-chat",
-                        "adapter": "fake-openai",
-                        "category": "api",
-                        "models": ["demo-model"],
-                        "profile": "openai-chat",
-                        "capacity": 2,
-                    }
-                ],
-            }
-        ],
-        models=[{"id": "chat", "providers": ["p-chat"], "default_max_tokens": 64}],
-        openai=cluster.client_api(),
-    )
+    cluster.write_chat_edge_config(port, capacity=2)
     cluster.start_edge()
     cluster.start_node()
     wait_until(cluster.node_connected, 20, "node-a connected")
