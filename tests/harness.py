@@ -235,6 +235,29 @@ class Cluster:
         config.update(overrides)
         return self.write_edge_config(**config)
 
+    def join_node(self, token_file: Path, *extra: str) -> Daemon:
+        """A node started with the one-line join (no node.yaml): ``twistd -n iop-node --edge
+        --token-file --ca-file --store`` plus ``extra`` flags."""
+        argv = [
+            TWISTD,
+            "--nodaemon",
+            "--pidfile=",
+            "--logfile=-",
+            "iop-node",
+            "--edge",
+            f"127.0.0.1:{self.node_port}",
+            "--token-file",
+            str(token_file),
+            "--ca-file",
+            str(self.root / "pki" / "ca.crt"),
+            "--store",
+            f"file:{self.root}/joined.db?cache=shared&mode=rwc",
+            *extra,
+        ]
+        node = Daemon("joined", argv, self.env, self.root / "joined.log")
+        self.daemons.append(node)
+        return node.start()
+
     def start_fake(self, module: str, *args: str) -> int:
         """Start ``python -m iop.testing.<module> --port P ...``; return its port once open."""
         port = free_port()

@@ -177,25 +177,7 @@ def test_logfile_flag_and_one_line_join(cluster: Cluster) -> None:
     wait_until(lambda: port_open(cluster.client_port), 20, "edge client API port")
     token_file = cluster.root / "node.token"
     token_file.write_text(cluster.token + "\n")
-    node_argv = [
-        TWISTD,
-        "--nodaemon",
-        "--pidfile=",
-        "--logfile=-",
-        "iop-node",
-        "--edge",
-        f"127.0.0.1:{cluster.node_port}",
-        "--token-file",
-        str(token_file),
-        "--ca-file",
-        str(cluster.root / "pki" / "ca.crt"),
-        "--store",
-        f"file:{cluster.root}/joined.db?cache=shared&mode=rwc",
-        "--log-format",
-        "json",
-    ]
-    node = Daemon("joined", node_argv, cluster.env, cluster.root / "joined.log")
-    cluster.daemons.append(node.start())
+    node = cluster.join_node(token_file, "--log-format", "json")
     serve_and_stop(cluster, node, edge)
 
     assert edge.output() == "", edge.output()

@@ -6,31 +6,8 @@ flags (``--edge HOST:PORT --token-file F --ca-file F``), no node.yaml.
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
-from tests.harness import TWISTD, Cluster, Daemon, wait_until
-
-
-def join_node(cluster: Cluster, token_file: Path, *extra: str) -> Daemon:
-    argv = [
-        TWISTD,
-        "--nodaemon",
-        "--pidfile=",
-        "--logfile=-",
-        "iop-node",
-        "--edge",
-        f"127.0.0.1:{cluster.node_port}",
-        "--token-file",
-        str(token_file),
-        "--ca-file",
-        str(cluster.root / "pki" / "ca.crt"),
-        "--store",
-        f"file:{cluster.root}/joined.db?cache=shared&mode=rwc",
-        *extra,
-    ]
-    node = Daemon("joined", argv, cluster.env, cluster.root / "joined.log")
-    cluster.daemons.append(node)
-    return node.start()
+from tests.harness import Cluster, wait_until
 
 
 def test_node_joined_with_flags_registers_and_becomes_ready(cluster: Cluster) -> None:
@@ -39,7 +16,7 @@ def test_node_joined_with_flags_registers_and_becomes_ready(cluster: Cluster) ->
     token_file.chmod(0o600)
     cluster.start_edge()
     # No --server-name: the default (edge.iop.internal) is the name the Edge's certificate has.
-    join_node(cluster, token_file)
+    cluster.join_node(token_file)
     wait_until(cluster.node_connected, 20, "node-a connected")
     chat = cluster.provider("a-chat")
     assert (chat["status"], chat["health"], chat["capacity"]) == ("available", "healthy", 2)
@@ -47,7 +24,7 @@ def test_node_joined_with_flags_registers_and_becomes_ready(cluster: Cluster) ->
 
 def test_missing_token_file_fails_at_start_naming_the_flag(cluster: Cluster) -> None:
     missing = cluster.root / "absent.token"
-    node = join_node(cluster, missing)
+    node = cluster.join_node(missing)
     try:
         code = node.wait(30)
     except subprocess.TimeoutExpired:
