@@ -33,9 +33,10 @@ from typing import Any
 
 import yaml
 
-from bench.procs import BenchError, Child, Children, free_port, port_open, wait_until
+from bench.procs import BenchError, Child, Children, port_open, wait_until
 from iop.security.keys import generate_issuer, generate_recipient, write_issuer, write_recipient
 from iop.testing.pki import DEFAULT_EDGE_NAME, create_dev_pki
+from iop.testing.ports import free_port
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 NODE_NAME = "bench"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from iop.testing.pki import create_dev_pki
-from tests.harness import Cluster, free_port
+from iop.testing.ports import free_port
+from tests.harness import Cluster
 
 ERROR_MARKERS = ("Traceback (most recent call last)", "Unhandled Error", "Unhandled error")
 

@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from iop.testing.ports import free_port
+
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 # Client API keys of a cluster whose config uses :meth:`Cluster.client_api`: one for every model,
 # one limited to the models named there.
@@ -39,12 +41,6 @@ def agent_cli(name: str) -> str:
     if not path.exists():
         pytest.skip(f"{name} is not installed (make agents: npm could not install it)")
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # The OpenAI Chat protocol profile of write_chat_edge_config's provider.

@@ -17,7 +17,8 @@ from typing import Any
 
 import yaml
 
-from tests.harness import Cluster, free_port, wait_until
+from iop.testing.ports import free_port
+from tests.harness import Cluster, wait_until
 
 LISTS = ("changed_nodes", "changed_providers", "changed_models", "reports")
 

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 
 from iop.testing.fake_openai import fake_text
-from tests.harness import CLIENT_KEY, Cluster, free_port, wait_until
+from iop.testing.ports import free_port
+from tests.harness import CLIENT_KEY, Cluster, wait_until
 
 TOKENS = 6
 

@@ -37,9 +37,10 @@ from iop.security.lease import issue_lease
 from iop.security.tls import server_context_factory
 from iop.testing.fake_openai import fake_text
 from iop.testing.pki import create_dev_pki
+from iop.testing.ports import free_port
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import EnvelopeProtocol
-from tests.harness import CLIENT_KEY, Cluster, Daemon, free_port, port_open, wait_until
+from tests.harness import CLIENT_KEY, Cluster, Daemon, port_open, wait_until
 
 TOKENS = 5
 PROFILE = {
