@@ -24,12 +24,13 @@ OpenAI-compatible provider, and its response goes back to the Edge as ordered
 
 Frames per run id carry ``sequence`` 1, 2, 3…: at most one ``RESPONSE_START``, first;
 ``BODY`` frames only after it, each at most :data:`BODY_FRAME_BYTES`, concatenating to exactly
-the bytes the upstream sent; then exactly one ``END`` or ``ERROR``, and nothing after it. An
-upstream non-2xx answer is not an error: it is passed through (``RESPONSE_START`` with its
-status, its body, ``END``). ``USAGE`` is observation only: the body is read on the side (SSE
-events or one JSON document) for the usage the provider reported, and one ``USAGE`` frame goes
-out before ``END`` when there was any. The body itself is never parsed into anything else,
-re-encoded or held back.
+the bytes the upstream sent (the chunks that arrive in one reactor turn go out in one frame);
+then exactly one ``END`` or ``ERROR``, and nothing after it. An upstream non-2xx answer is not
+an error: it is passed through (``RESPONSE_START`` with its status, its body, ``END``).
+``USAGE`` is observation only: the body is read on the side (SSE events or one JSON document)
+for the usage the provider reported, and one ``USAGE`` frame goes out before ``END`` when there
+was any. The body itself is never parsed into anything else, re-encoded or held back beyond the
+end of its reactor turn.
 
 Admission goes through the adapter instance's :class:`~iop.node.adapters.capacity.CapacityGate`,
 the same gate normalized runs use, on the same path (:class:`~iop.node.work.WorkManager`); an
@@ -58,6 +59,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -155,6 +157,11 @@ HOP_BY_HOP_HEADERS = frozenset(
         "content-length",
     }
 )
+
+
+# An event that may report usage: a "usage" key whose value is an object (content deltas have
+# none, or ``"usage": null``).
+_USAGE_OBJECT = re.compile(r'"usage"\s*:\s*\{')
 
 
 def _seconds(value: float) -> str:
@@ -292,7 +299,8 @@ class UsageObserver:
         self.log.debug("not observing tunnel usage: {why}", why=why)
 
     def _event(self, data: str) -> None:
-        if data.strip() == "[DONE]":
+        # Most events are content deltas without a usage object: not decoded at all.
+        if _USAGE_OBJECT.search(data) is None:
             return
         try:
             value = json.loads(data)
@@ -495,6 +503,10 @@ class _Tunnel:
         self._idle_call: IDelayedCall | None = None
         self._bound_call: IDelayedCall | None = None
         self._idle = float(provider.idle_timeout or DEFAULT_IDLE_TIMEOUT)
+        # Body bytes of this reactor turn, not yet in a frame (:meth:`_held_body`).
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        self._flush_call: IDelayedCall | None = None
 
     @property
     def adapter(self) -> str:
@@ -567,14 +579,14 @@ class _Tunnel:
         observer = self._observer(response)
 
         def on_data(data: bytes) -> None:
-            self._touch()
-            self.frames.body(data)
+            self._held_body(data)
             if observer is not None:
                 observer.feed(data)
 
         reason = await read_body(response, on_data)
         if self.over:
             return
+        self._send_held_body()
         if not ended_cleanly(reason):
             self._end(
                 f"upstream connection lost after {self.frames.body_bytes} body bytes: "
@@ -585,6 +597,34 @@ class _Tunnel:
         if usage is not None:
             self.frames.usage(usage)
         self._end(None)
+
+    # -- body frames -------------------------------------------------------------------------
+
+    def _held_body(self, data: bytes) -> None:
+        """
+        Hold ``data`` for this reactor turn: an upstream that answers many chunks at once (a
+        burst of SSE events, one TCP read) goes out as one ``BODY`` frame, not one per chunk;
+        what arrives alone still goes out at the end of its turn. Bytes and order are untouched.
+        """
+        if self._flush_call is None:
+            # Data arrived: the idle timer restarts (once per turn is enough).
+            self._touch()
+            self._flush_call = self.manager.clock.callLater(0, self._send_held_body)
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes >= self.manager.body_frame_bytes:
+            self._send_held_body()
+
+    def _send_held_body(self) -> None:
+        call, self._flush_call = self._flush_call, None
+        if call is not None and call.active():
+            call.cancel()
+        if not self._held:
+            return
+        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        self._held = []
+        self._held_bytes = 0
+        self.frames.body(data)
 
     def _observer(self, response: IResponse) -> UsageObserver | None:
         if self.operation not in USAGE_OPERATIONS or not 200 <= response.code < 300:
@@ -641,6 +681,8 @@ class _Tunnel:
         """
         if self.over:
             return
+        # What the upstream sent before the end goes first.
+        self._send_held_body()
         self.over = True
         self._request = None
         self._disarm()

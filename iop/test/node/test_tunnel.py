@@ -202,12 +202,17 @@ class TunnelCase(SynchronousTestCase):
 
     def open(self, body: dict[str, Any] | bytes | None = None, **kwargs: Any) -> None:
         self.tunnels.submit(self.request(body, **kwargs))
-        self.http.flush()
+        self.end_turn()
 
     def advance(self, seconds: float, steps: int = 1) -> None:
         for _ in range(steps):
             self.clock.advance(seconds / steps)
-            self.http.flush()
+            self.end_turn()
+
+    def end_turn(self) -> None:
+        """What the upstream has sent arrives, and the reactor turn ends (held body goes out)."""
+        self.http.flush()
+        self.clock.advance(0)
 
     # -- reading what was sent ---------------------------------------------------------------
 
@@ -287,6 +292,28 @@ class StreamTests(TunnelCase):
         self.assertIn(b"tok0", self.body())
         self.assertNotIn(b"tok1", self.body())
         self.advance(3, steps=3)
+        self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
+        self.assertValid()
+
+    def test_chunks_of_one_turn_go_in_one_body_frame(self) -> None:
+        self.use_fake(tokens=16)
+        self.tunnels.submit(self.request(chat()))
+        self.http.flush()
+        # The whole answer arrived in this turn: one BODY frame, sent when the turn ends.
+        self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
+        bodies = [f for f in self.frames() if f.kind == pb.BODY]
+        self.assertEqual(len(bodies), 1)
+        self.assertIn(b"data: [DONE]", bodies[0].body)
+        self.assertValid()
+
+    def test_a_held_body_goes_out_when_its_turn_ends(self) -> None:
+        self.use_fake(tokens=4, delay_ms=1000)
+        self.tunnels.submit(self.request(chat()))
+        self.http.flush()
+        self.assertEqual(self.kinds(), ["start"])
+        self.clock.advance(0)
+        self.assertEqual(self.kinds(), ["start", "body+"])
+        self.advance(4, steps=4)
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
         self.assertValid()
 
