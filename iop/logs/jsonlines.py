@@ -38,9 +38,10 @@ import time
 from collections.abc import Mapping
 from typing import IO, Any, cast
 
-from twisted.logger import FileLogObserver, LogEvent, formatEvent
+from twisted.logger import FileLogObserver, LogEvent
 from twisted.python.failure import Failure
 
+from iop.logs.text import format_message
 from iop.security.redact import REDACTED, redact_secrets
 
 __all__ = ["json_file_observer", "json_line", "json_safe"]
@@ -201,7 +202,7 @@ def json_fields(event: LogEvent) -> dict[str, object]:
         # own field here.
         message = _text(event.get("why") or "Unhandled Error")
     else:
-        message = formatEvent(event)
+        message = format_message(event)
     fields: dict[str, object] = {
         "time": _clock.format(when if isinstance(when, int | float) else time.time()),
         "level": level if isinstance(level, str) else "info",
