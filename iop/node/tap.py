@@ -31,7 +31,6 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from treq.client import HTTPClient
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
@@ -39,12 +38,13 @@ from twisted.internet.interfaces import IReactorFromThreads, IStreamClientEndpoi
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.client import HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
 from iop.logs.twistd import LOG_FLAGS, for_twistd
+from iop.node.adapters.http_client import provider_http_client
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
@@ -262,8 +262,9 @@ def makeService(
     """
     The node's service tree. ``reactor``, ``store_executor`` and ``http`` (the adapters' and the
     provider tunnel's HTTP client) are the collaborators; by default the global reactor, a
-    thread executor (inline on a reactor without threads) and a treq ``HTTPClient`` on a
-    persistent connection pool of :data:`UPSTREAM_KEEPALIVE_PER_HOST` per host, closed at stop.
+    thread executor (inline on a reactor without threads) and the node's treq client
+    (:func:`~iop.node.adapters.http_client.provider_http_client`) on a persistent connection
+    pool of :data:`UPSTREAM_KEEPALIVE_PER_HOST` per host, closed at stop.
     """
     if reactor is None:
         from twisted.internet import reactor as _reactor
@@ -287,7 +288,7 @@ def makeService(
     if http is None:
         http_pool = HTTPConnectionPool(reactor, persistent=True)
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
-        http = HTTPClient(Agent(reactor, pool=http_pool))
+        http = provider_http_client(reactor, http_pool)
     adapter_context = AdapterContext(reactor=reactor, http=http)
     supervisor: NodeSupervisor | None = None
 

@@ -73,6 +73,7 @@ from twisted.web.iweb import IResponse
 from iop.formats.sse import SSEParser
 from iop.formats.usage import anthropic_usage, openai_chat_usage, openai_responses_usage
 from iop.node.adapters.capacity import Slot
+from iop.node.adapters.http_client import PreparedURL, prepared_url
 from iop.node.adapters.http_stream import ended_cleanly, read_body
 from iop.node.adapters.openai_compat import describe_failure
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
@@ -473,7 +474,7 @@ class _Tunnel:
         provider: ITunnelProvider,
         slot: Slot,
         method: str,
-        url: str,
+        url: PreparedURL,
         path: str,
         headers: Headers,
     ) -> None:
@@ -913,7 +914,7 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             provider,
             slot,
             plan.method,
-            provider.base_url + plan.path,
+            prepared_url(provider.base_url + plan.path),
             plan.path,
             headers,
         )
