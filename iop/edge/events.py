@@ -102,7 +102,6 @@ class _Subscription:
     callback: Subscriber
     pending: deque[BusEvent] = field(default_factory=deque)
     dropped: int = 0
-    scheduled: IDelayedCall | None = None
     active: bool = True
 
 
@@ -113,6 +112,8 @@ class EventBus:
         self._clock = clock
         self._max_pending = max_pending
         self._subscriptions: list[_Subscription] = []
+        # One delivery call per reactor turn for all subscribers (None: nothing pending).
+        self._scheduled: IDelayedCall | None = None
 
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Add an observer; returns a function that removes it."""
@@ -122,10 +123,12 @@ class EventBus:
         def unsubscribe() -> None:
             sub.active = False
             sub.pending.clear()
-            if sub.scheduled is not None and sub.scheduled.active():
-                sub.scheduled.cancel()
             if sub in self._subscriptions:
                 self._subscriptions.remove(sub)
+            if not self._subscriptions and self._scheduled is not None:
+                if self._scheduled.active():
+                    self._scheduled.cancel()
+                self._scheduled = None
 
         return unsubscribe
 
@@ -135,14 +138,18 @@ class EventBus:
                 sub.dropped += 1
                 continue
             sub.pending.append(event)
-            if sub.scheduled is None:
-                sub.scheduled = self._clock.callLater(0, self._drain, sub)
+            if self._scheduled is None:
+                self._scheduled = self._clock.callLater(0, self._drain_all)
 
     def dropped(self) -> int:
         return sum(s.dropped for s in self._subscriptions)
 
+    def _drain_all(self) -> None:
+        self._scheduled = None
+        for sub in list(self._subscriptions):
+            self._drain(sub)
+
     def _drain(self, sub: _Subscription) -> None:
-        sub.scheduled = None
         while sub.active and sub.pending:
             event = sub.pending.popleft()
             try:

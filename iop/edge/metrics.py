@@ -222,6 +222,7 @@ class EdgeMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._requests = Counter(
             "iop_requests",
             "Finished client requests by where they ran, HTTP status and outcome (complete, "
@@ -301,23 +302,27 @@ class EdgeMetrics:
     def _request_finished(self, event: RequestFinished) -> None:
         where = (event.model, event.provider_id, event.node_id, event.operation, event.surface)
         status = str(event.status)
-        self._requests.labels(*where, status, event.outcome).inc()
+        self._child(self._requests, *where, status, event.outcome).inc()
         if event.status >= 400:
-            self._client_errors.labels(
-                event.surface, event.operation, status, event.error_code or "none"
+            self._child(
+                self._client_errors,
+                event.surface,
+                event.operation,
+                status,
+                event.error_code or "none",
             ).inc()
         if event.queue_wait is not None:
-            self._queue_wait.labels(event.model).observe(event.queue_wait)
+            self._child(self._queue_wait, event.model).observe(event.queue_wait)
         if event.operation not in GENERATE_OPERATIONS:
             return
-        self._duration.labels(*where, status).observe(event.duration)
+        self._child(self._duration, *where, status).observe(event.duration)
         usage = event.usage
         ttft = event.time_to_first_token
         if event.outcome == "complete" and 200 <= event.status < 300 and ttft is not None:
-            self._ttft.labels(*where).observe(ttft)
+            self._child(self._ttft, *where).observe(ttft)
             if usage is not None and usage.output_tokens > 1:
                 per_token = (event.duration - ttft) / (usage.output_tokens - 1)
-                self._tpot.labels(*where).observe(per_token)
+                self._child(self._tpot, *where).observe(per_token)
         if usage is None:
             return
         counts = {
@@ -329,7 +334,15 @@ class EdgeMetrics:
         labels = (event.model, event.provider_id, event.node_id)
         for token_type, count in counts.items():
             if count is not None:
-                self._tokens.labels(*labels, token_type).observe(count)
+                self._child(self._tokens, *labels, token_type).observe(count)
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once per label set (labels are bounded)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this Edge's registry."""

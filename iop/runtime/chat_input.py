@@ -9,6 +9,7 @@ optional ``tools``, ``tool_choice`` and generation options. A plain prompt is on
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,12 @@ def parse_chat_input(raw: str) -> ChatInput:
         raise InputError(f"input is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise InputError("input JSON must be an object")
+    return chat_input_from(data)
+
+
+def chat_input_from(data: Mapping[str, Any]) -> ChatInput:
+    """The :class:`ChatInput` of an already decoded chat object (what :func:`parse_chat_input`
+    makes of its JSON text)."""
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InputError("input JSON needs a non-empty 'messages' list")

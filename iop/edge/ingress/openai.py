@@ -101,7 +101,7 @@ from iop.edge.ingress.tools import (
     tool_call_marker_state,
 )
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
-from iop.runtime.chat_input import InputError, parse_chat_input
+from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
 __all__ = [
@@ -496,7 +496,7 @@ class OpenAISurface:
         include_usage = _stream_options(body)
         check_openai_chat(body)
         try:
-            chat = parse_chat_input(json_bytes(body).decode())
+            chat = chat_input_from(body)
         except InputError as e:
             raise bad_request(str(e), param="messages") from None
         tools = bool(chat.tools)
