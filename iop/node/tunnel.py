@@ -502,6 +502,7 @@ class _Tunnel:
         self.over = False
         self._inner: Deferred[None] | None = None
         self._idle_call: IDelayedCall | None = None
+        self._last_data = 0.0
         self._bound_call: IDelayedCall | None = None
         self._idle = float(provider.idle_timeout or DEFAULT_IDLE_TIMEOUT)
         # Body bytes of this reactor turn, not yet in a frame (:meth:`_held_body`).
@@ -656,13 +657,21 @@ class _Tunnel:
                 self._expired,
                 f"request timed out after {_seconds(self.timeout_sec)}s",
             )
-        self._idle_call = clock.callLater(
-            self._idle, self._expired, f"upstream idle for {_seconds(self._idle)}s"
-        )
+        self._last_data = clock.seconds()
+        self._idle_call = clock.callLater(self._idle, self._idle_check)
 
     def _touch(self) -> None:
-        if self._idle_call is not None and self._idle_call.active():
-            self._idle_call.reset(self._idle)
+        # Only the time is noted: the idle timer looks at it when it fires (no timer reset
+        # per chunk).
+        self._last_data = self.manager.clock.seconds()
+
+    def _idle_check(self) -> None:
+        left = self._last_data + self._idle - self.manager.clock.seconds()
+        if left > 0:
+            self._idle_call = self.manager.clock.callLater(left, self._idle_check)
+        else:
+            self._idle_call = None
+            self._expired(f"upstream idle for {_seconds(self._idle)}s")
 
     def _disarm(self) -> None:
         for call in (self._idle_call, self._bound_call):
