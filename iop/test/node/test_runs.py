@@ -39,6 +39,7 @@ from iop.runtime import (
     Usage,
 )
 from iop.runtime.codes import ErrorCode, error_code
+from iop.runtime.events import EventType
 from iop.test.node.fakes import TOKEN, accepted, capture_events, drain, frame, ready_response
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import adapter_specs
@@ -254,7 +255,11 @@ class RunManagerTestCase(SynchronousTestCase):
         )
 
     def events(self, run_id: str | None = None) -> list[pb.RunEvent]:
-        """The RunEvents sent so far (optionally of one run), and forget everything sent."""
+        """
+        The RunEvents sent so far (optionally of one run), and forget everything sent. The
+        reactor turn ends first: held text deltas go out.
+        """
+        self.clock.advance(0)
         sent, self.sent[:] = list(self.sent), []
         events = [e.run_event for e in sent if e.WhichOneof("message") == "run_event"]
         return [e for e in events if run_id is None or e.run_id == run_id]
@@ -335,11 +340,15 @@ class RelayTests(RunManagerTestCase):
         first = self.gpu.last
         self.submit(run_id="b")
         second = self.gpu.last
-        first.emit(RuntimeEvent.text("1"))
-        second.emit(RuntimeEvent.text("x"))
-        first.emit(RuntimeEvent.text("2"))
-        second.emit(RuntimeEvent.complete())
-        first.emit(RuntimeEvent.complete())
+        for emit, event in (
+            (first.emit, RuntimeEvent.text("1")),
+            (second.emit, RuntimeEvent.text("x")),
+            (first.emit, RuntimeEvent.text("2")),
+            (second.emit, RuntimeEvent.complete()),
+            (first.emit, RuntimeEvent.complete()),
+        ):
+            emit(event)
+            self.clock.advance(0)  # each in its own reactor turn
         sent = self.events()
         self.assertEqual(
             [(e.run_id, e.sequence, e.type) for e in sent],
@@ -353,6 +362,40 @@ class RelayTests(RunManagerTestCase):
                 ("a", 4, "complete"),
             ],
         )
+
+    def test_deltas_of_one_turn_go_as_one_event(self) -> None:
+        self.submit()
+        run = self.gpu.last
+        for text in ("He", "llo", " wor", "ld"):
+            run.emit(RuntimeEvent.text(text))
+        run.emit(RuntimeEvent.reasoning("hmm"))
+        run.emit(RuntimeEvent.reasoning("…"))
+        run.emit(RuntimeEvent(EventType.DELTA, delta="!", metadata={"k": "v"}))
+        run.emit(RuntimeEvent.text("a"))
+        self.assertEqual(
+            [(e.type, e.delta) for e in self.events()],
+            [
+                ("start", ""),
+                ("delta", "Hello world"),
+                ("reasoning_delta", "hmm…"),
+                ("delta", "!"),
+                ("delta", "a"),
+            ],
+        )
+        run.emit(RuntimeEvent.text("b"))
+        run.emit(RuntimeEvent.complete())
+        # The terminal never overtakes held text, and nothing is left scheduled.
+        self.assertEqual(
+            [(e.type, e.delta) for e in self.events()], [("delta", "b"), ("complete", "")]
+        )
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_deltas_of_separate_turns_stay_separate(self) -> None:
+        self.submit()
+        for text in ("a", "b"):
+            self.gpu.last.emit(RuntimeEvent.text(text))
+            self.clock.advance(0)
+        self.assertEqual([e.delta for e in self.events()], ["", "a", "b"])
 
     def test_startSynthesized(self) -> None:
         """An adapter whose first event is not start gets one, carrying the run's session."""
@@ -845,6 +888,7 @@ class DescribeTests(RunManagerTestCase):
         self.submit(run_id="a", session_id="s1")
         self.submit(run_id="b", adapter="agent", background=True)
         self.gpu.last.emit(RuntimeEvent.text("x"))
+        self.clock.advance(0)
         self.submit(run_id="c", adapter="nope")
         described = self.manager.describe()
         self.assertEqual(
@@ -925,6 +969,7 @@ class SessionSetupTests(SynchronousTestCase):
 
         protocol.dataReceived(frame(pb.Envelope(run_request=run_request(timeout_sec=60))))
         self.gpu.last.emit(RuntimeEvent.text("hi"))
+        self.clock.advance(0)
         protocol.dataReceived(
             frame(
                 pb.Envelope(
