@@ -20,10 +20,21 @@ import txredisapi
 from twisted.internet import reactor, task
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
 
-from iop.config.model import ClusterConfig, Secret
+from iop.config.model import (
+    ClusterConfig,
+    EdgeConfig,
+    HeartbeatConfig,
+    ModelConfig,
+    ModelProviderRef,
+    NodeConfig,
+    NodeToken,
+    ProviderConfig,
+    Secret,
+)
 from iop.edge.cluster.errors import ClusterUnavailable
 from iop.edge.cluster.leases import Candidate, Grant, RedisLeaseStore
 from iop.edge.cluster.redis import RedisConnection, connect
+from iop.edge.pool import Lease, ProviderPool, is_long
 from tests.conftest import RedisServer
 
 TTL_MS = 10_000
@@ -89,6 +100,92 @@ async def test_selection_order(edges: Connect) -> None:
     assert chosen == ["b", "c", "a", "b", "c", "a"]
     assert await store.acquire("m", candidates, "edge-a", TTL_MS) is None
     assert await store.in_flight(["a", "b", "c"]) == {"a": (2, 0), "b": (2, 0), "c": (2, 0)}
+
+
+def pool_and_candidates(
+    rng: random.Random,
+) -> tuple[ProviderPool, list[Candidate], dict[str, ProviderConfig]]:
+    """
+    An in-process pool over five random providers of one model key (one node, ready) and the
+    same providers as store candidates.
+    """
+    providers = tuple(
+        ProviderConfig(
+            id=f"p{i}",
+            adapter="fake",
+            category="api",
+            adapter_instance="fake",
+            type="openai_compat",
+            models=("t",),
+            capacity=rng.randint(1, 3),
+            priority=rng.randint(0, 1),
+            long_context_threshold=rng.choice((0, 100)),
+            long_capacity=rng.randint(0, 1),
+        )
+        for i in range(5)
+    )
+    config = EdgeConfig(
+        id="edge-a",
+        node_listen="tcp:0:interface=127.0.0.1",
+        admin_listen="tcp:0:interface=127.0.0.1",
+        tls=None,
+        plaintext_nodes=True,
+        heartbeat=HeartbeatConfig(2.0, 5.0),
+        max_frame_bytes=1024 * 1024,
+        register_timeout_sec=10.0,
+        nodes=(NodeConfig(id="n", token=NodeToken.from_plaintext("t"), providers=providers),),
+        models=(
+            ModelConfig(id="m", providers=tuple(ModelProviderRef(p.id, "t") for p in providers)),
+        ),
+    )
+    pool = ProviderPool(config, task.Clock())
+    pool.node_ready("n", 1)
+    by_id = {p.id: p for p in providers}
+    candidates = [
+        Candidate(p.id, capacity=p.capacity, priority=p.priority, long_capacity=p.long_capacity)
+        for p in providers
+    ]
+    return pool, candidates, by_id
+
+
+@pytest_twisted.ensureDeferred
+async def test_same_choices_as_the_in_process_pool(edges: Connect) -> None:
+    """
+    Random acquires (long and not) and releases: the store picks exactly the provider the
+    in-process pool picks (or, like it, none), step by step.
+    """
+    store = (await edges()).leases
+    rng = random.Random(1616)
+    pool, candidates, by_id = pool_and_candidates(rng)
+    held: list[tuple[Lease, str]] = []
+    grants = longs = full = 0
+    for _ in range(300):
+        if held and rng.random() < 0.4:
+            lease, lease_id = held.pop(rng.randrange(len(held)))
+            lease.release()
+            assert await store.release(lease_id)
+            continue
+        tokens = rng.choice((0, 150))
+        outcome: list[object] = []
+        d = pool.acquire("m", prompt_tokens=tokens)
+        d.addBoth(outcome.append)
+        if not outcome:
+            d.cancel()  # queued: withdraw it (the store does not queue)
+        expected = outcome[0] if isinstance(outcome[0], Lease) else None
+        each = [
+            dataclasses.replace(c, long=is_long(by_id[c.provider_id], tokens)) for c in candidates
+        ]
+        grant = await store.acquire("m", each, "edge-a", TTL_MS)
+        assert (grant and grant.provider_id) == (expected and expected.provider_id)
+        if grant is None:
+            full += 1
+        elif isinstance(expected, Lease):
+            assert grant.long == expected.long
+            held.append((expected, grant.lease_id))
+            grants += 1
+            longs += grant.long
+    # Every branch was taken: grants, long grants, all full.
+    assert grants > 100 and longs > 10 and full > 10, (grants, longs, full)
 
 
 @pytest_twisted.ensureDeferred

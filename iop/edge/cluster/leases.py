@@ -22,6 +22,12 @@ Leases
     slot exactly once: a second release, or one after the lease expired, returns False and
     changes nothing.
 
+Redis
+    The table must not be evicted: run its Redis with ``maxmemory-policy noeviction`` (or a
+    ``volatile-*`` policy, which can only take expiring lease records: briefly under-used
+    capacity, never over-committed). A Redis that restarts empty forgets the leases held: until
+    their requests end, a provider can be granted beyond its capacity.
+
 Failure
     Every Redis problem is :class:`~iop.edge.cluster.errors.ClusterUnavailable`, at once when no
     connection is up and after at most ``timeout`` seconds otherwise: the caller refuses the
@@ -31,6 +37,7 @@ Failure
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,6 +52,8 @@ from iop.edge.cluster.scripts import ACQUIRE, IN_FLIGHT, RELEASE, RENEW, Script
 
 __all__ = ["DEFAULT_TIMEOUT_SEC", "Candidate", "Grant", "RedisClient", "RedisLeaseStore"]
 
+# What the acquire script's packed candidate lines take as a provider id.
+_WORD = re.compile(r"\S+\Z")
 # How long one operation may wait for Redis before the request is refused.
 DEFAULT_TIMEOUT_SEC = 2.0
 
@@ -152,19 +161,17 @@ class RedisLeaseStore:
             raise ValueError("ttl_ms must be > 0")
         positions = [c.position if c.position is not None else i for i, c in enumerate(candidates)]
         ring = max(ring_size or 0, max(positions) + 1)
-        keys = [self._key("seq"), self._key("rr", model_key)]
-        args: list[Any] = [edge_id, ttl_ms, ring, self._key("lease", ""), len(candidates)]
+        lines = []
         for candidate, position in zip(candidates, positions, strict=True):
-            keys += [self._held(candidate.provider_id), self._long(candidate.provider_id)]
+            if not _WORD.match(candidate.provider_id):
+                raise ValueError(f"provider id {candidate.provider_id!r} has a blank")
             long = long_context if candidate.long is None else candidate.long
-            args += [
-                candidate.provider_id,
-                candidate.capacity,
-                candidate.long_capacity,
-                candidate.priority,
-                position,
-                1 if long else 0,
-            ]
+            lines.append(
+                f"{candidate.provider_id} {candidate.capacity} {candidate.long_capacity} "
+                f"{candidate.priority} {position} {1 if long else 0}"
+            )
+        keys = [self._key("seq")]
+        args = [self._key(""), edge_id, ttl_ms, ring, model_key, "\n".join(lines)]
         d = self._run(ACQUIRE, keys, args)
         d.addCallback(_grant)
         return d

@@ -5,7 +5,8 @@ round trip, and every time inside it is the Redis server's (``TIME``), the one c
 share.
 
 Data model (``P`` is ``cluster.key_prefix``; ``{P}`` is a Redis Cluster hash tag, so every key of
-a cluster's table lives in one slot and the scripts may touch them together):
+a cluster's table lives in one slot: each script declares the key(s) it is called for, which
+route it, and derives the provider keys from the prefix):
 
 ``{P}:held:<provider_id>``
     ZSET: one member per lease held on the provider (the lease id), scored by its expiry in
@@ -20,8 +21,13 @@ a cluster's table lives in one slot and the scripts may touch them together):
 ``{P}:seq``
     STRING: the counter that makes lease ids unique (``<edge_id>:<n>``).
 
-A lease whose expiry has passed counts nowhere: every script first drops the expired members of
-the ZSETs it reads (``ZREMRANGEBYSCORE -inf now``), and the lease's own key expires with it.
+Cost per call: acquire O(k · (log N + E)) for k candidates, N leases held per provider and E
+expired leases dropped (each lease is dropped once, so E is amortized O(1)); release and each
+lease renewed O(log N); in_flight O(log N + E) per provider.
+
+A lease whose expiry has passed counts nowhere: acquire, release and in_flight first drop the
+expired members of the ZSETs they read (``ZREMRANGEBYSCORE -inf now``), renew refuses to extend
+one, and the lease's own key expires with it.
 """
 
 from __future__ import annotations
@@ -49,54 +55,55 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# KEYS: seq, rr, then per candidate: held, long.
-# ARGV: edge_id, ttl_ms, ring size, lease key prefix, candidate count, then per candidate
-#       (6 each): provider_id, capacity, long_capacity, priority, position, long (0/1).
+# KEYS: seq (declared for routing: every other key shares its hash tag, so its slot).
+# ARGV: key prefix ("{P}:"), edge_id, ttl_ms, ring size, model key, then the candidates packed
+#       in one string (one argument costs the client more than the server's parsing): a line
+#       each, "provider_id capacity long_capacity priority position long(0/1)".
 # Returns nil (every candidate full) or {provider_id, lease_id, long, expires_at_ms}.
 ACQUIRE = Script(
     "acquire",
     _NOW
     + """
-local edge, ttl, ring = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local lease_prefix, n = ARGV[4], tonumber(ARGV[5])
-local start = tonumber(redis.call('GET', KEYS[2]) or '0') % ring
+local prefix, edge, ttl, ring = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local rr = prefix .. 'rr:' .. ARGV[5]
+local start = tonumber(redis.call('GET', rr) or '0') % ring
 local best, best_used, best_priority, best_turn
-for i = 0, n - 1 do
-  local a = 6 + i * 6
-  local held, long = KEYS[3 + i * 2], KEYS[4 + i * 2]
-  local capacity, long_capacity = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local priority, position = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+for line in string.gmatch(ARGV[6], '[^\\n]+') do
+  local provider, capacity, long_capacity, priority, position, long =
+    string.match(line, '^(%S+) (%d+) (%d+) (%-?%d+) (%d+) ([01])$')
+  capacity, long_capacity = tonumber(capacity), tonumber(long_capacity)
+  priority, position, long = tonumber(priority), tonumber(position), long == '1'
+  local held, long_held = prefix .. 'held:' .. provider, prefix .. 'long:' .. provider
   redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
-  redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', long_held, '-inf', now)
   local used = redis.call('ZCARD', held)
   local room = used < capacity
-  if room and ARGV[a + 5] == '1' and long_capacity > 0 then
-    room = redis.call('ZCARD', long) < long_capacity
+  if room and long and long_capacity > 0 then
+    room = redis.call('ZCARD', long_held) < long_capacity
   end
   if room then
     local turn = (position - start) % ring
     if best == nil or used < best_used
         or (used == best_used and (priority < best_priority
             or (priority == best_priority and turn < best_turn))) then
-      best, best_used, best_priority, best_turn = i, used, priority, turn
+      best = {provider = provider, position = position, long = long}
+      best_used, best_priority, best_turn = used, priority, turn
     end
   end
 end
 if best == nil then
   return nil
 end
-local a = 6 + best * 6
-local provider, position, long = ARGV[a], tonumber(ARGV[a + 4]), ARGV[a + 5] == '1'
 local id = edge .. ':' .. redis.call('INCR', KEYS[1])
 local expires = now + ttl
-redis.call('ZADD', KEYS[3 + best * 2], expires, id)
-if long then
-  redis.call('ZADD', KEYS[4 + best * 2], expires, id)
+redis.call('ZADD', prefix .. 'held:' .. best.provider, expires, id)
+if best.long then
+  redis.call('ZADD', prefix .. 'long:' .. best.provider, expires, id)
 end
-local record = cjson.encode({p = provider, e = edge, l = long and 1 or 0})
-redis.call('SET', lease_prefix .. id, record, 'PX', ttl)
-redis.call('SET', KEYS[2], (position + 1) % ring)
-return {provider, id, long and 1 or 0, expires}
+local record = cjson.encode({p = best.provider, e = edge, l = best.long and 1 or 0})
+redis.call('SET', prefix .. 'lease:' .. id, record, 'PX', ttl)
+redis.call('SET', rr, (best.position + 1) % ring)
+return {best.provider, id, best.long and 1 or 0, expires}
 """,
 )
 
