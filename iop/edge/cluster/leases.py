@@ -123,6 +123,8 @@ class RedisLeaseStore:
         self._timeout = timeout
         self._connected = connected
         self._tag = "{" + key_prefix + "}"
+        # Since the last answer, operations have failed (logged once).
+        self._failing = False
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -223,11 +225,17 @@ class RedisLeaseStore:
     def _run(self, script: Script, keys: list[str], args: list[Any]) -> Deferred[Any]:
         """EVALSHA ``script``; on NOSCRIPT load it and try once more. Bounded by the timeout."""
         if self._connected is not None and not self._connected():
-            return fail(ClusterUnavailable("not connected to the cluster's Redis"))
+            return fail(self._note(ClusterUnavailable("not connected to the cluster's Redis")))
         d = Deferred.fromCoroutine(self._evalsha(script, keys, args))
         d.addTimeout(self._timeout, self._clock)
-        d.addErrback(self._unavailable, script)
+        d.addCallbacks(self._answered, self._unavailable, errbackArgs=(script,))
         return d
+
+    def _answered(self, reply: Any) -> Any:
+        if self._failing:
+            self._failing = False
+            self.log.info("cluster: Redis answers again")
+        return reply
 
     async def _evalsha(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         try:
@@ -250,8 +258,14 @@ class RedisLeaseStore:
         else:
             text = failure.getErrorMessage() or type(failure.value).__name__
             error = ClusterUnavailable(f"the cluster's Redis failed {script.name}: {text}")
-        self.log.warn("{error}", error=str(error))
-        return Failure(error)
+        return Failure(self._note(error))
+
+    def _note(self, error: ClusterUnavailable) -> ClusterUnavailable:
+        """Log the first failure of a run of them (not one line per refused request)."""
+        if not self._failing:
+            self._failing = True
+            self.log.warn("cluster: {error}; refusing leases until Redis answers", error=str(error))
+        return error
 
 
 def _is_noscript(error: BaseException) -> bool:
