@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from iop.config.cluster import cluster_section
 from iop.config.errors import (
     MISSING,
     Issues,
@@ -404,6 +405,9 @@ class _EdgeParser:
         models = self._models(top)
         routes, client_api = self._client_api(top, nodes, models)
         logging = logging_section(top)
+        cluster = cluster_section(
+            top, edge_id=edge_id, base_dir=self.base_dir, environ=self.environ
+        )
         top.finish()
 
         if self.issues:
@@ -426,6 +430,7 @@ class _EdgeParser:
             credentials=credentials,
             admin=admin,
             logging=logging,
+            cluster=cluster,
             source_path=source_path,
         )
 

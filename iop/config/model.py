@@ -381,6 +381,55 @@ class EdgeSecurity:
         return f"{node_id}.node.{self.trust_domain}"
 
 
+# ``cluster:`` in edge.yaml: several Edges sharing the provider leases on Redis.
+DEFAULT_CLUSTER_LEASE_TTL_SEC = 10.0
+DEFAULT_CLUSTER_KEY_PREFIX = "iop"
+DEFAULT_REDIS_PORT = 6379
+
+
+@dataclass(frozen=True)
+class RedisAddress:
+    """
+    Where the cluster's Redis listens, parsed from ``cluster.redis``: TCP ``host``/``port`` or
+    a unix socket ``path`` (exactly one of the two), the logical database ``db`` and the ACL
+    ``username`` (the password is never part of the address: ``cluster.password``).
+    """
+
+    host: str = ""
+    port: int = DEFAULT_REDIS_PORT
+    path: str = ""
+    db: int = 0
+    username: str | None = None
+
+    @property
+    def unix(self) -> bool:
+        return bool(self.path)
+
+    def __str__(self) -> str:
+        if self.unix:
+            return f"unix://{self.path}?db={self.db}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"redis://{host}:{self.port}/{self.db}"
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """
+    ``cluster:`` in edge.yaml (absent: one Edge, everything in process). ``redis``: the
+    ``redis://host:port/db`` or ``unix:///path?db=N`` address as written (never with a
+    password); ``password``: from ``password: ${ENV}`` or ``password_file``; ``edge_id``: this
+    Edge's name among the cluster's Edges (defaults to ``edge.id``); ``lease_ttl_sec``: how long
+    a lease outlives its Edge's last renewal; ``key_prefix``: the namespace of every key.
+    :func:`iop.config.cluster.redis_address` parses ``redis``.
+    """
+
+    redis: str
+    edge_id: str
+    password: Secret | None = None
+    lease_ttl_sec: float = DEFAULT_CLUSTER_LEASE_TTL_SEC
+    key_prefix: str = DEFAULT_CLUSTER_KEY_PREFIX
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     """
@@ -426,6 +475,7 @@ class EdgeConfig:
     credentials: tuple[CredentialSlot, ...] = ()
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
+    cluster: ClusterConfig | None = None
     source_path: str = ""
 
     @property

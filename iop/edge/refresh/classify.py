@@ -28,6 +28,7 @@ from iop.config.model import (
     AdminConfig,
     ClientAPIConfig,
     ClientKey,
+    ClusterConfig,
     CorsConfig,
     CredentialSlot,
     EdgeConfig,
@@ -148,6 +149,7 @@ _MODEL = "models[] display/provider mapping: the Edge's routing, for the next di
 _POLICY = "models[] generation policy, applied per request"
 _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
+_CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
 
 RULES: dict[type, dict[str, Rule]] = {
@@ -186,6 +188,7 @@ RULES: dict[type, dict[str, Rule]] = {
         ),
         "admin": Record("admin", AdminConfig),
         "logging": Record("logging", LoggingConfig),
+        "cluster": Record("cluster", ClusterConfig, RESTART, _CLUSTER, origin=PROJECT),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
     },
     ServerTLS: {
@@ -334,6 +337,13 @@ RULES: dict[type, dict[str, Rule]] = {
             "the log level filter is switched with the config (unless --log-level pins it)",
             origin=PROJECT,
         ),
+    },
+    ClusterConfig: {
+        "redis": Leaf("redis", RESTART, _CLUSTER, origin=PROJECT),
+        "edge_id": Leaf("edge_id", RESTART, _CLUSTER, origin=PROJECT),
+        "password": Leaf("password", RESTART, _CLUSTER, secret="value", origin=PROJECT),
+        "lease_ttl_sec": Leaf("lease_ttl_sec", RESTART, _CLUSTER, origin=PROJECT),
+        "key_prefix": Leaf("key_prefix", RESTART, _CLUSTER, origin=PROJECT),
     },
     CredentialSlot: {
         "name": Key(),

@@ -25,6 +25,7 @@ from iop.config.model import (
     AdminConfig,
     ClientAPIConfig,
     ClientKey,
+    ClusterConfig,
     CorsConfig,
     CredentialSlot,
     EdgeConfig,
@@ -162,6 +163,11 @@ def base_config() -> EdgeConfig:
             CredentialSlot("spare", Secret("spare-secret-value-0005")),
             CredentialSlot("openai-main", Secret(CREDENTIAL_SECRET), revision=3),
         ),
+        cluster=ClusterConfig(
+            redis="redis://127.0.0.1:6379/0",
+            edge_id="edge-1",
+            password=Secret("redis-password-value-0006"),
+        ),
         source_path="edge.yaml",
     )
 
@@ -241,6 +247,7 @@ LOCATORS: dict[type, Locator] = {
     CredentialSlot: lambda c, f: dataclasses.replace(c, credentials=_nth(c.credentials, 1, f)),
     AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
     LoggingConfig: lambda c, f: dataclasses.replace(c, logging=f(c.logging)),
+    ClusterConfig: lambda c, f: dataclasses.replace(c, cluster=f(c.cluster)),
 }
 
 N = "nodes[1]"
@@ -353,6 +360,12 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     # The log observer is installed once, when twistd starts logging; its level filter is live.
     (LoggingConfig, "format"): [("logging.format", RESTART)],
     (LoggingConfig, "level"): [("logging.level", LIVE)],
+    # Joining the cluster (its Redis lease table) happens at start.
+    (ClusterConfig, "redis"): [("cluster.redis", RESTART)],
+    (ClusterConfig, "edge_id"): [("cluster.edge_id", RESTART)],
+    (ClusterConfig, "password"): [("cluster.password", RESTART)],
+    (ClusterConfig, "lease_ttl_sec"): [("cluster.lease_ttl_sec", RESTART)],
+    (ClusterConfig, "key_prefix"): [("cluster.key_prefix", RESTART)],
 }
 
 # Whole sub-records and lists, walked by their own dataclass's rows (and the entry tests).
@@ -370,6 +383,7 @@ CONTAINERS = {
         "credentials",
         "admin",
         "logging",
+        "cluster",
     )
 } | {
     (NodeConfig, "adapters"),

@@ -1,0 +1,181 @@
+# -*- test-case-name: iop.test.config.test_cluster_section -*-
+"""
+The ``cluster:`` section of edge.yaml: several Edges sharing one provider lease table on Redis.
+
+Absent, the Edge is alone and keeps everything in process. Present::
+
+    cluster:
+      redis: redis://10.0.0.5:6379/0      # or unix:///run/redis/redis.sock?db=0
+      password: ${IOP_REDIS_PASSWORD}     # or password_file: redis.pass (optional)
+      edge_id: edge-1                     # defaults to edge.id
+      lease_ttl_sec: 10
+      key_prefix: iop
+
+``redis`` names a TCP address (``redis://[username@]host[:port][/db]``, port 6379 and db 0 by
+default) or a unix socket (``unix:///absolute/path[?db=N]``). A password is never part of the
+address (tracked config holds no credential): it comes from ``password: ${ENV_VAR}`` or
+``password_file``, and no issue raised here shows it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from urllib.parse import parse_qsl, unquote, urlsplit
+
+from iop.config.errors import Section
+from iop.config.model import (
+    DEFAULT_CLUSTER_KEY_PREFIX,
+    DEFAULT_CLUSTER_LEASE_TTL_SEC,
+    DEFAULT_REDIS_PORT,
+    MAX_LEASE_TTL_SEC,
+    ClusterConfig,
+    RedisAddress,
+    Secret,
+)
+from iop.config.secrets import absolute_path, read_token_file, resolve_token_reference
+
+__all__ = ["MIN_CLUSTER_LEASE_TTL_SEC", "cluster_section", "parse_redis_address", "redis_address"]
+
+# A lease is renewed well inside its TTL; below a second a busy Edge could miss a renewal.
+MIN_CLUSTER_LEASE_TTL_SEC = 1.0
+# Keys are ``{prefix}:...`` (a Redis Cluster hash tag): no braces, no blanks.
+_KEY_PREFIX = re.compile(r"[A-Za-z0-9._:-]+\Z")
+_ID = re.compile(r"[A-Za-z0-9._-]+\Z")
+_PASSWORD_HINT = "use cluster.password: ${ENV_VAR} or cluster.password_file"
+_FORMS = "redis://host:port/db or unix:///path?db=N"
+
+
+def parse_redis_address(text: str) -> RedisAddress | str:
+    """
+    ``cluster.redis`` parsed, or the problem with it (a message that never repeats a password
+    the value may hold).
+    """
+    value = text.strip()
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        return f"is not a valid address: expected {_FORMS}"
+    scheme = parts.scheme.lower()
+    if scheme == "rediss":
+        return "TLS to Redis (rediss://) is not supported yet: use redis:// or a unix socket"
+    if scheme not in ("redis", "unix"):
+        return f"must start with redis:// or unix:// ({_FORMS})"
+    if parts.password is not None:
+        return f"must not hold a password; {_PASSWORD_HINT}"
+    if parts.fragment:
+        return "must not have a #fragment"
+    username = unquote(parts.username) if parts.username else None
+    db = 0
+    if scheme == "unix":
+        if parts.netloc:
+            return "a unix socket address is unix:///absolute/path (three slashes)"
+        path = unquote(parts.path)
+        if not path.startswith("/") or path == "/":
+            return "must name the socket's absolute path: unix:///path/to/redis.sock"
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        for key, given in query:
+            if key != "db":
+                return f"unknown parameter {key!r} (only db=N)"
+            number = _db_number(given)
+            if number is None:
+                return "db must be a whole number >= 0"
+            db = number
+        return RedisAddress(path=path, db=db, username=username)
+    if parts.query:
+        return "a redis:// address takes no ?parameters: write the db as its path (/0)"
+    host = parts.hostname or ""
+    if not host:
+        return f"must name a host: {_FORMS}"
+    if port is None:
+        port = DEFAULT_REDIS_PORT
+    elif port == 0:
+        return "port must be 1-65535"
+    path = parts.path.strip("/")
+    if path:
+        number = _db_number(path)
+        if number is None:
+            return "the path must be the db number (redis://host:6379/0)"
+        db = number
+    return RedisAddress(host=host, port=port, db=db, username=username)
+
+
+def redis_address(config: ClusterConfig) -> RedisAddress:
+    """A loaded config's ``cluster.redis`` parsed (it was validated when loaded)."""
+    address = parse_redis_address(config.redis)
+    if isinstance(address, str):
+        raise ValueError(f"cluster.redis {address}")
+    return address
+
+
+def _db_number(text: str) -> int | None:
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
+def cluster_section(
+    top: Section, *, edge_id: str, base_dir: str, environ: Mapping[str, str]
+) -> ClusterConfig | None:
+    """``top.cluster`` as a :class:`ClusterConfig`; ``None`` when absent (or unreadable)."""
+    section = top.section("cluster")
+    if section is None:
+        return None
+    issues = section.issues
+    before = len(issues)
+    redis = section.string("redis", required=True)
+    if redis.strip():
+        problem = parse_redis_address(redis)
+        if isinstance(problem, str):
+            issues.add(section.path_of("redis"), problem)
+    own_id = section.string("edge_id", edge_id, nonempty=True)
+    if section.has("edge_id") and own_id.strip() and not _ID.match(own_id):
+        issues.add(section.path_of("edge_id"), "may only contain letters, digits, '.', '_', '-'")
+    ttl = section.number("lease_ttl_sec", DEFAULT_CLUSTER_LEASE_TTL_SEC, positive=True)
+    if not MIN_CLUSTER_LEASE_TTL_SEC <= ttl <= MAX_LEASE_TTL_SEC:
+        issues.add(
+            section.path_of("lease_ttl_sec"),
+            f"must be between {MIN_CLUSTER_LEASE_TTL_SEC:g} and {MAX_LEASE_TTL_SEC:g} seconds",
+        )
+    prefix = section.string("key_prefix", DEFAULT_CLUSTER_KEY_PREFIX, nonempty=True)
+    if prefix.strip() and not _KEY_PREFIX.match(prefix):
+        issues.add(
+            section.path_of("key_prefix"),
+            "may only contain letters, digits, '.', '_', ':', '-' (no braces: the prefix "
+            "becomes the keys' hash tag)",
+        )
+    password = _password(section, base_dir, environ)
+    section.finish()
+    if len(issues) > before:
+        return None
+    return ClusterConfig(
+        redis=redis.strip(),
+        edge_id=own_id,
+        password=password,
+        lease_ttl_sec=ttl,
+        key_prefix=prefix,
+    )
+
+
+def _password(section: Section, base_dir: str, environ: Mapping[str, str]) -> Secret | None:
+    """``password: ${ENV}`` or ``password_file`` (at most one); ``None`` when neither."""
+    given = [key for key in ("password", "password_file") if section.has(key)]
+    section.raw("password")
+    section.raw("password_file")
+    if not given:
+        return None
+    if len(given) == 2:
+        section.issues.add(section.path, "set only one of password or password_file")
+        return None
+    key = given[0]
+    path = section.path_of(key)
+    value = section.raw(key)
+    if key == "password":
+        text = resolve_token_reference(
+            section.issues, path, value, environ, _PASSWORD_HINT, kind="password"
+        )
+    elif not isinstance(value, str) or not value.strip():
+        section.issues.add(path, "must be a file path")
+        return None
+    else:
+        text = read_token_file(section.issues, path, absolute_path(base_dir, value), "password")
+    return None if text is None else Secret(text)
