@@ -57,6 +57,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.status import snapshot
 from iop.edge.transport import NodeConnectionFactory
 from iop.edge.tunnel import TunnelDispatcher
+from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.security.keys import KeyFileError
 from iop.security.tls import TLSConfigError, server_context_factory
@@ -261,6 +262,9 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
         sighup = RefreshOnSignal(edge.refresher, reactor)
         sighup.setName("sighup")
         sighup.setServiceParent(edge)
+    if options.parent is not None:
+        # Run by twistd: a daemon's startup objects leave the garbage collector's work.
+        FrozenStartup().setServiceParent(edge)
     top = for_twistd(edge, config.logging, options)
     if isinstance(top, TwistdLogging):
         edge.applier.add_listener(functools.partial(_use_logging, top))

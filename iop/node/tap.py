@@ -43,6 +43,7 @@ from twisted.web.client import HTTPConnectionPool
 from iop.config import ConfigError, load_node_config
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
+from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node.adapters.http_client import provider_http_client
 from iop.node.handlers import make_session_setup
@@ -335,4 +336,7 @@ def makeService(
     top = MultiService()
     node.setServiceParent(top)
     supervisor.when_finished().addCallback(finished)
+    if options.parent is not None:
+        # Run by twistd: a daemon's startup objects leave the garbage collector's work.
+        FrozenStartup().setServiceParent(top)
     return for_twistd(top, config.logging, options)

@@ -24,6 +24,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import LoggingConfig
 from iop.edge import tap as edge_tap
+from iop.heap import FrozenStartup
 from iop.logs import twistd
 from iop.logs.twistd import (
     MinimumLevel,
@@ -315,6 +316,9 @@ class TapTests(SynchronousTestCase):
         assert isinstance(top, TwistdLogging)
         [edge] = list(top)
         assert isinstance(edge, edge_tap.EdgeService)
+        # Under twistd the heap is frozen once the Edge's services have started.
+        self.assertIsInstance(edge.getServiceNamed("frozen-startup"), FrozenStartup)
+        self.assertIsInstance(list(edge)[-1], FrozenStartup)
         top.setServiceParent(Application("iop-edge"))
         assert top.level is not None
         self.assertEqual(top.level.level, LogLevel.info)
@@ -343,3 +347,6 @@ class TapTests(SynchronousTestCase):
         top = node_tap.makeService(server.subOptions, MemoryReactorClock())
         assert isinstance(top, TwistdLogging)
         self.assertEqual(top.settings, LoggingConfig("json", "warn"))
+        [inner] = list(top)
+        assert isinstance(inner, MultiService)
+        self.assertIsInstance(list(inner)[-1], FrozenStartup)
