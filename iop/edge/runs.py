@@ -151,6 +151,7 @@ class RunDispatcher:
         max_tokens: int = 0,
         thinking_token_budget: int = 0,
         run_id: str | None = None,
+        collect: bool = False,
     ) -> RunHandle:
         """Send a run to a ready node; raises :class:`DispatchError` when it cannot."""
         chosen = self.routes.choose_node(node_id)
@@ -172,6 +173,7 @@ class RunDispatcher:
             timeout_sec=timeout_sec,
             max_tokens=max_tokens,
             thinking_token_budget=thinking_token_budget,
+            collect=collect,
         )
         request.metadata.update(dict(metadata or {}))
         handle = RunHandle(rid, chosen, adapter, target, self)

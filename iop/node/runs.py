@@ -235,6 +235,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
             timeout_sec=float(request.timeout_sec),
             max_tokens=request.max_tokens,
             thinking_token_budget=request.thinking_token_budget,
+            collect=request.collect,
         )
         d: Deferred[None] = maybeDeferred(
             run.provider.execute, spec, lambda e: self._emitted(run, e)

@@ -31,6 +31,8 @@ class ExecutionSpec:
     One normalized run. ``target`` is the served target (model name on the provider);
     ``input`` is adapter-interpreted: a plain prompt, or a JSON object with ``messages`` (and
     optionally ``tools``, ``tool_choice``, ``temperature``...) in OpenAI chat shape.
+    ``collect``: the caller reads only the whole answer, so an adapter may ask its upstream for
+    one answer rather than a stream (the events it emits are the same either way).
     """
 
     run_id: str
@@ -43,6 +45,7 @@ class ExecutionSpec:
     timeout_sec: float = 0.0
     max_tokens: int = 0
     thinking_token_budget: int = 0
+    collect: bool = False
 
 
 @dataclass(frozen=True)

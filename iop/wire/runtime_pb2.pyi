@@ -298,7 +298,7 @@ class NodeConfigRefreshResponse(_message.Message):
     def __init__(self, request_id: _Optional[str] = ..., outcome: _Optional[_Union[RefreshOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("run_id", "adapter", "target", "workspace", "input", "metadata", "session_id", "background", "timeout_sec", "max_tokens", "thinking_token_budget")
+    __slots__ = ("run_id", "adapter", "target", "workspace", "input", "metadata", "session_id", "background", "timeout_sec", "max_tokens", "thinking_token_budget", "collect")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +317,7 @@ class RunRequest(_message.Message):
     TIMEOUT_SEC_FIELD_NUMBER: _ClassVar[int]
     MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
     THINKING_TOKEN_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     adapter: str
     target: str
@@ -328,7 +329,8 @@ class RunRequest(_message.Message):
     timeout_sec: int
     max_tokens: int
     thinking_token_budget: int
-    def __init__(self, run_id: _Optional[str] = ..., adapter: _Optional[str] = ..., target: _Optional[str] = ..., workspace: _Optional[str] = ..., input: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., session_id: _Optional[str] = ..., background: _Optional[bool] = ..., timeout_sec: _Optional[int] = ..., max_tokens: _Optional[int] = ..., thinking_token_budget: _Optional[int] = ...) -> None: ...
+    collect: bool
+    def __init__(self, run_id: _Optional[str] = ..., adapter: _Optional[str] = ..., target: _Optional[str] = ..., workspace: _Optional[str] = ..., input: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., session_id: _Optional[str] = ..., background: _Optional[bool] = ..., timeout_sec: _Optional[int] = ..., max_tokens: _Optional[int] = ..., thinking_token_budget: _Optional[int] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")

@@ -318,6 +318,7 @@ class AnthropicSurface:
                 self._gateway,
                 placement,
                 input=json_bytes(chat).decode(),
+                collect=isinstance(run_transform, RunCollect),
                 max_tokens=int(chat.get("max_tokens") or 0),
                 thinking_token_budget=_thinking_budget(body, policy),
             ),

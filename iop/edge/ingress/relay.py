@@ -391,13 +391,18 @@ def open_tunnel(
     return TunnelSource(tunnel)
 
 
-def open_run(gateway: Gateway, placement: Placement, *, input: str, **options: int) -> RunSource:
-    """Submit the run for ``placement``, turning dispatch failures into client errors."""
+def open_run(
+    gateway: Gateway, placement: Placement, *, input: str, collect: bool = False, **options: int
+) -> RunSource:
+    """
+    Submit the run for ``placement``, turning dispatch failures into client errors. ``collect``:
+    the answer is read whole (a :class:`RunCollect`), so the adapter may ask for one answer.
+    """
     for name, value in options.items():
         if not 0 <= value <= _UINT32_MAX:
             raise bad_request(f"the run's {name} ({value}) is out of range")
     try:
-        handle = gateway.run(placement, input=input, **options)
+        handle = gateway.run(placement, input=input, collect=collect, **options)
     except Exception as e:
         raise _mapped(e) from None
     return RunSource(handle)

@@ -193,7 +193,9 @@ def chat_body(spec: ExecutionSpec, chat: ChatInput) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": spec.target,
         "messages": ollama_messages(chat.messages),
-        "stream": True,
+        # A caller that reads only the whole answer gets it in one piece: one JSON object,
+        # the same shape as a stream's final line (so one parser reads both).
+        "stream": not spec.collect,
     }
     if chat.tools and chat.tool_choice != "none":
         body["tools"] = chat.tools

@@ -401,6 +401,13 @@ class BridgeRunTests(IngressCase):
         self.post_run({**self.LLAMA, "thinking": {"type": "disabled"}})
         self.assertEqual(self.edge.run_request().thinking_token_budget, 0)
 
+    def test_only_a_non_streaming_client_collects(self) -> None:
+        _, run_id = self.post_run(self.LLAMA)
+        self.assertTrue(self.edge.run_request().collect)
+        self.edge.events(run_id, RuntimeEvent.complete())
+        self.post_run({**self.LLAMA, "stream": True})
+        self.assertFalse(self.edge.run_request().collect)
+
     def test_whole_message(self) -> None:
         d, run_id = self.post_run({**self.LLAMA, "tools": TOOLS})
         call = {

@@ -248,6 +248,14 @@ class RunChatTests(IngressCase):
         sent = self.edge.run_request()
         self.assertEqual((sent.max_tokens, sent.thinking_token_budget), (128, 0))
 
+    def test_only_a_non_streaming_client_collects(self) -> None:
+        self.post_run(LLAMA)
+        sent = self.edge.run_request()
+        self.assertTrue(sent.collect)
+        self.edge.events(sent.run_id, RuntimeEvent.complete())
+        self.post_run({**LLAMA, "stream": True})
+        self.assertFalse(self.edge.run_request().collect)
+
     def test_non_stream_completion(self) -> None:
         d, run_id = self.post_run(LLAMA)
         self.edge.events(

@@ -151,6 +151,21 @@ class EventMappingTests(AdapterTestCase):
         self.assertIsNone(final.usage and final.usage.cached_input_tokens)
         self.assertEqual(dict(final.metadata), {"finish_reason": "stop"})
 
+    def test_a_collected_run_asks_for_one_answer(self) -> None:
+        streamed = self.complete(spec())
+        collected = self.complete(spec(collect=True))
+        self.assertIs(self.last_body()["stream"], False)
+        # One JSON answer, the same text, usage and ending as the stream's.
+        self.assertEqual(types(collected), [EventType.START, EventType.DELTA, EventType.COMPLETE])
+        self.assertEqual(text(collected), text(streamed))
+        self.assertEqual(collected[-1].usage, streamed[-1].usage)
+        self.assertEqual(dict(collected[-1].metadata), dict(streamed[-1].metadata))
+        self.assertClean()
+
+    def test_a_streamed_run_asks_for_a_stream(self) -> None:
+        self.complete(spec())
+        self.assertIs(self.last_body()["stream"], True)
+
     def test_thinkingBecomesReasoningDeltas(self) -> None:
         events = self.complete(spec(target="qwen3-think"))
         n = self.fake.thinking_tokens
