@@ -46,6 +46,15 @@ class StoreTestCase(SynchronousTestCase):
 
 
 class SchemaTests(StoreTestCase):
+    def test_write_ahead_log(self) -> None:
+        store = self.open_store()
+        store.run_started("r1", "gpu", "m")
+        self.successResultOf(store.close())
+        conn = sqlite3.connect(self.path)
+        self.addCleanup(conn.close)
+        self.assertEqual(conn.execute("PRAGMA journal_mode").fetchone(), ("wal",))
+        self.assertEqual(conn.execute("SELECT run_id FROM runs").fetchall(), [("r1",)])
+
     def test_schema(self) -> None:
         store = self.open_store()
         self.successResultOf(store.close())
