@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hyperlink import URL
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from zope.interface import Attribute, Interface
@@ -73,12 +74,13 @@ class TreqClient(Protocol):
     type-checks only through a ``cast``). The Deferred fires with an
     :class:`~twisted.web.iweb.IResponse` (typed ``Any``: ``Deferred`` is invariant, and treq's
     is a ``Deferred[_Response]``). ``reactor`` is the adapter's clock, for treq's own timers.
+    ``url`` is text, or a hyperlink URL parsed once (see ``iop.node.adapters.http_client``).
     """
 
     def request(
         self,
         method: str,
-        url: str,
+        url: str | URL,
         *,
         headers: Any = None,
         data: bytes | None = None,

@@ -36,6 +36,7 @@ from zope.interface import implementer
 
 from iop.formats.ndjson import NDJSONDecoder
 from iop.formats.usage import token_count
+from iop.node.adapters.http_client import PreparedURL, prepared_url
 from iop.runtime import (
     AdapterContext,
     Capabilities,
@@ -622,8 +623,8 @@ class OllamaProvider:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _url(self, path: str) -> str:
-        return self._base_url + quote(path)
+    def _url(self, path: str) -> PreparedURL:
+        return prepared_url(self._base_url + quote(path))
 
     def _request_headers(self, accept: str) -> Headers:
         headers = Headers()

@@ -45,6 +45,7 @@ from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.formats.usage import openai_chat_usage
 
 # The cancellable body reader, shared with the provider tunnel.
+from iop.node.adapters.http_client import prepared_url
 from iop.node.adapters.http_stream import ended_cleanly, read_body, read_limited
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
 from iop.runtime.events import RuntimeEvent, Usage
@@ -509,7 +510,8 @@ class OpenAICompatProvider:
     def __init__(self, spec: AdapterSpec, ctx: AdapterContext) -> None:
         self.name: str = spec.name or self.type
         self.base_url: str = spec.base_url.rstrip("/")
-        self.url = self.base_url + "/chat/completions"
+        # Parsed once: every run's request reuses it.
+        self.url = prepared_url(self.base_url + "/chat/completions")
         self.profile: RuntimeProfile | None = spec.profile
         self._headers = dict(spec.headers)
         self.idle_timeout = (spec.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT

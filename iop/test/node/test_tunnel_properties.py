@@ -80,7 +80,7 @@ class Upstream:
         self.pending: Deferred[Any] | None = None
         self.cancelled_before_headers = False
 
-    def request(self, method: str, url: str, **kwargs: Any) -> Deferred[Any]:
+    def request(self, method: str, url: object, **kwargs: Any) -> Deferred[Any]:
         def cancel(_: Deferred[Any]) -> None:
             self.cancelled_before_headers = True
 

@@ -754,7 +754,7 @@ class HelperTests(SynchronousTestCase):
     def test_providerClass(self) -> None:
         provider = openai_compat.build(config(), AdapterContext(Clock(), Refusing()))
         assert isinstance(provider, OpenAICompatProvider)
-        self.assertEqual(provider.url, "http://upstream.test/v1/chat/completions")
+        self.assertEqual(provider.url.to_text(), "http://upstream.test/v1/chat/completions")
 
     def test_needsAnHTTPClient(self) -> None:
         error = self.assertRaises(
