@@ -375,25 +375,28 @@ class TunnelDispatcher:
         rid = run_id or f"tun-{uuid.uuid4().hex}"
         tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._max_buffered)
         self._tunnels.add(rid, tunnel, node_id, connection, ownership.generation)
-        request = pb.ProviderTunnelRequest(
-            run_id=rid,
-            adapter=adapter,
-            target=target,
-            method=method,
-            path=path,
-            operation=operation,
-            headers=[pb.Header(name=name, value=value) for name, value in headers],
-            body=body,
-            stream=stream,
-            timeout_sec=timeout_sec,
-            profile=profile,
-        )
+        # Built in its envelope (no copy of the body into a second message).
+        envelope = pb.Envelope()
+        request = envelope.provider_tunnel_request
+        request.run_id = rid
+        request.adapter = adapter
+        request.target = target
+        request.method = method
+        request.path = path
+        request.operation = operation
+        for name, value in headers:
+            request.headers.add(name=name, value=value)
+        request.body = body
+        request.stream = stream
+        request.timeout_sec = timeout_sec
+        request.profile = profile
         if sealed is not None:
             request.credential_binding.CopyFrom(sealed[0])
             request.credential_lease = sealed[1]
-        request.metadata.update(dict(metadata or {}))
+        if metadata:
+            request.metadata.update(metadata)
         try:
-            self._send(connection, pb.Envelope(provider_tunnel_request=request))
+            self._send(connection, envelope)
         except Exception as e:
             self.log.failure(
                 "sending tunnel {run_id} to node {node_id} failed", run_id=rid, node_id=node_id

@@ -33,6 +33,9 @@ class Heartbeat:
         self._sequence = 0
         self._tick: IDelayedCall | None = None
         self._deadline: IDelayedCall | None = None
+        # When the peer last sent anything: the deadline looks at it when it fires (a frame
+        # costs one clock read, not a timer reset).
+        self._last_heard = 0.0
 
     @property
     def running(self) -> bool:
@@ -42,13 +45,13 @@ class Heartbeat:
         """Begin sending and watching. Idempotent."""
         if self._deadline is not None:
             return
-        self._deadline = self._clock.callLater(self._timeout, self._expired)
+        self._last_heard = self._clock.seconds()
+        self._deadline = self._clock.callLater(self._timeout, self._check)
         self._tick = self._clock.callLater(self._interval, self._beat)
 
     def received(self) -> None:
-        """The peer sent something: push the deadline out."""
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.reset(self._timeout)
+        """The peer sent something: the deadline moves out to ``timeout`` from now."""
+        self._last_heard = self._clock.seconds()
 
     def stop(self) -> None:
         """Stop sending and watching. Idempotent."""
@@ -62,6 +65,10 @@ class Heartbeat:
         self._tick = self._clock.callLater(self._interval, self._beat)
         self._send(self._sequence)
 
-    def _expired(self) -> None:
+    def _check(self) -> None:
+        left = self._last_heard + self._timeout - self._clock.seconds()
+        if left > 0:
+            self._deadline = self._clock.callLater(left, self._check)
+            return
         self.stop()
         self._on_timeout()
