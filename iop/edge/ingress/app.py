@@ -25,11 +25,13 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from klein import Klein
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.ingress.anthropic import AnthropicSurface
@@ -72,6 +74,17 @@ class ClientApp:
         self._publish = publish
         self.openai = OpenAISurface(gateway, config, clock)
         self.anthropic = AnthropicSurface(gateway, config, clock)
+        # The generation routes by exact path (:meth:`direct`): surface, operation, handler.
+        self._direct: dict[bytes, tuple[str, str, Handler]] = {
+            b"/v1/chat/completions": (OPENAI, "chat", self.openai.chat_completions),
+            b"/v1/responses": (OPENAI, "responses", self.openai.responses),
+            b"/v1/messages": (ANTHROPIC, "messages", self.anthropic.messages),
+            b"/v1/messages/count_tokens": (
+                ANTHROPIC,
+                "count_tokens",
+                self.anthropic.count_tokens,
+            ),
+        }
 
     def _record(self, request: IRequest, surface: str, operation: str) -> RequestRecord | None:
         if self._publish is None:
@@ -127,6 +140,50 @@ class ClientApp:
             request, OPENAI, "models", lambda ex: self.openai.model(ex, model_id)
         )
 
+    def direct(self, request: IRequest) -> object | None:
+        """
+        Serve a ``POST`` to one of the generation routes (``/v1/chat/completions``,
+        ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``, exactly) without
+        the router: found by its exact path, run and answered as Klein would (the same handler,
+        its bytes written, the request finished, cancelled when the client goes away, an
+        unexpected failure answered by :meth:`error`). Anything else — other methods, other
+        paths, a path Klein would redirect — returns None and goes to the router.
+        """
+        if request.method != b"POST":
+            return None
+        route = self._direct.get(request.path)  # type: ignore[attr-defined]
+        if route is None:
+            return None
+        surface, operation, handler = route
+        d = Deferred.fromCoroutine(self._guard(request, surface, operation, handler))
+        finished = False
+
+        def gone(result: object) -> object:
+            nonlocal finished
+            finished = True
+            if isinstance(result, Failure):
+                d.cancel()
+            return None
+
+        request.notifyFinish().addBoth(gone)  # type: ignore[attr-defined]
+
+        def write(body: bytes) -> None:
+            if body:
+                request.write(body)
+            if not finished:
+                request.finish()
+
+        def failed(failure: Failure) -> None:
+            if finished:
+                if not failure.check(CancelledError):
+                    self.log.failure("client request failed after it ended", failure)
+                return
+            write(self.error(request, failure))
+
+        d.addCallbacks(write, failed)
+        d.addErrback(lambda f: self.log.failure("writing a client response failed", f))
+        return NOT_DONE_YET
+
     @app.route("/v1/chat/completions", methods=["POST"])
     async def chat_completions(self, request: IRequest) -> bytes:
         return await self._guard(request, OPENAI, "chat", self.openai.chat_completions)
@@ -175,7 +232,7 @@ class ClientApp:
         return render_error(request, surface, ApiError(500, "internal error"))
 
     def resource(self) -> IResource:
-        resource: IResource = _TextURL(self.app.resource())
+        resource: IResource = _TextURL(self.app.resource(), self.direct)
         if self._config.cors is not None:
             resource = CorsResource(
                 resource,
@@ -217,13 +274,15 @@ class _TextURL(Resource):
     """
     The app's resource, behind a check that the host and path decode as UTF-8: Klein refuses
     them otherwise with a text body and a logged traceback; this answers the surface's 400.
+    Then ``direct`` (:meth:`ClientApp.direct`) serves what it knows without the router.
     """
 
     isLeaf = True
 
-    def __init__(self, inner: IResource) -> None:
+    def __init__(self, inner: IResource, direct: Callable[[IRequest], object | None]) -> None:
         super().__init__()
         self._inner = inner
+        self._direct = direct
 
     def render(self, request: IRequest) -> Any:
         try:
@@ -232,4 +291,7 @@ class _TextURL(Resource):
         except UnicodeDecodeError:
             message = "the request's host or path is not UTF-8"
             return render_error(request, surface_of(request), bad_request(message))
+        served = self._direct(request)
+        if served is not None:
+            return served
         return self._inner.render(request)

@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 import yaml
+from klein.resource import KleinResource
 from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
@@ -20,7 +21,7 @@ from iop.config.model import (
 from iop.edge import tap as edge_tap
 from iop.edge.events import RequestFinished
 from iop.edge.tap import EdgeService
-from iop.test.edge.ingress.harness import BASE, KEY, IngressCase, ingress_config
+from iop.test.edge.ingress.harness import BASE, CHAT, KEY, IngressCase, ingress_config
 
 
 class CatalogTests(IngressCase):
@@ -60,6 +61,46 @@ class RoutingTests(IngressCase):
         # ``%2F`` decodes to ``//``: the router's answer is a redirect to the merged path, which
         # an API does not give (a client would retry elsewhere, or fail on a Location-less 308).
         self.assertOpenAIError(self.edge.get("/v1/models/%2F0"), 404, "no route for GET")
+
+
+class DirectRouteTests(IngressCase):
+    """The generation routes are served by exact path, without the router; the rest is not."""
+
+    def routed(self) -> list[bytes]:
+        seen: list[bytes] = []
+        original = KleinResource.render
+
+        def render(resource: KleinResource, request: Any) -> Any:
+            seen.append(request.path)
+            return original(resource, request)
+
+        self.patch(KleinResource, "render", render)
+        return seen
+
+    def test_a_generation_post_skips_the_router(self) -> None:
+        routed = self.routed()
+        for path in ("/v1/chat/completions", "/v1/messages/count_tokens"):
+            body = {**CHAT, "max_tokens": 5} if "messages" in path else {**CHAT, "model": "nope"}
+            self.edge.post(path, body)
+        self.assertEqual(routed, [])
+
+    def test_everything_else_is_routed_as_before(self) -> None:
+        routed = self.routed()
+        self.assertOpenAIError(
+            self.edge.post("/v1/chat/completions/", CHAT), 404, "no route for POST"
+        )
+        self.json_answer(self.edge.get("/v1/models"))
+        self.assertEqual(routed, [b"/v1/chat/completions/", b"/v1/models"])
+        d = self.edge.get("/v1/chat/completions")
+        self.assertOpenAIError(d, 405, "no route for GET /v1/chat/completions")
+
+    def test_an_unexpected_failure_is_a_500_in_the_surface_shape(self) -> None:
+        async def broken(exchange: Any) -> bytes:
+            raise RuntimeError("a bug")
+
+        self.edge.app._direct[b"/v1/chat/completions"] = ("openai", "chat", broken)
+        self.assertOpenAIError(self.edge.post("/v1/chat/completions", CHAT), 500, "internal error")
+        self.flushLoggedErrors(RuntimeError)
 
 
 class RequestEventTests(SynchronousTestCase):
