@@ -70,7 +70,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from iop.formats.sse import SSEParser
+from iop.formats.sse import DEFAULT_MAX_EVENT_BYTES, SSEError, SSEParser
 from iop.formats.usage import anthropic_usage, openai_chat_usage, openai_responses_usage
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.http_client import PreparedURL, prepared_url
@@ -163,6 +163,7 @@ HOP_BY_HOP_HEADERS = frozenset(
 # An event that may report usage: a "usage" key whose value is an object (content deltas have
 # none, or ``"usage": null``).
 _USAGE_OBJECT = re.compile(r'"usage"\s*:\s*\{')
+_USAGE_OBJECT_BYTES = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def _seconds(value: float) -> str:
@@ -249,6 +250,10 @@ class UsageObserver:
     def __init__(self, sse: bool, json_limit: int = USAGE_JSON_LIMIT) -> None:
         self._sse = sse
         self._parser = SSEParser() if sse else None
+        # SSE with LF line ends (what providers send): the bytes since the last event boundary.
+        # Only whole events that mention a usage object are parsed; a CR anywhere hands the
+        # rest of the stream to the full parser (``_pending`` None).
+        self._pending: bytes | None = b""
         self._json_limit = json_limit
         self._parts: list[bytes] = []
         self._size = 0
@@ -261,7 +266,9 @@ class UsageObserver:
         if self._broken:
             return
         try:
-            if self._parser is not None:
+            if self._parser is not None and self._pending is not None:
+                self._scan(data)
+            elif self._parser is not None:
                 for event in self._parser.feed(data):
                     self._event(event.data)
             else:
@@ -279,6 +286,10 @@ class UsageObserver:
             return None
         try:
             if self._parser is not None:
+                if self._pending:
+                    # The last event without its blank line: the parser dispatches it at the end.
+                    for event in self._parser.feed(self._pending):
+                        self._event(event.data)
                 for event in self._parser.finish():
                     self._event(event.data)
             else:
@@ -293,6 +304,28 @@ class UsageObserver:
         if self._chat is not None:
             return openai_chat_usage(self._chat)
         return None
+
+    def _scan(self, data: bytes) -> None:
+        assert self._parser is not None and self._pending is not None
+        if b"\r" in data:
+            pending, self._pending = self._pending, None
+            for event in self._parser.feed(pending + data):
+                self._event(event.data)
+            return
+        buffer = self._pending + data if self._pending else data
+        cut = buffer.rfind(b"\n\n")
+        if cut < 0:
+            if len(buffer) > DEFAULT_MAX_EVENT_BYTES:
+                raise SSEError("an event is larger than the limit")
+            self._pending = buffer
+            return
+        whole, self._pending = buffer[: cut + 2], buffer[cut + 2 :]
+        if _USAGE_OBJECT_BYTES.search(whole) is None:
+            # No event here reports usage: nothing to parse. (The parser has seen nothing but
+            # whole events, so it is at a boundary and can take the next ones.)
+            return
+        for event in self._parser.feed(whole):
+            self._event(event.data)
 
     def _stop(self, why: str) -> None:
         self._broken = True

@@ -10,6 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any, cast
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from treq.testing import StubTreq
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.error import ConnectionDone, ConnectionRefusedError
@@ -877,6 +879,75 @@ class UsageTests(TunnelCase):
         observer = UsageObserver(sse=True)
         observer.feed(b"data: " + b"x" * (17 * 1024 * 1024))
         self.assertIsNone(observer.finish())
+
+
+# Streams whose usage the observer must find however they are cut: Chat (usage in the last
+# chunk, null before), Anthropic (message_start merged with message_delta), Responses.
+OBSERVED_STREAMS = [
+    b"".join(
+        sse(
+            *[{"choices": [{"delta": {"content": f"t{i}"}}], "usage": None} for i in range(5)],
+            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5}},
+            done=True,
+        )
+    ),
+    b"".join(
+        sse(
+            {
+                "type": "message_start",
+                "message": {"usage": {"input_tokens": 7, "output_tokens": 1}},
+            },
+            {"type": "content_block_delta", "delta": {"text": "hi"}},
+            {"type": "message_delta", "usage": {"output_tokens": 9}},
+        )
+    ),
+    b"".join(
+        sse(
+            {"type": "response.created", "response": {"usage": None}},
+            {"type": "response.output_text.delta", "delta": "x"},
+            {
+                "type": "response.completed",
+                "response": {"usage": {"input_tokens": 2, "output_tokens": 4, "total_tokens": 6}},
+            },
+        )
+    ),
+]
+
+
+class UsageObserverScanTests(SynchronousTestCase):
+    """Only whole events that mention a usage object are parsed; the usage found is the same."""
+
+    def usage(self, chunks: Sequence[bytes]) -> Usage | None:
+        observer = UsageObserver(sse=True)
+        for chunk in chunks:
+            observer.feed(chunk)
+        return observer.finish()
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        stream=st.sampled_from(OBSERVED_STREAMS),
+        cuts=st.lists(st.integers(0, 2000), max_size=12),
+        crlf=st.booleans(),
+        tail=st.booleans(),
+    )
+    def test_any_cut_finds_the_same_usage(
+        self, stream: bytes, cuts: list[int], crlf: bool, tail: bool
+    ) -> None:
+        self.assertIsNotNone(self.usage([stream]))
+        if tail:
+            # Without the last blank line (or the last line's end): what the parser makes of it.
+            stream = stream.rstrip(b"\n")
+        # The reference: with CR LF line ends the full parser reads every event.
+        expected = self.usage([stream.replace(b"\n", b"\r\n")])
+        if crlf:
+            stream = stream.replace(b"\n", b"\r\n")
+        points = sorted({min(c, len(stream)) for c in cuts})
+        chunks = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+        self.assertEqual(self.usage(chunks), expected)
+
+    def test_no_usage_object_no_usage(self) -> None:
+        chunks = sse({"choices": [{"delta": {"content": "x"}}], "usage": None}, done=True)
+        self.assertIsNone(self.usage(chunks))
 
 
 class HeaderTests(TunnelCase):
