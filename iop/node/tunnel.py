@@ -24,7 +24,7 @@ OpenAI-compatible provider, and its response goes back to the Edge as ordered
 
 Frames per run id carry ``sequence`` 1, 2, 3…: at most one ``RESPONSE_START``, first;
 ``BODY`` frames only after it, each at most :data:`BODY_FRAME_BYTES`, concatenating to exactly
-the bytes the upstream sent (the chunks that arrive in one reactor turn go out in one frame);
+the bytes the upstream sent (a turn's first chunk at once, the rest of that turn's in one frame);
 then exactly one ``END`` or ``ERROR``, and nothing after it. An upstream non-2xx answer is not
 an error: it is passed through (``RESPONSE_START`` with its status, its body, ``END``).
 ``USAGE`` is observation only: the body is read on the side (SSE events or one JSON document)
@@ -637,14 +637,18 @@ class _Tunnel:
 
     def _held_body(self, data: bytes) -> None:
         """
-        Hold ``data`` for this reactor turn: an upstream that answers many chunks at once (a
-        burst of SSE events, one TCP read) goes out as one ``BODY`` frame, not one per chunk;
-        what arrives alone still goes out at the end of its turn. Bytes and order are untouched.
+        The first chunk of a reactor turn goes out at once; the chunks that follow it in the
+        same turn (a burst of SSE events in one TCP read) are held and go out together, as
+        one ``BODY`` frame, when the turn ends. A token stream's chunks, one per turn, are
+        never delayed; a burst costs two frames, not one per chunk. Bytes and order are
+        untouched.
         """
         if self._flush_call is None:
             # Data arrived: the idle timer restarts (once per turn is enough).
             self._touch()
             self._flush_call = self.manager.clock.callLater(0, self._send_held_body)
+            self.frames.body(data)
+            return
         self._held.append(data)
         self._held_bytes += len(data)
         if self._held_bytes >= self.manager.body_frame_bytes:

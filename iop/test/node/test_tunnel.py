@@ -301,20 +301,23 @@ class StreamTests(TunnelCase):
         self.use_fake(tokens=16)
         self.tunnels.submit(self.request(chat()))
         self.http.flush()
-        # The whole answer arrived in this turn: one BODY frame, sent when the turn ends.
+        # The whole answer arrived in this turn: its first chunk at once, the rest in one frame.
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
-        bodies = [f for f in self.frames() if f.kind == pb.BODY]
-        self.assertEqual(len(bodies), 1)
-        self.assertIn(b"data: [DONE]", bodies[0].body)
+        first, rest = [f for f in self.frames() if f.kind == pb.BODY]
+        self.assertNotIn(b"data: [DONE]", first.body)
+        self.assertIn(b"data: [DONE]", rest.body)
         self.assertValid()
 
-    def test_a_held_body_goes_out_when_its_turn_ends(self) -> None:
+    def test_a_chunk_alone_in_its_turn_is_not_delayed(self) -> None:
         self.use_fake(tokens=4, delay_ms=1000)
         self.tunnels.submit(self.request(chat()))
         self.http.flush()
-        self.assertEqual(self.kinds(), ["start"])
-        self.clock.advance(0)
         self.assertEqual(self.kinds(), ["start", "body+"])
+        before = len(self.frames())
+        self.clock.advance(1)
+        self.http.flush()
+        # The next token's chunk went out as it arrived, before its turn ended.
+        self.assertGreater(len(self.frames()), before)
         self.advance(4, steps=4)
         self.assertEqual(self.kinds(), ["start", "body+", "usage", "end"])
         self.assertValid()
