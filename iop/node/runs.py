@@ -396,6 +396,13 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         run.held = []
         self._send_event(run, event)
 
+    def _drop_held(self, run: _Run) -> None:
+        if run.held_call is not None and run.held_call.active():
+            run.held_call.cancel()
+        run.held_call = None
+        run.held_type = None
+        run.held = []
+
     def _send_event(self, run: _Run, event: RuntimeEvent) -> None:
         run.sequence += 1
         message = event_to_proto(event, run.run_id, run.sequence, self._now_ms())
@@ -432,6 +439,9 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         if send:
             self._ensure_started(run)
             self._relay(run, terminal)
+        else:
+            # Nothing more can be sent: held text is dropped with its timer.
+            self._drop_held(run)
         status = _STATUS_OF[terminal.type]
         if status is RunStatus.COMPLETED:
             self._totals.completed += 1

@@ -755,6 +755,16 @@ class TimeoutTests(RunManagerTestCase):
 
 
 class ConnectionLostTests(RunManagerTestCase):
+    def test_held_text_is_dropped_with_its_timer(self) -> None:
+        self.submit(run_id="a")
+        self.events()
+        self.gpu.last.emit(RuntimeEvent.text("never sent"))
+        self.manager.connection_lost()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        # The start went out with the first delta; the held text never does.
+        self.assertEqual([e.type for e in self.events()], ["start"])
+        self.assertEqual(self.record("a").status, RunStatus.CANCELLED)
+
     def test_activeRunsCancelledAndRecorded(self) -> None:
         self.gpu.on_cancel = [RuntimeEvent.cancelled()]
         self.submit(run_id="a", timeout_sec=60)
