@@ -186,19 +186,19 @@ class ClientApp:
 
     @app.route("/v1/chat/completions", methods=["POST"])
     async def chat_completions(self, request: IRequest) -> bytes:
-        return await self._guard(request, OPENAI, "chat", self.openai.chat_completions)
+        return await self._guard(request, *self._direct[b"/v1/chat/completions"])
 
     @app.route("/v1/responses", methods=["POST"])
     async def responses(self, request: IRequest) -> bytes:
-        return await self._guard(request, OPENAI, "responses", self.openai.responses)
+        return await self._guard(request, *self._direct[b"/v1/responses"])
 
     @app.route("/v1/messages", methods=["POST"])
     async def messages(self, request: IRequest) -> bytes:
-        return await self._guard(request, ANTHROPIC, "messages", self.anthropic.messages)
+        return await self._guard(request, *self._direct[b"/v1/messages"])
 
     @app.route("/v1/messages/count_tokens", methods=["POST"])
     async def count_tokens(self, request: IRequest) -> bytes:
-        return await self._guard(request, ANTHROPIC, "count_tokens", self.anthropic.count_tokens)
+        return await self._guard(request, *self._direct[b"/v1/messages/count_tokens"])
 
     @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
