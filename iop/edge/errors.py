@@ -10,7 +10,8 @@ key or endpoint.
   (:class:`NoRoute`, :class:`NodeUnavailable`, :class:`TunnelFailed`,
   :class:`CredentialRefused`).
 - :class:`PoolError` and its kinds: an acquire on the provider pool produced no lease
-  (:class:`UnknownModel`, :class:`Unavailable`, :class:`Overloaded`, :class:`QueueTimeout`);
+  (:class:`UnknownModel`, :class:`Unavailable`, :class:`Overloaded`, :class:`QueueTimeout`,
+  :class:`CapacityUnknown`);
   ``code`` is a stable machine name.
 - :class:`CommandFailed`: a node command answered ``ok=false`` or lost its node.
 """
@@ -110,6 +111,22 @@ class QueueTimeout(PoolError):
             model_id,
         )
         self.timeout = timeout
+
+
+class CapacityUnknown(PoolError):
+    """
+    In a cluster: the shared lease table on Redis cannot be reached, so no Edge can know the
+    provider's free capacity; the request is refused rather than risk over-committing it.
+    """
+
+    code = "cluster_unavailable"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(
+            f"no capacity can be granted for model {model_id!r} right now: the gateway's "
+            "cluster state is unreachable",
+            model_id,
+        )
 
 
 class CommandFailed(Exception):

@@ -120,6 +120,8 @@ class Lease:
     long: bool
     _on_release: Callable[[Lease], None] = field(repr=False)
     _state: _LeaseState = field(default_factory=_LeaseState, repr=False)
+    # In a cluster: the lease's id in the shared lease table ("" for an Edge alone).
+    lease_id: str = ""
 
     @property
     def released(self) -> bool:
@@ -604,7 +606,9 @@ class ProviderPool:
         self._rr[model_id] = (chosen.index + 1) % len(candidates)
         return self._grant(model_id, chosen, prompt_tokens)
 
-    def _grant(self, model_id: str, chosen: _Candidate, prompt_tokens: int) -> Lease:
+    def _grant(
+        self, model_id: str, chosen: _Candidate, prompt_tokens: int, lease_id: str = ""
+    ) -> Lease:
         res = chosen.resource
         assert res.generation is not None
         lease = Lease(
@@ -619,6 +623,7 @@ class ProviderPool:
             usage_attribution=res.config.usage_attribution,
             long=res.is_long(prompt_tokens),
             _on_release=self._release,
+            lease_id=lease_id,
         )
         res.hold(lease)
         return lease

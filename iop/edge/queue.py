@@ -188,6 +188,22 @@ class WaitQueue(Generic[T]):
         for waiter, outcome in decided:
             self._deliver(waiter, outcome)
 
+    def holds(self, waiter: Waiter[T]) -> bool:
+        """Whether ``waiter`` is still waiting (not served, failed, timed out or withdrawn)."""
+        return self._waiters.get(waiter.seq) is waiter
+
+    def decide(self, waiter: Waiter[T], outcome: T | BaseException) -> None:
+        """
+        Deliver an outcome decided for one waiter outside :meth:`settle` (a pump that asks
+        asynchronously). A waiter no longer waiting cannot take it: a result is discarded.
+        """
+        if not self.holds(waiter):
+            if not isinstance(outcome, BaseException):
+                self._discard(outcome)
+            return
+        self._remove(waiter)
+        self._deliver(waiter, outcome)
+
     # -- helpers -----------------------------------------------------------------------------
 
     def _remove(self, waiter: Waiter[T]) -> None:

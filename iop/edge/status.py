@@ -10,6 +10,11 @@ dispatch-ready; a pending or disconnected node's enabled providers show ``status
 ``edge.mode`` is the security mode (``legacy`` / ``managed``); each node's ``identity`` is what
 the registry recorded of its client certificate (:meth:`~iop.edge.registry.NodeRegistry.identity`):
 workload names and the check's outcome, never key material.
+
+In a cluster (``cluster:`` in edge.yaml) each provider's counters are this Edge's own leases
+and waiters, and ``cluster`` is the view across Edges
+(:meth:`~iop.edge.cluster.pool.ClusterPool.view`): Redis reachable or not, every Edge's
+waiters, the leases held per provider over every Edge.
 """
 
 from __future__ import annotations
@@ -44,7 +49,11 @@ class NoDispatchCounters:
 
 
 def snapshot(
-    config: EdgeConfig, nodes: ILiveNodes, counters: ProviderCounters | None = None
+    config: EdgeConfig,
+    nodes: ILiveNodes,
+    counters: ProviderCounters | None = None,
+    *,
+    cluster: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     live = counters or NoDispatchCounters()
     node_entries: list[dict[str, Any]] = []
@@ -63,7 +72,7 @@ def snapshot(
         )
         for provider in node.providers:
             provider_entries.append(_provider_entry(node.id, provider, ready, live))
-    return {
+    status: dict[str, Any] = {
         "edge": {"id": config.id, "mode": config.security.mode},
         "nodes": node_entries,
         "providers": provider_entries,
@@ -77,6 +86,9 @@ def snapshot(
             for m in config.models
         ],
     }
+    if cluster is not None:
+        status["cluster"] = cluster
+    return status
 
 
 def _provider_entry(

@@ -39,6 +39,9 @@ from iop.config.model import EdgeConfig
 from iop.edge.accesslog import AccessLog
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import protect
+from iop.edge.cluster.pool import ClusterPool
+from iop.edge.cluster.redis import prepare
+from iop.edge.cluster.service import ClusterService
 from iop.edge.commands import NodeCommander
 from iop.edge.console import ConsoleEvents, public_shell
 from iop.edge.credentials import CredentialIssuer
@@ -84,8 +87,25 @@ class EdgeService(MultiService):
         self._clock = reactor
         self.bus = EventBus(reactor)
         # The provider pool observes node readiness first: fencing returns leases before the
-        # dispatchers end that node's runs and tunnels.
-        self.pool = ProviderPool(config, reactor)
+        # dispatchers end that node's runs and tunnels. In a cluster its leases are shared
+        # with the other Edges through Redis.
+        self.cluster: ClusterService | None = None
+        self.pool: ProviderPool
+        if config.cluster is None:
+            self.pool = ProviderPool(config, reactor)
+        else:
+            redis = prepare(config.cluster, reactor)
+            cluster_pool = ClusterPool(
+                config,
+                reactor,
+                redis.leases,
+                edge_id=config.cluster.edge_id,
+                lease_ttl_sec=config.cluster.lease_ttl_sec,
+            )
+            self.pool = cluster_pool
+            self.cluster = ClusterService(config.cluster, cluster_pool, redis, reactor)
+            self.cluster.setName("cluster")
+            self.cluster.setServiceParent(self)
         self.registry = NodeRegistry(
             config, lambda node: build_node_payload(config, node), self.bus, reactor, [self.pool]
         )
@@ -181,7 +201,8 @@ class EdgeService(MultiService):
         self.config = config
 
     def snapshot(self) -> dict[str, Any]:
-        return snapshot(self.config, self.registry, self.pool)
+        cluster = self.pool.view() if isinstance(self.pool, ClusterPool) else None
+        return snapshot(self.config, self.registry, self.pool, cluster=cluster)
 
 
 class AdminSite(Site):

@@ -138,11 +138,15 @@ class FakeStats:
     """
     ``total_requests`` counts requests to the answering routes (chat completions, responses,
     messages; rejected ones too). A stream is active from its first byte until it finishes, the
-    client goes away, or the fake drops it.
+    client goes away, or the fake drops it. ``active_answers`` counts every answer being written
+    (streamed or not) the same way, ``max_active_answers`` its high-water mark: the most requests
+    the fake ever served at once (what a capacity limit in front of it must bound).
     """
 
     total_requests: int = 0
     active_streams: int = 0
+    active_answers: int = 0
+    max_active_answers: int = 0
     completed_responses: int = 0
     client_disconnects: int = 0
     dropped_streams: int = 0
@@ -719,6 +723,8 @@ class _Writer:
 
     def start(self) -> None:
         stats = self._fake._stats
+        stats.active_answers += 1
+        stats.max_active_answers = max(stats.max_active_answers, stats.active_answers)
         if self._stream:
             stats.active_streams += 1
         self._request.notifyFinish().addCallbacks(self._finished, self._lost)
@@ -749,6 +755,7 @@ class _Writer:
         if self._call is not None and self._call.active():
             self._call.cancel()
         self._call = None
+        self._fake._stats.active_answers -= 1
         if self._stream:
             self._fake._stats.active_streams -= 1
 

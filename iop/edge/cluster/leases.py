@@ -37,6 +37,7 @@ Failure
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,9 +49,17 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.edge.cluster.errors import ClusterUnavailable
-from iop.edge.cluster.scripts import ACQUIRE, IN_FLIGHT, RELEASE, RENEW, Script
+from iop.edge.cluster.scripts import ACQUIRE, IN_FLIGHT, RELEASE, RENEW, VIEW, Script
 
-__all__ = ["DEFAULT_TIMEOUT_SEC", "Candidate", "Grant", "RedisClient", "RedisLeaseStore"]
+__all__ = [
+    "DEFAULT_TIMEOUT_SEC",
+    "Candidate",
+    "ClusterView",
+    "EdgeReport",
+    "Grant",
+    "RedisClient",
+    "RedisLeaseStore",
+]
 
 # What the acquire script's packed candidate lines take as a provider id.
 _WORD = re.compile(r"\S+\Z")
@@ -97,6 +106,28 @@ class Grant:
     lease_id: str
     long: bool
     expires_at_ms: int
+
+
+@dataclass(frozen=True)
+class EdgeReport:
+    """One Edge's last report in the cluster view: its id, its waiters per model key, and how
+    long ago (ms of Redis time) it reported."""
+
+    edge_id: str
+    queued: Mapping[str, int]
+    age_ms: int
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """
+    The cluster as Redis saw it at ``now_ms`` (its clock): every Edge that reported within the
+    report lifetime, and per provider asked about ``(in_flight, long_in_flight)`` over every Edge.
+    """
+
+    now_ms: int
+    edges: tuple[EdgeReport, ...]
+    held: Mapping[str, tuple[int, int]]
 
 
 class RedisLeaseStore:
@@ -196,10 +227,18 @@ class RedisLeaseStore:
         )
         return d
 
+    @property
+    def wake_channel(self) -> str:
+        """The pub/sub channel every returned slot is published on (message: provider id)."""
+        return self._key("wake")
+
     def release(self, lease_id: str) -> Deferred[bool]:
-        """Return the lease's slot(s); True only for the call that did (exactly once)."""
+        """
+        Return the lease's slot(s); True only for the call that did (exactly once). A returned
+        slot is published on :attr:`wake_channel`.
+        """
         keys = [self._lease(lease_id)]
-        args = [self._held(""), self._long(""), lease_id]
+        args = [self._held(""), self._long(""), lease_id, self.wake_channel]
         d = self._run(RELEASE, keys, args)
         d.addCallback(lambda returned: bool(int(returned)))
         return d
@@ -218,6 +257,24 @@ class RedisLeaseStore:
                 pid: (int(counts[2 * i]), int(counts[2 * i + 1])) for i, pid in enumerate(ids)
             }
         )
+        return d
+
+    def view(
+        self,
+        edge_id: str,
+        queued: Mapping[str, int],
+        provider_ids: Sequence[str],
+        lifetime_ms: int,
+    ) -> Deferred[ClusterView]:
+        """
+        Report this Edge's waiters per model key (kept ``lifetime_ms``) and read the cluster's
+        view: every Edge's last report, and the providers' leases held over every Edge.
+        """
+        ids = list(dict.fromkeys(provider_ids))
+        keys = [self._key("edges")]
+        args = [self._key(""), edge_id, lifetime_ms, json.dumps(dict(queued)), *ids]
+        d = self._run(VIEW, keys, args)
+        d.addCallback(_view, ids)
         return d
 
     # -- transport -----------------------------------------------------------------------------
@@ -285,6 +342,24 @@ def _grant(reply: Any) -> Grant | None:
         long=bool(int(long)),
         expires_at_ms=int(expires),
     )
+
+
+def _view(reply: Any, provider_ids: list[str]) -> ClusterView:
+    data = json.loads(_text(reply))
+    now = int(data["now"])
+    edges = []
+    for edge_id, seen, report in data.get("edges") or ():
+        queued = json.loads(report) if isinstance(report, str) else {}
+        edges.append(
+            EdgeReport(
+                edge_id=str(edge_id),
+                queued={str(k): int(v) for k, v in dict(queued or {}).items()},
+                age_ms=max(0, now - int(seen)),
+            )
+        )
+    counts = data.get("held") or []
+    held = {pid: (int(counts[2 * i]), int(counts[2 * i + 1])) for i, pid in enumerate(provider_ids)}
+    return ClusterView(now_ms=now, edges=tuple(edges), held=held)
 
 
 def _text(value: Any) -> str:

@@ -13,6 +13,7 @@ fails, and the log says why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import txredisapi
@@ -28,7 +29,7 @@ from iop.config.model import ClusterConfig, RedisAddress
 from iop.edge.cluster.errors import ClusterUnavailable
 from iop.edge.cluster.leases import DEFAULT_TIMEOUT_SEC, RedisLeaseStore
 
-__all__ = ["RedisConnection", "connect"]
+__all__ = ["RedisConnection", "WakeSubscription", "connect", "prepare", "subscribe"]
 
 # Reconnect backoff (seconds): first retry, then multiplied by e up to the cap.
 RECONNECT_INITIAL_DELAY = 0.1
@@ -54,6 +55,7 @@ class RedisConnection:
     ) -> None:
         self._factory = factory
         self._clock = clock
+        self._timeout = timeout
         self.address = address
         # Why Redis refused the connection for good (wrong password, no such db), if it did.
         self.refused: str | None = None
@@ -109,6 +111,11 @@ class RedisConnection:
         loop.start(_POLL_SEC, now=False)
         return done
 
+    def start(self) -> None:
+        """Connect (and keep reconnecting) in the background."""
+        self._factory.startConnecting(_endpoint(self._clock, self.address, self._timeout))
+        self.log.info("cluster: connecting to Redis at {address}", address=str(self.address))
+
     def close(self) -> Deferred[None]:
         """Stop reconnecting and close the connection."""
         d: Deferred[None] = self._factory.disconnect()
@@ -123,6 +130,15 @@ def connect(
     :class:`ClusterUnavailable` until a connection is up; :meth:`RedisConnection.when_connected`
     waits for it).
     """
+    connection = prepare(config, reactor, timeout=timeout)
+    connection.start()
+    return connection
+
+
+def prepare(
+    config: ClusterConfig, reactor: Any, *, timeout: float = DEFAULT_TIMEOUT_SEC
+) -> RedisConnection:
+    """The connection to ``config``'s Redis, not yet connecting (:meth:`RedisConnection.start`)."""
     address = redis_address(config)
     password = config.password.reveal() if config.password is not None else None
     factory = txredisapi.RedisFactory(
@@ -145,9 +161,85 @@ def connect(
     # Fires once: with the handler when first connected, or with why Redis refused us (AUTH,
     # SELECT), after which txredisapi stops trying.
     factory.deferred.addCallbacks(lambda _: None, connection._refused)
-    factory.startConnecting(_endpoint(reactor, address, timeout))
-    RedisConnection.log.info("cluster: connecting to Redis at {address}", address=str(address))
     return connection
+
+
+class _WakeProtocol(txredisapi.SubscriberProtocol):  # type: ignore[misc]
+    factory: _WakeFactory
+
+    def messageReceived(self, pattern: Any, channel: Any, message: Any) -> None:
+        self.factory.on_wake()
+
+
+class _WakeFactory(txredisapi.RedisFactory):  # type: ignore[misc]
+    """Each connection it builds subscribes to the channel once it is ready (also after every
+    reconnect) and reports then, since wake-ups published while it was down are lost."""
+
+    protocol = _WakeProtocol
+
+    def __init__(self, channel: str, on_wake: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.channel = channel
+        self.on_wake = on_wake
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = super().buildProtocol(addr)
+        protocol.whenConnected().addCallback(self._subscribe)
+        return protocol
+
+    def _subscribe(self, protocol: _WakeProtocol) -> None:
+        d = protocol.subscribe(self.channel)
+        d.addCallbacks(lambda _: self.on_wake(), lambda f: None)
+
+
+class WakeSubscription:
+    """The cluster's wake-up channel, on a connection of its own (a subscribed connection can
+    run no other command); reconnects like the lease connection."""
+
+    def __init__(self, factory: Any) -> None:
+        self._factory = factory
+
+    def connected(self) -> bool:
+        return bool(self._factory.size)
+
+    def close(self) -> Deferred[None]:
+        d: Deferred[None] = self._factory.disconnect()
+        return d
+
+
+def subscribe(
+    config: ClusterConfig,
+    reactor: Any,
+    channel: str,
+    on_wake: Callable[[], None],
+    *,
+    timeout: float = DEFAULT_TIMEOUT_SEC,
+) -> WakeSubscription:
+    """
+    Subscribe to ``channel`` on ``config``'s Redis and call ``on_wake()`` for every message and
+    after every (re)subscription, in the background (reconnecting as :func:`connect` does).
+    """
+    address = redis_address(config)
+    password = config.password.reveal() if config.password is not None else None
+    factory = _WakeFactory(
+        channel,
+        on_wake,
+        uuid=str(address),
+        dbid=address.db,
+        poolsize=1,
+        isLazy=True,
+        handler=txredisapi.ConnectionHandler,
+        password=password,
+        replyTimeout=None,
+        convertNumbers=False,
+        username=address.username,
+    )
+    factory.reconnect = True
+    factory.initialDelay = RECONNECT_INITIAL_DELAY
+    factory.maxDelay = RECONNECT_MAX_DELAY
+    factory.deferred.addErrback(lambda f: None)
+    factory.startConnecting(_endpoint(reactor, address, timeout))
+    return WakeSubscription(factory)
 
 
 def _endpoint(reactor: Any, address: RedisAddress, timeout: float) -> IStreamClientEndpoint:

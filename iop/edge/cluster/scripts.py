@@ -20,6 +20,13 @@ route it, and derives the provider keys from the prefix):
     STRING: the configured position where the model key's next round-robin tie-break starts.
 ``{P}:seq``
     STRING: the counter that makes lease ids unique (``<edge_id>:<n>``).
+``{P}:edges``
+    ZSET: the Edges that reported their view lately (member: edge id), scored by the time of
+    their last report; one that stopped reporting drops out after the report's lifetime.
+``{P}:edge:<edge_id>``
+    STRING, expiring: the Edge's last report, its waiters per model key (JSON).
+``{P}:wake``
+    Pub/sub channel: every returned slot is published (message: the provider id).
 
 Cost per call: acquire O(k · (log N + E)) for k candidates, N leases held per provider and E
 expired leases dropped (each lease is dropped once, so E is amortized O(1)); release and each
@@ -35,7 +42,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-__all__ = ["ACQUIRE", "IN_FLIGHT", "RELEASE", "RENEW", "Script"]
+__all__ = ["ACQUIRE", "IN_FLIGHT", "RELEASE", "RENEW", "VIEW", "Script"]
 
 
 @dataclass(frozen=True)
@@ -107,8 +114,10 @@ return {best.provider, id, best.long and 1 or 0, expires}
 """,
 )
 
-# KEYS: the lease's key. ARGV: held key prefix, long key prefix, lease id.
-# Returns 1 when this call returned the lease's slot(s), else 0 (unknown, released, expired).
+# KEYS: the lease's key. ARGV: held key prefix, long key prefix, lease id, and optionally the
+# wake-up channel: a returned slot is published there (message: the provider id), so Edges with
+# waiters retry at once. Returns 1 when this call returned the lease's slot(s), else 0 (unknown,
+# released, expired).
 RELEASE = Script(
     "release",
     _NOW
@@ -123,6 +132,9 @@ local held = ARGV[1] .. lease.p
 redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
 local returned = redis.call('ZREM', held, ARGV[3])
 redis.call('ZREM', ARGV[2] .. lease.p, ARGV[3])
+if returned == 1 and ARGV[4] then
+  redis.call('PUBLISH', ARGV[4], lease.p)
+end
 return returned
 """,
 )
@@ -170,5 +182,36 @@ for i, key in ipairs(KEYS) do
   counts[i] = redis.call('ZCARD', key)
 end
 return counts
+""",
+)
+
+# KEYS: edges. ARGV: key prefix ("{P}:"), edge_id, report lifetime (ms), this Edge's report
+# (JSON), then the provider ids to count. Returns JSON: {"now": ms, "edges": [[id, seen_ms,
+# report], ...], "held": [in_flight, long_in_flight, ...] in the providers' order}.
+VIEW = Script(
+    "view",
+    _NOW
+    + """
+local prefix, edge, life = ARGV[1], ARGV[2], tonumber(ARGV[3])
+redis.call('ZADD', KEYS[1], now, edge)
+redis.call('SET', prefix .. 'edge:' .. edge, ARGV[4], 'PX', life)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - life)
+local listed = redis.call('ZRANGE', KEYS[1], 0, -1, 'WITHSCORES')
+local edges = {}
+for i = 1, #listed, 2 do
+  local report = redis.call('GET', prefix .. 'edge:' .. listed[i]) or '{}'
+  edges[#edges + 1] = {listed[i], tonumber(listed[i + 1]), report}
+end
+local held = {}
+for i = 5, #ARGV do
+  local key, long = prefix .. 'held:' .. ARGV[i], prefix .. 'long:' .. ARGV[i]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', long, '-inf', now)
+  held[#held + 1] = redis.call('ZCARD', key)
+  held[#held + 1] = redis.call('ZCARD', long)
+end
+if #edges == 0 then edges = nil end
+if #held == 0 then held = nil end
+return cjson.encode({now = now, edges = edges or cjson.null, held = held or cjson.null})
 """,
 )

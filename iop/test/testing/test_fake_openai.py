@@ -380,8 +380,25 @@ class StatsTests(FakeCase):
         self.assertEqual(body, fake.stats().as_dict())
         self.assertEqual(
             fake.stats(),
-            FakeStats(total_requests=2, completed_responses=1, rejected_requests=1),
+            FakeStats(
+                total_requests=2,
+                completed_responses=1,
+                rejected_requests=1,
+                max_active_answers=1,
+            ),
         )
+
+    def test_max_active_answers_is_the_high_water_mark(self) -> None:
+        fake, http = self.serve(tokens=2, delay_ms=10)
+        data = json.dumps(chat()).encode()
+        pending = [http.post(URL, data=data, unbuffered=True) for _ in "abc"]
+        http.flush()
+        self.assertEqual(fake.stats().active_answers, 3)
+        self.clock.pump([0.01] * 5)
+        http.flush()
+        for d in pending:
+            self.successResultOf(d)
+        self.assertEqual((fake.stats().active_answers, fake.stats().max_active_answers), (0, 3))
 
     def test_statsIsASnapshot(self) -> None:
         fake, http = self.serve(tokens=1)

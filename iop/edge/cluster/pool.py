@@ -1,0 +1,410 @@
+# -*- test-case-name: iop.test.edge.cluster.test_pool,tests.test_cluster_edges -*-
+"""
+The provider pool of an Edge in a cluster: :class:`~iop.edge.pool.ProviderPool`'s catalog, live
+state and local queue, with every slot granted by the cluster's shared lease table on Redis
+(:class:`~iop.edge.cluster.leases.RedisLeaseStore`), so a provider's capacity is exact across
+every Edge.
+
+What stays local
+    Each Edge keeps its own node sessions: a provider is a candidate here when *this* Edge has
+    its node ready (the Edge must hold the session to send the work). Fencing a session returns
+    this Edge's leases on it, no one else's. Waiters queue here, FIFO per Edge, with the model
+    group's ``max_queue`` and queue timeout applying per Edge (an Edge's clients never wait
+    behind another Edge's). ``Unavailable`` comes at once when this Edge sees no live candidate.
+
+What is shared
+    The leases: selection (lowest ``in_flight`` over every Edge → priority → round-robin),
+    capacity and long-context capacity are decided by one server-side script per grant.
+
+Grants
+    A new request with nobody of its model waiting here asks the table at once; granted, it
+    holds a lease; every candidate full, it queues (limit checked then). With waiters of its
+    model already here it queues behind them. A grant for a provider whose node this Edge lost
+    (or fenced and re-registered) while the script ran is returned and the table asked again.
+
+Wake-ups
+    Waiters are re-tried, in arrival order, one grant at a time: when a slot is returned here,
+    when the table publishes a slot returned by any Edge, when a node becomes ready here, and
+    every :data:`RETRY_SEC` while anyone waits (a slot freed by an Edge that died frees without
+    a message: its lease just expires). One pass asks the table once per model key and long
+    context pattern that found everything full, not once per waiter.
+
+Leases and their TTL
+    A lease lives ``cluster.lease_ttl_sec`` from its grant or renewal; this Edge renews all it
+    holds every third of that, in one script call, so a dead Edge's slots come back within the
+    TTL. A lease the table no longer has at renewal (expired: this Edge could not reach Redis
+    for a whole TTL) is logged and counted (:attr:`ClusterPool.lost`); its request runs to its
+    end, the slot already free for others: the one case where a provider can be briefly
+    over-committed, bounded by the requests this Edge had running then.
+
+Failure (fail closed)
+    Redis unreachable: every grant fails at once with
+    :class:`~iop.edge.errors.CapacityUnknown` (HTTP 503 ``cluster_unavailable``), new requests
+    and waiters alike; releases not delivered are left to expire. It serves again as soon as
+    Redis answers.
+
+Status
+    :meth:`ClusterPool.view` is the cluster seen from here: every Edge's waiters and the leases
+    held per provider over every Edge, refreshed every :data:`VIEW_SEC` (this Edge's own report
+    goes up in the same call), and whether Redis answered the last time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred, fail
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
+
+from iop.config.model import EdgeConfig
+from iop.edge.cluster.errors import ClusterUnavailable
+from iop.edge.cluster.leases import Candidate, ClusterView, Grant
+from iop.edge.errors import CapacityUnknown, Overloaded, PoolError, Unavailable, UnknownModel
+from iop.edge.pool import Lease, ProviderPool, _Candidate, _NodeState, _outcome_name
+from iop.edge.queue import Waiter, queue_limit, queue_timeout
+
+__all__ = ["RETRY_SEC", "VIEW_SEC", "ClusterPool", "LeaseTable"]
+
+# How often waiters are re-tried without a wake-up (a slot freed by an expired lease).
+RETRY_SEC = 0.5
+# How often this Edge reports its waiters and reads the cluster's view.
+VIEW_SEC = 1.0
+# A report outlives its Edge's silence this many view periods.
+VIEW_LIFETIMES = 5
+# Grants taken for a provider whose node went away meanwhile, before giving up for this pass.
+MAX_STALE_GRANTS = 3
+
+
+class LeaseTable(Protocol):
+    """The shared lease table (:class:`~iop.edge.cluster.leases.RedisLeaseStore`)."""
+
+    def acquire(
+        self,
+        model_key: str,
+        candidates: Sequence[Candidate],
+        edge_id: str,
+        ttl_ms: int,
+        long_context: bool = ...,
+        *,
+        ring_size: int | None = ...,
+    ) -> Deferred[Grant | None]: ...
+
+    def renew(self, lease_ids: Sequence[str], ttl_ms: int) -> Deferred[frozenset[str]]: ...
+
+    def release(self, lease_id: str) -> Deferred[bool]: ...
+
+    def view(
+        self,
+        edge_id: str,
+        queued: Mapping[str, int],
+        provider_ids: Sequence[str],
+        lifetime_ms: int,
+    ) -> Deferred[ClusterView]: ...
+
+
+class ClusterPool(ProviderPool):
+    """The pool of one Edge of a cluster; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        config: EdgeConfig,
+        clock: IReactorTime,
+        table: LeaseTable,
+        *,
+        edge_id: str,
+        lease_ttl_sec: float,
+    ) -> None:
+        self._table = table
+        self._edge_id = edge_id
+        self._ttl_ms = max(1, int(lease_ttl_sec * 1000))
+        # This Edge's leases in the table, by lease id (renewed together).
+        self._held: dict[str, Lease] = {}
+        self._pumping = False
+        self._pump_again = False
+        self._loops: list[LoopingCall] = []
+        self._view: ClusterView | None = None
+        self._view_at: float | None = None
+        self._redis_up = False
+        #: Leases the table no longer had when this Edge renewed them.
+        self.lost = 0
+        super().__init__(config, clock)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start renewing leases, re-trying waiters and reporting to the cluster view."""
+        for call, interval in (
+            (self._renew, self._ttl_ms / 3000),
+            (self.wake, RETRY_SEC),
+            (self._report, VIEW_SEC),
+        ):
+            loop = LoopingCall(call)
+            loop.clock = self._clock
+            loop.start(interval, now=False).addErrback(self._loop_failed)
+            self._loops.append(loop)
+
+    def stop(self) -> None:
+        for loop in self._loops:
+            if loop.running:
+                loop.stop()
+        self._loops.clear()
+
+    def _loop_failed(self, failure: Failure) -> None:
+        self.log.failure("cluster pool: a periodic task failed", failure)
+
+    # -- acquire -------------------------------------------------------------------------------
+
+    def acquire(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Lease]:
+        candidates = self._models.get(model_id)
+        if candidates is None:
+            return fail(UnknownModel(model_id))
+        if not any(c.resource.live for c in candidates):
+            self._queue_stats.count(model_id, "unavailable")
+            self.log.info("no live provider for model {model_id}", model_id=model_id)
+            return fail(Unavailable(model_id))
+        if self._queue.waiting(model_id):
+            # Behind this Edge's earlier waiters of the model: FIFO.
+            queued = self._enqueue(model_id, prompt_tokens)
+            self._pump()
+            return queued
+
+        withdrawn = False
+        waiting: Deferred[Lease] | None = None
+
+        def cancel(_: Deferred[Lease]) -> None:
+            nonlocal withdrawn
+            if waiting is not None:
+                waiting.cancel()
+            elif not withdrawn:
+                withdrawn = True
+                self._queue_stats.count(model_id, "withdrawn")
+
+        result: Deferred[Lease] = Deferred(cancel)
+
+        def tried(outcome: Lease | PoolError | None) -> None:
+            nonlocal waiting
+            if withdrawn:
+                if isinstance(outcome, Lease):
+                    outcome.release()
+                return
+            if isinstance(outcome, Lease):
+                self._queue_stats.count(model_id, "served")
+                result.callback(outcome)
+            elif isinstance(outcome, PoolError):
+                self._queue_stats.count(model_id, _outcome_name(outcome))
+                result.errback(outcome)
+            else:
+                waiting = self._enqueue(model_id, prompt_tokens)
+                waiting.chainDeferred(result)
+
+        Deferred.fromCoroutine(self._try(model_id, prompt_tokens)).addCallback(tried)
+        return result
+
+    def _enqueue(self, model_id: str, prompt_tokens: int) -> Deferred[Lease]:
+        candidates = self._models.get(model_id, ())
+        enabled = [c.resource.config for c in candidates if c.resource.enabled]
+        limit = queue_limit(enabled)
+        if self._queue.waiting(model_id) >= limit:
+            self.log.warn(
+                "queue for model {model_id} is full ({limit}): rejecting",
+                model_id=model_id,
+                limit=limit,
+            )
+            self._queue_stats.count(model_id, "overloaded")
+            return fail(Overloaded(model_id, limit))
+        return self._queue.enqueue(model_id, prompt_tokens, queue_timeout(enabled))
+
+    async def _try(self, model_id: str, prompt_tokens: int) -> Lease | PoolError | None:
+        """
+        One grant from the table for ``model_id``: a lease, ``None`` when every live candidate
+        is full, ``Unavailable`` when none is live here, ``CapacityUnknown`` when Redis fails.
+        """
+        for _ in range(MAX_STALE_GRANTS):
+            candidates = self._models.get(model_id, ())
+            live = [c for c in candidates if c.resource.live]
+            if not live:
+                return Unavailable(model_id)
+            asked = {c.ref.provider_id: (c, c.resource.generation) for c in live}
+            try:
+                grant = await self._table.acquire(
+                    model_id,
+                    [_candidate(c, prompt_tokens) for c in live],
+                    self._edge_id,
+                    self._ttl_ms,
+                    ring_size=len(candidates),
+                )
+            except ClusterUnavailable:
+                self._redis_up = False
+                return CapacityUnknown(model_id)
+            self._redis_up = True
+            if grant is None:
+                return None
+            chosen, generation = asked[grant.provider_id]
+            res = chosen.resource
+            if (
+                res.live
+                and res.generation == generation
+                and chosen in self._models.get(model_id, ())
+            ):
+                lease = self._grant(model_id, chosen, prompt_tokens, lease_id=grant.lease_id)
+                self._held[grant.lease_id] = lease
+                return lease
+            # The node went away (or came back as a new generation) while the script ran.
+            self._return(grant.lease_id)
+        return None
+
+    # -- release, fence ------------------------------------------------------------------------
+
+    def _release(self, lease: Lease) -> None:
+        res = self._resources[lease.provider_id]
+        if not res.drop(lease):
+            return
+        self._held.pop(lease.lease_id, None)
+        # On the one connection, the table sees this return before the pump's next grant.
+        self._return(lease.lease_id)
+        self._pump()
+
+    def _fence_node(self, node_id: str, node: _NodeState) -> None:
+        returned = [lease.lease_id for res in node.resources for lease in res.leases]
+        super()._fence_node(node_id, node)
+        for lease_id in returned:
+            self._held.pop(lease_id, None)
+            self._return(lease_id)
+
+    def _return(self, lease_id: str) -> None:
+        """Give the slot back in the table; if Redis cannot take it, the lease expires."""
+        self._table.release(lease_id).addErrback(lambda _: None)
+
+    # -- the pump ------------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Something may have freed a slot somewhere: re-try the waiters (if any)."""
+        self._pump()
+
+    def _pump(self) -> None:
+        if not len(self._queue):
+            return
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
+        d = Deferred.fromCoroutine(self._pump_passes())
+        d.addErrback(lambda f: self.log.failure("cluster pool: the queue pump failed", f))
+        d.addBoth(self._pumped)
+
+    def _pumped(self, _: object) -> None:
+        self._pumping = False
+
+    async def _pump_passes(self) -> None:
+        while True:
+            self._pump_again = False
+            full: set[tuple[str, tuple[bool, ...]]] = set()
+            for waiter in self._queue:
+                if not self._queue.holds(waiter):
+                    continue
+                shape = (waiter.model_id, self._long_shape(waiter))
+                if shape in full:
+                    continue
+                outcome = await self._try(waiter.model_id, waiter.prompt_tokens)
+                if outcome is None:
+                    full.add(shape)
+                    continue
+                self._queue.decide(waiter, outcome)
+            if not self._pump_again:
+                return
+
+    def _long_shape(self, waiter: Waiter[Lease]) -> tuple[bool, ...]:
+        """Which of the model's candidates the waiter would take a long-context slot on."""
+        return tuple(
+            c.resource.is_long(waiter.prompt_tokens) for c in self._models.get(waiter.model_id, ())
+        )
+
+    # -- renewal, view -------------------------------------------------------------------------
+
+    def _renew(self) -> Deferred[None] | None:
+        ids = list(self._held)
+        if not ids:
+            return None
+        return self._table.renew(ids, self._ttl_ms).addCallbacks(
+            self._renewed, self._unreachable, callbackArgs=(ids,)
+        )
+
+    def _renewed(self, renewed: frozenset[str], ids: list[str]) -> None:
+        self._redis_up = True
+        for lease_id in ids:
+            if lease_id in renewed:
+                continue
+            lease = self._held.pop(lease_id, None)
+            if lease is None:
+                continue  # released meanwhile
+            self.lost += 1
+            self.log.warn(
+                "cluster: lease {lease_id} on provider {provider_id} expired while its request "
+                "ran (Redis unreachable for a whole lease TTL?); its slot is free for others",
+                lease_id=lease_id,
+                provider_id=lease.provider_id,
+            )
+
+    def _unreachable(self, failure: Failure) -> None:
+        failure.trap(ClusterUnavailable)
+        self._redis_up = False
+
+    def _report(self) -> Deferred[None]:
+        queued: dict[str, int] = {}
+        for waiter in self._queue:
+            queued[waiter.model_id] = queued.get(waiter.model_id, 0) + 1
+        lifetime_ms = int(VIEW_SEC * VIEW_LIFETIMES * 1000)
+        return self._table.view(
+            self._edge_id, queued, list(self._resources), lifetime_ms
+        ).addCallbacks(self._viewed, self._unreachable)
+
+    def _viewed(self, view: ClusterView) -> None:
+        self._redis_up = True
+        self._view = view
+        self._view_at = self._clock.seconds()
+
+    def view(self) -> dict[str, Any]:
+        """The cluster seen from this Edge (for ``/status``): see the module docstring."""
+        view = self._view
+        entry: dict[str, Any] = {
+            "edge_id": self._edge_id,
+            "redis": "up" if self._redis_up else "unreachable",
+            "lease_ttl_sec": self._ttl_ms / 1000,
+            "leases_held_here": len(self._held),
+            "leases_lost": self.lost,
+            "view_age_sec": (
+                None if self._view_at is None else round(self._clock.seconds() - self._view_at, 3)
+            ),
+            "edges": [],
+            "providers": {},
+        }
+        if view is not None:
+            entry["edges"] = [
+                {
+                    "id": e.edge_id,
+                    "queued": sum(e.queued.values()),
+                    "queued_by_model": dict(e.queued),
+                    "reported_sec_ago": e.age_ms / 1000,
+                }
+                for e in view.edges
+            ]
+            entry["providers"] = {
+                pid: {"in_flight": held, "long_in_flight": long}
+                for pid, (held, long) in view.held.items()
+            }
+        return entry
+
+
+def _candidate(c: _Candidate, prompt_tokens: int) -> Candidate:
+    res = c.resource
+    return Candidate(
+        provider_id=res.provider_id,
+        capacity=res.config.capacity,
+        priority=res.config.priority,
+        long_capacity=res.config.long_capacity,
+        position=c.index,
+        long=res.is_long(prompt_tokens),
+    )
