@@ -1,0 +1,300 @@
+"""
+The cluster pool (:mod:`iop.edge.cluster.pool`) on an in-memory lease table: two Edges' pools
+sharing one table hold a provider's capacity exactly; waiters wake on a slot returned anywhere;
+a grant racing a fence or a client that left is returned; Redis down fails closed; leases are
+renewed and a lost one is counted; and after arbitrary interleavings every counter — this
+Edge's and the table's — comes back to zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.edge.cluster.pool import RETRY_SEC, ClusterPool
+from iop.edge.errors import CapacityUnknown, Overloaded, QueueTimeout, Unavailable
+from iop.edge.pool import Lease
+from iop.test.edge.cluster.memtable import MemoryTable
+from iop.test.edge.test_pool import make_config, prov
+
+TTL = 3.0
+
+
+def two_edges(
+    capacity: int = 2, *, max_queue: int = 8, queue_timeout: float = 30.0, providers: int = 1
+) -> tuple[Clock, MemoryTable, ClusterPool, ClusterPool]:
+    clock = Clock()
+    table = MemoryTable(clock)
+    ids = [f"p{i}" for i in range(providers)]
+    config = make_config(
+        {
+            "n1": [
+                prov(pid, capacity=capacity, max_queue=max_queue, queue_timeout=queue_timeout)
+                for pid in ids
+            ]
+        },
+        {"m": ids},
+    )
+    pools = []
+    for edge in ("edge-a", "edge-b"):
+        pool = ClusterPool(config, clock, table, edge_id=edge, lease_ttl_sec=TTL)
+        pool.node_ready("n1", 1)
+        table.published.append(_waker(pool))
+        pools.append(pool)
+    return clock, table, pools[0], pools[1]
+
+
+def _waker(pool: ClusterPool) -> Callable[[str], None]:
+    return lambda _provider_id: pool.wake()
+
+
+class GrantTests(SynchronousTestCase):
+    def test_capacity_is_shared_by_both_edges(self) -> None:
+        _, table, a, b = two_edges(capacity=2)
+        first = self.successResultOf(a.acquire("m"))
+        second = self.successResultOf(b.acquire("m"))
+        third = b.acquire("m")
+        self.assertNoResult(third)
+        self.assertEqual(table.in_flight("p0"), 2)
+        self.assertEqual((first.lease_id[:6], second.lease_id[:6]), ("edge-a", "edge-b"))
+        # A slot returned on the other Edge wakes this Edge's waiter at once.
+        first.release()
+        lease = self.successResultOf(third)
+        self.assertEqual(table.in_flight("p0"), 2)
+        for held in (second, lease):
+            held.release()
+        self.assertEqual(table.in_flight("p0"), 0)
+        self.assertEqual(table.releases, [first.lease_id, second.lease_id, lease.lease_id])
+
+    def test_release_is_returned_to_the_table_once(self) -> None:
+        _, table, a, _ = two_edges()
+        lease = self.successResultOf(a.acquire("m"))
+        lease.release()
+        lease.release()
+        self.assertEqual(table.releases, [lease.lease_id])
+        self.assertEqual(a.stats().in_flight[("p0", "n1")], 0)
+
+    def test_waiters_keep_arrival_order(self) -> None:
+        _, _, a, b = two_edges(capacity=1)
+        held = self.successResultOf(b.acquire("m"))
+        waiters = [a.acquire("m") for _ in "xyz"]
+        held.release()
+        self.successResultOf(waiters[0])
+        self.assertNoResult(waiters[1])
+        self.assertNoResult(waiters[2])
+
+    def test_a_slot_freed_by_an_expired_lease_is_found_by_the_retry(self) -> None:
+        clock, table, a, b = two_edges(capacity=1)
+        self.successResultOf(b.acquire("m"))
+        b.stop()  # edge-b "dies": nobody renews its lease, no release is ever sent
+        waiting = a.acquire("m")
+        a.start()
+        clock.advance(TTL - RETRY_SEC)
+        self.assertNoResult(waiting)
+        clock.pump([RETRY_SEC] * 3)
+        self.successResultOf(waiting).release()
+        self.assertEqual(table.in_flight("p0"), 0)
+        a.stop()
+
+    def test_queue_limit_is_per_edge(self) -> None:
+        _, _, a, b = two_edges(capacity=1, max_queue=1)
+        self.successResultOf(a.acquire("m"))
+        a.acquire("m")
+        self.failureResultOf(a.acquire("m"), Overloaded)
+        b.acquire("m")  # edge-b's own queue has room
+        self.assertEqual(len(list(b._queue)), 1)
+
+    def test_queue_timeout(self) -> None:
+        clock, _, a, _ = two_edges(capacity=1, queue_timeout=5)
+        self.successResultOf(a.acquire("m"))
+        waiting = a.acquire("m")
+        clock.advance(5)
+        self.failureResultOf(waiting, QueueTimeout)
+
+
+class RaceTests(SynchronousTestCase):
+    def test_a_grant_for_a_fenced_node_is_returned(self) -> None:
+        _, table, a, _ = two_edges()
+        table.held = True
+        d = a.acquire("m")
+        a.node_fenced("n1", 1)
+        table.answer()
+        self.failureResultOf(d, Unavailable)
+        self.assertEqual(table.in_flight("p0"), 0)
+
+    def test_a_client_gone_before_the_grant_returns_it(self) -> None:
+        _, table, a, _ = two_edges()
+        table.held = True
+        d = a.acquire("m")
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+        table.answer()
+        self.assertEqual(table.in_flight("p0"), 0)
+        self.assertEqual(a.stats().queue_outcomes[("m", "withdrawn")], 1)
+        self.assertEqual(a.stats().in_flight[("p0", "n1")], 0)
+
+    def test_a_waiter_gone_while_the_pump_asks_gets_nothing(self) -> None:
+        _, table, a, b = two_edges(capacity=1)
+        held = self.successResultOf(b.acquire("m"))
+        waiting = a.acquire("m")
+        table.held = True
+        held.release()
+        table.answer(1)  # the release: wakes edge-a, whose pump asks the table (held)
+        waiting.cancel()
+        self.failureResultOf(waiting, CancelledError)
+        table.answer()
+        self.assertEqual(table.in_flight("p0"), 0)
+        self.assertEqual(a.stats().in_flight[("p0", "n1")], 0)
+
+    def test_fence_returns_this_edges_leases_only(self) -> None:
+        _, table, a, b = two_edges(capacity=4)
+        mine = self.successResultOf(a.acquire("m"))
+        theirs = self.successResultOf(b.acquire("m"))
+        a.node_fenced("n1", 1)
+        self.assertEqual(table.releases, [mine.lease_id])
+        self.assertEqual(table.in_flight("p0"), 1)
+        mine.release()  # after the fence: nothing more
+        theirs.release()
+        self.assertEqual(table.releases, [mine.lease_id, theirs.lease_id])
+
+
+class FailClosedTests(SynchronousTestCase):
+    def test_redis_down_refuses_new_work(self) -> None:
+        _, table, a, _ = two_edges()
+        table.down = True
+        failure = self.failureResultOf(a.acquire("m"), CapacityUnknown)
+        self.assertEqual(failure.value.code, "cluster_unavailable")
+        self.assertNotIn("redis", failure.value.message.lower())
+        self.assertEqual(a.stats().queue_outcomes[("m", "unavailable")], 1)
+        self.assertEqual(a.view()["redis"], "unreachable")
+        table.down = False
+        self.successResultOf(a.acquire("m")).release()
+        self.assertEqual(a.view()["redis"], "up")
+
+    def test_waiters_fail_closed_when_redis_goes(self) -> None:
+        clock, table, a, _ = two_edges(capacity=1)
+        self.successResultOf(a.acquire("m"))
+        waiting = a.acquire("m")
+        a.start()
+        table.down = True
+        clock.advance(RETRY_SEC)
+        self.failureResultOf(waiting, CapacityUnknown)
+        a.stop()
+
+
+class RenewalTests(SynchronousTestCase):
+    def test_held_leases_are_renewed_and_outlive_the_ttl(self) -> None:
+        clock, table, a, _ = two_edges()
+        a.start()
+        lease = self.successResultOf(a.acquire("m"))
+        clock.pump([TTL / 3] * 10)
+        self.assertEqual(table.in_flight("p0"), 1)
+        lease.release()
+        self.assertEqual(table.in_flight("p0"), 0)
+        a.stop()
+
+    def test_a_lease_lost_at_renewal_is_counted(self) -> None:
+        clock, table, a, _ = two_edges()
+        a.start()
+        lease = self.successResultOf(a.acquire("m"))
+        table.down = True
+        clock.advance(TTL)  # renewals fail for a whole TTL: the lease expires
+        table.down = False
+        clock.advance(TTL / 3)
+        self.assertEqual((a.lost, a.view()["leases_lost"]), (1, 1))
+        lease.release()
+        self.assertEqual(a.stats().in_flight[("p0", "n1")], 0)
+        a.stop()
+
+    def test_view_lists_every_edge_and_the_shared_leases(self) -> None:
+        clock, _, a, b = two_edges(capacity=1)
+        self.successResultOf(a.acquire("m"))
+        b.acquire("m")
+        a.start()
+        b.start()
+        clock.pump([1.0, 1.0])  # edge-a's second report sees edge-b's first
+        view = a.view()
+        self.assertEqual([e["id"] for e in view["edges"]], ["edge-a", "edge-b"])
+        self.assertEqual({e["id"]: e["queued"] for e in view["edges"]}, {"edge-a": 0, "edge-b": 1})
+        self.assertEqual(view["providers"]["p0"], {"in_flight": 1, "long_in_flight": 0})
+        a.stop()
+        b.stop()
+
+
+# Arbitrary interleavings: (edge index, action, argument).
+_STEP = st.tuples(
+    st.integers(0, 1),
+    st.sampled_from(["acquire", "release", "cancel", "fence", "ready", "tick", "down", "up"]),
+    st.integers(0, 7),
+)
+
+
+class CountersReturnToZeroTests(SynchronousTestCase):
+    @settings(max_examples=150, deadline=None)
+    @given(st.lists(_STEP, max_size=60), st.booleans())
+    def test_capacity_holds_and_counters_return_to_zero(
+        self, steps: list[tuple[int, str, int]], held: bool
+    ) -> None:
+        clock, table, a, b = two_edges(capacity=2, providers=2, max_queue=4)
+        pools = (a, b)
+        generation = [1, 1]
+        leases: list[Lease] = []
+        pending: list[Deferred[Lease]] = []
+        table.held = held
+        went_down = False
+        for pool in pools:
+            pool.start()
+
+        def keep(lease: Lease) -> Lease:
+            leases.append(lease)
+            return lease
+
+        for edge, action, arg in steps:
+            pool = pools[edge]
+            if action == "acquire":
+                d = pool.acquire("m")
+                d.addCallback(keep).addErrback(lambda f: None)
+                pending.append(d)
+            elif action == "release" and leases:
+                leases.pop(arg % len(leases)).release()
+            elif action == "cancel" and pending:
+                pending.pop(arg % len(pending)).cancel()
+            elif action == "fence":
+                pool.node_fenced("n1", generation[edge])
+            elif action == "ready":
+                generation[edge] += 1
+                pool.node_ready("n1", generation[edge])
+            elif action == "tick":
+                clock.advance(RETRY_SEC)
+            elif action == "down":
+                table.down = went_down = True
+            elif action == "up":
+                table.down = False
+            table.answer() if arg % 2 else None
+            for pid in ("p0", "p1"):
+                self.assertLessEqual(table.in_flight(pid), 2)
+        # Drain: Redis back, every reply in, every waiter gone, every lease released.
+        table.down = False
+        table.answer()
+        for d in pending:
+            d.cancel()
+        table.answer()
+        for lease in leases:
+            lease.release()
+        table.answer()
+        for pool in pools:
+            stats = pool.stats()
+            self.assertEqual(sum(stats.in_flight.values()), 0, stats)
+            self.assertEqual(len(list(pool._queue)), 0)
+            self.assertEqual(pool._held, {})
+            pool.stop()
+        if not went_down:
+            self.assertEqual(table.in_flight("p0") + table.in_flight("p1"), 0)
+        # A release Redis could not take is collected by its lease's TTL.
+        clock.advance(TTL)
+        self.assertEqual(table.in_flight("p0") + table.in_flight("p1"), 0)
