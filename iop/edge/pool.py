@@ -85,6 +85,8 @@ from iop.edge.queue import (
     queue_timeout,
 )
 
+_log = Logger()
+
 # ---------------------------------------------------------------------------------------------
 # Leases
 
@@ -93,6 +95,8 @@ from iop.edge.queue import (
 class _LeaseState:
     released: bool = False
     fenced: bool = False
+    lost: bool = False
+    on_lost: list[Callable[[], object]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,11 +137,41 @@ class Lease:
         """The node's generation was fenced while this lease was held (slot already returned)."""
         return self._state.fenced
 
+    @property
+    def lost(self) -> bool:
+        """The pool could no longer vouch for this lease's slot (see :meth:`when_lost`)."""
+        return self._state.lost
+
+    def when_lost(self, callback: Callable[[], object]) -> None:
+        """
+        Call ``callback`` if the pool loses this lease's slot while it is held: in a cluster,
+        when its renewal could not be confirmed before it would expire (the holder must end
+        its work: the slot is free for others). At once if already lost; never for an Edge
+        alone.
+        """
+        if self._state.lost:
+            callback()
+        elif not self._state.released:
+            self._state.on_lost.append(callback)
+
     def release(self) -> None:
         if self._state.released:
             return
         self._state.released = True
+        self._state.on_lost.clear()
         self._on_release(self)
+
+    def lose(self) -> None:
+        """The pool's side of :meth:`when_lost`: run the callbacks once."""
+        if self._state.lost or self._state.released:
+            return
+        self._state.lost = True
+        callbacks, self._state.on_lost = self._state.on_lost, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                _log.failure("a lost lease's callback failed")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -32,10 +32,13 @@ Wake-ups
 Leases and their TTL
     A lease lives ``cluster.lease_ttl_sec`` from its grant or renewal; this Edge renews all it
     holds every third of that, in one script call, so a dead Edge's slots come back within the
-    TTL. A lease the table no longer has at renewal (expired: this Edge could not reach Redis
-    for a whole TTL) is logged and counted (:attr:`ClusterPool.lost`); its request runs to its
-    end, the slot already free for others: the one case where a provider can be briefly
-    over-committed, bounded by the requests this Edge had running then.
+    TTL. Each lease is known held until the time its last confirmed renewal (or its grant) was
+    *asked* plus the TTL — never later than the table's own expiry. A lease not confirmed by
+    :data:`DEADLINE_MARGIN` of the TTL before that (Redis unreachable for about two renewals),
+    or one the table no longer has, is *lost*: logged, counted (:attr:`ClusterPool.lost`) and
+    its holder told (:meth:`~iop.edge.pool.Lease.when_lost`; the client surfaces cut the
+    client's connection, which cancels the work), so its slot is never used twice. (Clocks:
+    the Edge's runs no faster than Redis's over one TTL — the usual lease assumption.)
 
 Failure (fail closed)
     Redis unreachable: every grant fails at once with
@@ -74,6 +77,8 @@ RETRY_SEC = 0.5
 VIEW_SEC = 1.0
 # A report outlives its Edge's silence this many view periods.
 VIEW_LIFETIMES = 5
+# A lease not confirmed renewed until this share of the TTL before it would expire is lost.
+DEADLINE_MARGIN = 0.1
 # Grants taken for a provider whose node went away meanwhile, before giving up for this pass.
 MAX_STALE_GRANTS = 3
 
@@ -120,8 +125,10 @@ class ClusterPool(ProviderPool):
         self._table = table
         self._edge_id = edge_id
         self._ttl_ms = max(1, int(lease_ttl_sec * 1000))
-        # This Edge's leases in the table, by lease id (renewed together).
+        # This Edge's leases in the table, by lease id (renewed together), and the local time
+        # until which each is known to be held (asked at + TTL: the table's expiry is later).
         self._held: dict[str, Lease] = {}
+        self._confirmed: dict[str, float] = {}
         self._pumping = False
         self._pump_again = False
         self._loops: list[LoopingCall] = []
@@ -136,8 +143,10 @@ class ClusterPool(ProviderPool):
 
     def start(self) -> None:
         """Start renewing leases, re-trying waiters and reporting to the cluster view."""
+        ttl = self._ttl_ms / 1000
         for call, interval in (
-            (self._renew, self._ttl_ms / 3000),
+            (self._renew, ttl / 3),
+            (self._check_deadlines, ttl * DEADLINE_MARGIN),
             (self.wake, RETRY_SEC),
             (self._report, VIEW_SEC),
         ):
@@ -228,6 +237,7 @@ class ClusterPool(ProviderPool):
             if not live:
                 return Unavailable(model_id)
             asked = {c.ref.provider_id: (c, c.resource.generation) for c in live}
+            asked_at = self._clock.seconds()
             try:
                 grant = await self._table.acquire(
                     model_id,
@@ -251,6 +261,7 @@ class ClusterPool(ProviderPool):
             ):
                 lease = self._grant(model_id, chosen, prompt_tokens, lease_id=grant.lease_id)
                 self._held[grant.lease_id] = lease
+                self._confirmed[grant.lease_id] = asked_at + self._ttl_ms / 1000
                 return lease
             # The node went away (or came back as a new generation) while the script ran.
             self._return(grant.lease_id)
@@ -263,6 +274,7 @@ class ClusterPool(ProviderPool):
         if not res.drop(lease):
             return
         self._held.pop(lease.lease_id, None)
+        self._confirmed.pop(lease.lease_id, None)
         # On the one connection, the table sees this return before the pump's next grant.
         self._return(lease.lease_id)
         self._pump()
@@ -272,6 +284,7 @@ class ClusterPool(ProviderPool):
         super()._fence_node(node_id, node)
         for lease_id in returned:
             self._held.pop(lease_id, None)
+            self._confirmed.pop(lease_id, None)
             self._return(lease_id)
 
     def _return(self, lease_id: str) -> None:
@@ -328,25 +341,44 @@ class ClusterPool(ProviderPool):
         ids = list(self._held)
         if not ids:
             return None
+        sent = self._clock.seconds()
         return self._table.renew(ids, self._ttl_ms).addCallbacks(
-            self._renewed, self._unreachable, callbackArgs=(ids,)
+            self._renewed, self._unreachable, callbackArgs=(ids, sent)
         )
 
-    def _renewed(self, renewed: frozenset[str], ids: list[str]) -> None:
+    def _renewed(self, renewed: frozenset[str], ids: list[str], sent: float) -> None:
         self._redis_up = True
+        until = sent + self._ttl_ms / 1000
         for lease_id in ids:
-            if lease_id in renewed:
-                continue
-            lease = self._held.pop(lease_id, None)
-            if lease is None:
+            if lease_id not in self._held:
                 continue  # released meanwhile
-            self.lost += 1
-            self.log.warn(
-                "cluster: lease {lease_id} on provider {provider_id} expired while its request "
-                "ran (Redis unreachable for a whole lease TTL?); its slot is free for others",
-                lease_id=lease_id,
-                provider_id=lease.provider_id,
-            )
+            if lease_id in renewed:
+                self._confirmed[lease_id] = until
+            else:
+                self._lose(lease_id, "the table no longer had it")
+
+    def _check_deadlines(self) -> None:
+        """End the requests whose lease may expire before a renewal can be confirmed."""
+        margin = self._ttl_ms / 1000 * DEADLINE_MARGIN
+        now = self._clock.seconds()
+        for lease_id, until in list(self._confirmed.items()):
+            if now >= until - margin:
+                self._lose(lease_id, "its renewal could not be confirmed in time")
+
+    def _lose(self, lease_id: str, why: str) -> None:
+        lease = self._held.pop(lease_id, None)
+        self._confirmed.pop(lease_id, None)
+        if lease is None:
+            return
+        self.lost += 1
+        self.log.warn(
+            "cluster: lease {lease_id} on provider {provider_id} lost ({why}): its request is "
+            "ended, since its slot may be granted to another",
+            lease_id=lease_id,
+            provider_id=lease.provider_id,
+            why=why,
+        )
+        lease.lose()
 
     def _unreachable(self, failure: Failure) -> None:
         failure.trap(ClusterUnavailable)

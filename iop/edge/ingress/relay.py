@@ -246,6 +246,10 @@ async def with_placement(
         waited = record.clock.seconds() - asked if placement.lease is not None else None
         record.placed(placement, waited)
     placement.principal = principal.name if principal is not None else ""
+    if placement.lease is not None:
+        # A cluster lease that can no longer be renewed: its slot may go to another request,
+        # so this one ends now (the client sees its connection cut, the work is cancelled).
+        placement.lease.when_lost(exchange.abort)
     closing = False
     try:
         if exchange.gone:

@@ -198,17 +198,47 @@ class RenewalTests(SynchronousTestCase):
         self.assertEqual(table.in_flight("p0"), 0)
         a.stop()
 
-    def test_a_lease_lost_at_renewal_is_counted(self) -> None:
+    def test_one_failed_renewal_loses_nothing(self) -> None:
         clock, table, a, _ = two_edges()
         a.start()
         lease = self.successResultOf(a.acquire("m"))
-        table.down = True
-        clock.advance(TTL)  # renewals fail for a whole TTL: the lease expires
-        table.down = False
+        lost: list[str] = []
+        lease.when_lost(lambda: lost.append("lost"))
         clock.advance(TTL / 3)
+        table.down = True
+        clock.pump([TTL / 10] * 3)  # the renewal at 2/3 TTL fails
+        table.down = False
+        clock.pump([TTL / 10] * 30)
+        self.assertEqual((lost, a.lost, table.in_flight("p0")), ([], 0, 1))
+        lease.release()
+        a.stop()
+
+    def test_a_lease_not_renewed_in_time_is_lost_before_it_expires(self) -> None:
+        clock, table, a, _ = two_edges()
+        a.start()
+        lease = self.successResultOf(a.acquire("m"))
+        lost: list[float] = []
+        lease.when_lost(lambda: lost.append(clock.seconds()))
+        table.down = True
+        clock.pump([TTL / 10] * 12)
+        # Told before the table's expiry (the grant's time + TTL): never a slot used twice.
+        self.assertEqual(len(lost), 1)
+        self.assertLess(lost[0], TTL)
         self.assertEqual((a.lost, a.view()["leases_lost"]), (1, 1))
+        table.down = False
+        lease.release()
         lease.release()
         self.assertEqual(a.stats().in_flight[("p0", "n1")], 0)
+        a.stop()
+
+    def test_a_lease_the_table_forgot_is_lost(self) -> None:
+        clock, table, a, _ = two_edges()
+        a.start()
+        lease = self.successResultOf(a.acquire("m"))
+        table.leases.clear()  # e.g. Redis restarted empty
+        clock.advance(TTL / 3)
+        self.assertTrue(lease.lost)
+        self.assertEqual(a.lost, 1)
         a.stop()
 
     def test_view_lists_every_edge_and_the_shared_leases(self) -> None:
