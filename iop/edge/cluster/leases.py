@@ -25,8 +25,11 @@ Leases
 Redis
     The table must not be evicted: run its Redis with ``maxmemory-policy noeviction`` (or a
     ``volatile-*`` policy, which can only take expiring lease records: briefly under-used
-    capacity, never over-committed). A Redis that restarts empty forgets the leases held: until
-    their requests end, a provider can be granted beyond its capacity.
+    capacity, never over-committed). A Redis that starts empty (restarted without persistence,
+    failed over to an empty replica) has lost the table: the first call sees no epoch and opens
+    a recovery period of one TTL in which nothing is granted and the Edges' renewals re-assert
+    the leases they hold (``{P}:epoch`` in :mod:`~iop.edge.cluster.scripts`). Run it without
+    persistence: a table restored from an old snapshot looks established but is stale.
 
 Failure
     Every Redis problem is :class:`~iop.edge.cluster.errors.ClusterUnavailable`, at once when no
@@ -156,6 +159,8 @@ class RedisLeaseStore:
         self._tag = "{" + key_prefix + "}"
         # Since the last answer, operations have failed (logged once).
         self._failing = False
+        #: The last acquire found the table recovering (granting nothing).
+        self.recovering = False
 
     # -- keys ----------------------------------------------------------------------------------
 
@@ -185,7 +190,8 @@ class RedisLeaseStore:
     ) -> Deferred[Grant | None]:
         """
         A lease for ``model_key`` on the candidate selection picks, held by ``edge_id`` for
-        ``ttl_ms``; ``None`` when every candidate is full (or there is none). ``ring_size``: the
+        ``ttl_ms``; ``None`` when every candidate is full (or there is none), or while the
+        table recovers (:attr:`recovering`). ``ring_size``: the
         model key's configured provider count (default: enough for every position given).
         """
         if not candidates:
@@ -206,21 +212,50 @@ class RedisLeaseStore:
         keys = [self._key("seq")]
         args = [self._key(""), edge_id, ttl_ms, ring, model_key, "\n".join(lines)]
         d = self._run(ACQUIRE, keys, args)
-        d.addCallback(_grant)
+        d.addCallback(self._granted)
         return d
 
-    def renew(self, lease_ids: Sequence[str], ttl_ms: int) -> Deferred[frozenset[str]]:
+    def _granted(self, reply: Any) -> Grant | None:
+        if isinstance(reply, int) and reply < 0:
+            if not self.recovering:
+                self.recovering = True
+                self.log.warn(
+                    "cluster: the lease table is new or was lost (Redis started empty): "
+                    "granting nothing for one lease TTL while the Edges re-assert their leases"
+                )
+            return None
+        if self.recovering:
+            self.recovering = False
+            self.log.info("cluster: the lease table has recovered; granting again")
+        return _grant(reply)
+
+    def renew(
+        self,
+        lease_ids: Sequence[str],
+        ttl_ms: int,
+        *,
+        owners: Mapping[str, tuple[str, bool]] | None = None,
+        edge_id: str = "",
+    ) -> Deferred[frozenset[str]]:
         """
         Extend each lease still held to ``ttl_ms`` from now; the ids renewed (a lease missing
-        from them expired or was released: its slot is no longer this request's).
+        from them expired or was released: its slot is no longer this request's). With
+        ``owners`` (per lease id: its provider id and whether it holds a long slot) and
+        ``edge_id``, a lease the table lost is re-asserted while the table recovers (see
+        :mod:`~iop.edge.cluster.scripts`, ``{P}:epoch``).
         """
         ids = list(lease_ids)
         if not ids:
             return succeed(frozenset())
         if ttl_ms <= 0:
             raise ValueError("ttl_ms must be > 0")
+        lines = []
+        for lease_id in ids:
+            provider, long = (owners or {}).get(lease_id, ("-", False))
+            lines.append(f"{lease_id} {provider} {1 if long else 0}")
         keys = [self._lease(i) for i in ids]
-        args = [self._held(""), self._long(""), ttl_ms, *ids]
+        epoch = self._key("epoch") if owners is not None else ""
+        args = [self._held(""), self._long(""), ttl_ms, epoch, edge_id, "\n".join(lines)]
         d = self._run(RENEW, keys, args)
         d.addCallback(
             lambda flags: frozenset(i for i, ok in zip(ids, flags, strict=True) if int(ok))

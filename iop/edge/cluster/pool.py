@@ -97,7 +97,14 @@ class LeaseTable(Protocol):
         ring_size: int | None = ...,
     ) -> Deferred[Grant | None]: ...
 
-    def renew(self, lease_ids: Sequence[str], ttl_ms: int) -> Deferred[frozenset[str]]: ...
+    def renew(
+        self,
+        lease_ids: Sequence[str],
+        ttl_ms: int,
+        *,
+        owners: Mapping[str, tuple[str, bool]] | None = ...,
+        edge_id: str = ...,
+    ) -> Deferred[frozenset[str]]: ...
 
     def release(self, lease_id: str) -> Deferred[bool]: ...
 
@@ -342,9 +349,9 @@ class ClusterPool(ProviderPool):
         if not ids:
             return None
         sent = self._clock.seconds()
-        return self._table.renew(ids, self._ttl_ms).addCallbacks(
-            self._renewed, self._unreachable, callbackArgs=(ids, sent)
-        )
+        owners = {i: (self._held[i].provider_id, self._held[i].long) for i in ids}
+        renewing = self._table.renew(ids, self._ttl_ms, owners=owners, edge_id=self._edge_id)
+        return renewing.addCallbacks(self._renewed, self._unreachable, callbackArgs=(ids, sent))
 
     def _renewed(self, renewed: frozenset[str], ids: list[str], sent: float) -> None:
         self._redis_up = True

@@ -27,6 +27,14 @@ route it, and derives the provider keys from the prefix):
     STRING, expiring: the Edge's last report, its waiters per model key (JSON).
 ``{P}:wake``
     Pub/sub channel: every returned slot is published (message: the provider id).
+``{P}:epoch``
+    STRING: when the table's last recovery period ends (ms). Absent means Redis lost the table
+    (it started empty: a restart without persistence, a failover to an empty replica, a flush)
+    or never had one; the first acquire or renewal then opens a recovery period of one lease
+    TTL: acquire grants nothing (the caller waits) while every Edge's next renewal re-asserts
+    the leases it still holds (each Edge renews every third of a TTL), so capacity held before
+    the loss is counted again before anything new is granted. A fresh table costs the same
+    wait once.
 
 Cost per call: acquire O(k · (log N + E)) for k candidates, N leases held per provider and E
 expired leases dropped (each lease is dropped once, so E is amortized O(1)); release and each
@@ -62,16 +70,34 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
+# The table's epoch (see the module docstring): absent, the first call opens a recovery period
+# of one lease TTL; true while it lasts.
+_RECOVERING = """
+local function recovering(key, ttl)
+  local ends = redis.call('GET', key)
+  if not ends then
+    redis.call('SET', key, now + ttl)
+    return true
+  end
+  return now < tonumber(ends)
+end
+"""
+
 # KEYS: seq (declared for routing: every other key shares its hash tag, so its slot).
 # ARGV: key prefix ("{P}:"), edge_id, ttl_ms, ring size, model key, then the candidates packed
 #       in one string (one argument costs the client more than the server's parsing): a line
 #       each, "provider_id capacity long_capacity priority position long(0/1)".
-# Returns nil (every candidate full) or {provider_id, lease_id, long, expires_at_ms}.
+# Returns nil (every candidate full), -1 (the table is recovering: nothing is granted) or
+# {provider_id, lease_id, long, expires_at_ms}.
 ACQUIRE = Script(
     "acquire",
     _NOW
+    + _RECOVERING
     + """
 local prefix, edge, ttl, ring = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if recovering(prefix .. 'epoch', ttl) then
+  return -1
+end
 local rr = prefix .. 'rr:' .. ARGV[5]
 local start = tonumber(redis.call('GET', rr) or '0') % ring
 local best, best_used, best_priority, best_turn
@@ -139,17 +165,24 @@ return returned
 """,
 )
 
-# KEYS: the leases' keys. ARGV: held key prefix, long key prefix, ttl_ms, then the lease ids.
-# Returns one 0/1 per lease: 1 when it was still held and now expires ttl_ms from now.
+# KEYS: the leases' keys. ARGV: held key prefix, long key prefix, ttl_ms, the epoch key ("":
+# never re-assert), the renewing Edge's id, then one line per lease (in KEYS' order) packed in
+# one string: "lease_id provider_id long(0/1)". Returns one 0/1 per lease: 1 when it is held
+# and now expires ttl_ms from now — still held, or (while the table recovers) re-asserted.
 RENEW = Script(
     "renew",
     _NOW
+    + _RECOVERING
     + """
 local ttl = tonumber(ARGV[3])
 local expires = now + ttl
+local reassert = ARGV[4] ~= '' and recovering(ARGV[4], ttl)
 local renewed = {}
-for i, key in ipairs(KEYS) do
-  local id = ARGV[3 + i]
+local i = 0
+for line in string.gmatch(ARGV[6], '[^\\n]+') do
+  i = i + 1
+  local id, provider, long = string.match(line, '^(%S+) (%S+) ([01])$')
+  local key = KEYS[i]
   local record = redis.call('GET', key)
   local ok = 0
   if record then
@@ -164,6 +197,14 @@ for i, key in ipairs(KEYS) do
       redis.call('PEXPIRE', key, ttl)
       ok = 1
     end
+  elseif reassert then
+    redis.call('ZADD', ARGV[1] .. provider, expires, id)
+    if long == '1' then
+      redis.call('ZADD', ARGV[2] .. provider, expires, id)
+    end
+    local lease = cjson.encode({p = provider, e = ARGV[5], l = tonumber(long)})
+    redis.call('SET', key, lease, 'PX', ttl)
+    ok = 1
   end
   renewed[i] = ok
 end

@@ -38,6 +38,8 @@ class MemoryTable:
     reports: dict[str, tuple[float, dict[str, int]]] = field(default_factory=dict)
     pending: list[Callable[[], None]] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+    # When the recovery period ends (seconds); None: the table was lost (see restart()).
+    epoch: float | None = 0.0
     # Called with the provider id of every returned slot (the wake-up channel).
     published: list[Callable[[str], None]] = field(default_factory=list)
     _seq: Any = field(default_factory=lambda: itertools.count(1))
@@ -51,6 +53,19 @@ class MemoryTable:
             self.pending.pop(0)()
             if count is not None:
                 count -= 1
+
+    def restart(self) -> None:
+        """Redis restarted empty: every lease, rotation and the epoch are gone."""
+        self.leases.clear()
+        self.rr.clear()
+        self.epoch = None
+
+    def _recovering(self, ttl_ms: int) -> bool:
+        now = self.clock.seconds()
+        if self.epoch is None:
+            self.epoch = now + ttl_ms / 1000
+            return True
+        return now < self.epoch
 
     def in_flight(self, provider_id: str) -> int:
         self._expire()
@@ -95,6 +110,8 @@ class MemoryTable:
     ) -> Deferred[Grant | None]:
         def work() -> Grant | None:
             self._expire()
+            if self._recovering(ttl_ms):
+                return None
             positions = [
                 c.position if c.position is not None else i for i, c in enumerate(candidates)
             ]
@@ -123,14 +140,27 @@ class MemoryTable:
 
         return self._call(work)
 
-    def renew(self, lease_ids: Sequence[str], ttl_ms: int) -> Deferred[frozenset[str]]:
+    def renew(
+        self,
+        lease_ids: Sequence[str],
+        ttl_ms: int,
+        *,
+        owners: Mapping[str, tuple[str, bool]] | None = None,
+        edge_id: str = "",
+    ) -> Deferred[frozenset[str]]:
         def work() -> frozenset[str]:
             self._expire()
+            reassert = owners is not None and self._recovering(ttl_ms)
+            expires = self.clock.seconds() + ttl_ms / 1000
             renewed = set()
             for lease_id in lease_ids:
                 held = self.leases.get(lease_id)
                 if held is not None:
-                    held.expires = self.clock.seconds() + ttl_ms / 1000
+                    held.expires = expires
+                    renewed.add(lease_id)
+                elif reassert and owners is not None and lease_id in owners:
+                    provider, long = owners[lease_id]
+                    self.leases[lease_id] = _Held(provider, edge_id, long, expires)
                     renewed.add(lease_id)
             return frozenset(renewed)
 

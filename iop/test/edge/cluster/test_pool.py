@@ -235,11 +235,34 @@ class RenewalTests(SynchronousTestCase):
         clock, table, a, _ = two_edges()
         a.start()
         lease = self.successResultOf(a.acquire("m"))
-        table.leases.clear()  # e.g. Redis restarted empty
+        table.leases.clear()  # gone while the table's epoch stands (e.g. an eviction)
         clock.advance(TTL / 3)
         self.assertTrue(lease.lost)
         self.assertEqual(a.lost, 1)
         a.stop()
+
+    def test_after_redis_restarts_empty_held_leases_are_reasserted_first(self) -> None:
+        clock, table, a, b = two_edges(capacity=2)
+        a.start()
+        b.start()
+        held = [self.successResultOf(a.acquire("m")), self.successResultOf(b.acquire("m"))]
+        table.restart()
+        # Nothing is granted while the table recovers, however free it looks...
+        waiting = b.acquire("m")
+        waiting_too = a.acquire("m")
+        clock.pump([TTL / 10] * 5)
+        self.assertEqual(table.in_flight("p0"), 2)  # ...and both Edges re-asserted theirs.
+        self.assertNoResult(waiting)
+        self.assertEqual([lease.lost for lease in held], [False, False])
+        # Recovered, and still full (capacity 2 is held) until a release frees one slot.
+        clock.pump([TTL / 10] * 10)
+        self.assertNoResult(waiting)
+        held[0].release()
+        served = [d for d in (waiting, waiting_too) if d.called]
+        self.assertEqual(len(served), 1)
+        self.assertEqual(table.in_flight("p0"), 2)
+        a.stop()
+        b.stop()
 
     def test_view_lists_every_edge_and_the_shared_leases(self) -> None:
         clock, _, a, b = two_edges(capacity=1)
