@@ -205,6 +205,40 @@ class StateCollector(Collector):
             "Events the bus dropped for a subscriber that fell behind (the counters miss them).",
             value=float(self._dropped()),
         )
+        cluster = snap.get("cluster")
+        if cluster is not None:
+            yield from self._cluster(cluster)
+
+    @staticmethod
+    def _cluster(view: dict[str, Any]) -> Iterator[Metric]:
+        """In a cluster: the view across Edges (:meth:`~iop.edge.cluster.pool.ClusterPool.view`)."""
+        yield GaugeMetricFamily(
+            "iop_cluster_redis_up",
+            "1 when the cluster's Redis answered this Edge's last call, else 0 (grants refused).",
+            value=1.0 if view["redis"] == "up" else 0.0,
+        )
+        held = GaugeMetricFamily(
+            "iop_cluster_provider_in_flight",
+            "Leases held on the provider by every Edge of the cluster (the shared table).",
+            labels=["provider"],
+        )
+        for provider, counts in view["providers"].items():
+            held.add_metric([provider], float(counts["in_flight"]))
+        yield held
+        queued = GaugeMetricFamily(
+            "iop_cluster_edge_queued",
+            "Requests waiting on each Edge of the cluster, as it last reported.",
+            labels=["edge"],
+        )
+        for edge in view["edges"]:
+            queued.add_metric([edge["id"]], float(edge["queued"]))
+        yield queued
+        yield CounterMetricFamily(
+            "iop_cluster_leases_lost",
+            "Leases this Edge lost (renewal not confirmed in time, or the table no longer had "
+            "them): their requests were ended.",
+            value=float(view["leases_lost"]),
+        )
 
 
 class EdgeMetrics:

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -17,6 +18,7 @@ from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import ClusterConfig
 from iop.edge.admin import AdminApp
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.metrics import NODE_STATES, PROVIDER_GAUGES, EdgeMetrics
@@ -310,9 +312,33 @@ class DocumentedTests(SynchronousTestCase):
         section = readme[readme.index("### `/metrics`") :]
         section = section[: section.index("\n### ", 1)]
         documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
-        edge = EdgeService(edge_config(), MemoryReactorClock())
         exposed = set()
-        for family in edge.metrics.registry.collect():
-            exposed.add(family.name + "_total" if family.type == "counter" else family.name)
+        # An Edge alone, and one in a cluster (its cluster families only there).
+        cluster = ClusterConfig(redis="unix:///nonexistent/redis.sock", edge_id="e1")
+        for config in (edge_config(), dataclasses.replace(edge_config(), cluster=cluster)):
+            edge = EdgeService(config, MemoryReactorClock())
+            for family in edge.metrics.registry.collect():
+                exposed.add(family.name + "_total" if family.type == "counter" else family.name)
         self.assertEqual(exposed - documented, set(), "exposed but not in the README")
         self.assertEqual(documented - exposed, set(), "in the README but not exposed")
+
+
+class ClusterMetricsTests(SynchronousTestCase):
+    def test_the_cluster_view_is_exposed(self) -> None:
+        view = {
+            "redis": "up",
+            "leases_lost": 2,
+            "edges": [{"id": "e1", "queued": 3}, {"id": "e2", "queued": 0}],
+            "providers": {"p": {"in_flight": 4, "long_in_flight": 1}},
+        }
+        metrics = EdgeMetrics(lambda: {"cluster": view}, lambda: 0)
+        _, samples = parse(metrics.render().decode())
+        self.assertEqual(samples[("iop_cluster_redis_up", ())], 1)
+        self.assertEqual(samples[("iop_cluster_provider_in_flight", (("provider", "p"),))], 4)
+        self.assertEqual(samples[("iop_cluster_edge_queued", (("edge", "e1"),))], 3)
+        self.assertEqual(samples[("iop_cluster_leases_lost_total", ())], 2)
+        view["redis"] = "unreachable"
+        _, samples = parse(metrics.render().decode())
+        self.assertEqual(samples[("iop_cluster_redis_up", ())], 0)
+        alone = EdgeMetrics(lambda: {}, lambda: 0).render().decode()
+        self.assertNotIn("iop_cluster_", alone)
