@@ -111,7 +111,8 @@ def run_status(args: argparse.Namespace, report: Report) -> int:
 
 
 def summary(document: dict[str, Any]) -> list[str]:
-    """The human form of a status snapshot: the Edge, then a node table and a provider table."""
+    """The human form of a status snapshot: the Edge, then a node table and a provider table
+    (and, in a cluster, the cluster's view)."""
     edge = document.get("edge") or {}
     lines = [f"edge {edge.get('id', '?')} (mode: {edge.get('mode', '?')})", ""]
     nodes = document.get("nodes") or []
@@ -164,6 +165,41 @@ def summary(document: dict[str, Any]) -> list[str]:
         lines.append("(capacity, in_flight, queued: all/long)")
     else:
         lines.append("no providers configured")
+    cluster = document.get("cluster")
+    if isinstance(cluster, dict):
+        lines += ["", *_cluster(cluster)]
+    return lines
+
+
+def _cluster(view: dict[str, Any]) -> list[str]:
+    """The cluster part of a status snapshot: Redis, the Edges, the leases over every Edge."""
+    lines = [
+        f"cluster: this Edge is {view.get('edge_id', '?')}, Redis {view.get('redis', '?')}, "
+        f"lease TTL {view.get('lease_ttl_sec', '?')}s, {view.get('leases_held_here', 0)} "
+        f"leases held here, {view.get('leases_lost', 0)} lost"
+    ]
+    edges = view.get("edges") or []
+    if edges:
+        lines += table(
+            ("EDGE", "QUEUED", "REPORTED"),
+            [
+                (
+                    str(e.get("id", "")),
+                    str(e.get("queued", 0)),
+                    f"{e.get('reported_sec_ago', 0):.1f}s ago",
+                )
+                for e in edges
+            ],
+        )
+    providers = view.get("providers") or {}
+    if providers:
+        lines += table(
+            ("PROVIDER", "CLUSTER_IN_FLIGHT"),
+            [
+                (str(pid), f"{c.get('in_flight', 0)}/{c.get('long_in_flight', 0)}")
+                for pid, c in sorted(providers.items())
+            ],
+        )
     return lines
 
 

@@ -124,6 +124,35 @@ class StatusCommandTests(SynchronousTestCase):
         )
         self.assertEqual(self.admin.calls, [("GET", f"{ADMIN}/status", None)])
 
+    def test_cluster_view(self) -> None:
+        cluster = {
+            "edge_id": "edge-1",
+            "redis": "up",
+            "lease_ttl_sec": 10.0,
+            "leases_held_here": 2,
+            "leases_lost": 0,
+            "edges": [
+                {"id": "edge-1", "queued": 0, "reported_sec_ago": 0.2},
+                {"id": "edge-2", "queued": 3, "reported_sec_ago": 0.7},
+            ],
+            "providers": {"a-chat": {"in_flight": 4, "long_in_flight": 1}},
+        }
+        self.admin.answer(f"{ADMIN}/status", {**STATUS, "cluster": cluster})
+        lines = run(["status"]).out.splitlines()
+        self.assertEqual(
+            lines[lines.index("(capacity, in_flight, queued: all/long)") + 1 :],
+            [
+                "",
+                "cluster: this Edge is edge-1, Redis up, lease TTL 10.0s, 2 leases held here, "
+                "0 lost",
+                "EDGE    QUEUED  REPORTED",
+                "edge-1  0       0.2s ago",
+                "edge-2  3       0.7s ago",
+                "PROVIDER  CLUSTER_IN_FLIGHT",
+                "a-chat    4/1",
+            ],
+        )
+
     def test_json(self) -> None:
         result = run(["status", "--json"])
         self.assertEqual((result.code, json.loads(result.out)), (0, STATUS))
