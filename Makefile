@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit system agents lint proto package-check clean
+.PHONY: run test unit system system-cluster agents lint proto package-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ unit: $(STAMP)
 
 system: $(STAMP) $(AGENTS)
 	$(BIN)/pytest -q tests
+
+# The single-Edge system suite again, every Edge in a cluster (a `cluster:` section on one
+# shared redis-server): the lease table on Redis must change nothing a client sees.
+system-cluster: $(STAMP) $(AGENTS)
+	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q tests $(CLUSTER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check iop tests twisted bench

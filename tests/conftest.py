@@ -25,12 +25,41 @@ from tests.harness import Cluster
 ERROR_MARKERS = ("Traceback (most recent call last)", "Unhandled Error", "Unhandled error")
 
 
+# IOP_TEST_CLUSTER=1: every Edge the harness configures joins a cluster (a ``cluster:`` section on
+# one shared redis-server, a key prefix of its own per test): the single-Edge suite, run with
+# the Redis lease table under it (`make system-cluster`).
+WITH_CLUSTER = os.environ.get("IOP_TEST_CLUSTER", "") not in ("", "0")
+
+
+@pytest.fixture(scope="session")
+def shared_redis() -> Iterator[RedisServer]:
+    """One redis-server for the whole session (IOP_TEST_CLUSTER runs)."""
+    if shutil.which("redis-server") is None:
+        pytest.fail("IOP_TEST_CLUSTER=1 needs redis-server (Debian: apt-get install redis-server)")
+    directory = tempfile.mkdtemp(prefix="iop-redis-")
+    server = RedisServer(directory, secrets.token_urlsafe(16))
+    server.start()
+    yield server
+    server.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
+def cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Cluster]:
     create_dev_pki(tmp_path / "pki", node_names=["node-a"])
     token = secrets.token_urlsafe(24)
     env = dict(os.environ, IOP_TEST_NODE_TOKEN=token, PYTHONUNBUFFERED="1")
     c = Cluster(tmp_path, token, free_port(), free_port(), env)
+    if WITH_CLUSTER:
+        redis: RedisServer = request.getfixturevalue("shared_redis")
+        prefix = f"t{secrets.token_hex(6)}"
+        redis.establish(prefix)
+        c.env["IOP_TEST_REDIS_PASSWORD"] = redis.password
+        c.cluster_section = {
+            "redis": f"unix://{redis.socket}",
+            "password": "${IOP_TEST_REDIS_PASSWORD}",
+            "key_prefix": prefix,
+        }
     yield c
     for d in c.daemons:
         d.stop()
@@ -79,6 +108,22 @@ class RedisServer:
             self.proc.terminate()
             self.proc.wait(timeout=10)
         self.proc = None
+
+    def establish(self, prefix: str = "iop", db: int = 0) -> None:
+        """Mark the lease table of ``prefix`` established (an epoch whose recovery is over), as
+        a running cluster's is; a new table otherwise waits one lease TTL before its first grant."""
+        key = f"{{{prefix}}}:epoch"
+        commands = [("AUTH", self.password), ("SELECT", str(db)), ("SET", key, "0")]
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(self.socket)
+            for command in commands:
+                frame = f"*{len(command)}\r\n" + "".join(
+                    f"${len(part.encode())}\r\n{part}\r\n" for part in command
+                )
+                conn.sendall(frame.encode())
+                reply = conn.recv(1024)
+                if not reply.startswith(b"+OK"):
+                    raise RuntimeError(f"redis-server answered {command[0]}: {reply!r}")
 
     def pause(self) -> None:
         assert self.proc is not None

@@ -103,6 +103,8 @@ class Cluster:
     daemons: list[Daemon] = field(default_factory=list)
     # The client API listener (OpenAI/Anthropic-compatible), when the config opens one.
     client_port: int = field(default_factory=free_port)
+    # With IOP_TEST_CLUSTER: the ``cluster:`` section every Edge config gets (unless it has one).
+    cluster_section: dict[str, Any] | None = None
 
     @property
     def admin(self) -> str:
@@ -187,6 +189,8 @@ class Cluster:
             "models": [{"id": "pool", "providers": ["a-chat"]}],
         }
         config.update(overrides)
+        if self.cluster_section is not None and "cluster" not in config:
+            config["cluster"] = dict(self.cluster_section)
         path = self.root / "edge.yaml"
         path.write_text(yaml.safe_dump(config))
         return path
