@@ -216,7 +216,13 @@ class ClusterPool(ProviderPool):
                 waiting = self._enqueue(model_id, prompt_tokens)
                 waiting.chainDeferred(result)
 
-        Deferred.fromCoroutine(self._try(model_id, prompt_tokens)).addCallback(tried)
+        def failed(failure: Failure) -> None:
+            self.log.failure("cluster pool: a grant failed", failure)
+            if not withdrawn:
+                self._queue_stats.count(model_id, "unavailable")
+                result.errback(failure)
+
+        Deferred.fromCoroutine(self._try(model_id, prompt_tokens)).addCallbacks(tried, failed)
         return result
 
     def _enqueue(self, model_id: str, prompt_tokens: int) -> Deferred[Lease]:
@@ -328,7 +334,12 @@ class ClusterPool(ProviderPool):
                 shape = (waiter.model_id, self._long_shape(waiter))
                 if shape in full:
                     continue
-                outcome = await self._try(waiter.model_id, waiter.prompt_tokens)
+                try:
+                    outcome = await self._try(waiter.model_id, waiter.prompt_tokens)
+                except Exception as e:
+                    self.log.failure("cluster pool: a grant failed")
+                    self._queue.decide(waiter, e)
+                    continue
                 if outcome is None:
                     full.add(shape)
                     continue
