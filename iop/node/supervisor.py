@@ -447,7 +447,9 @@ class _SupervisedEndpoint:
         return self._supervisor._machine.dial(self._endpoint, protocolFactory)
 
     def __repr__(self) -> str:
-        return f"<supervised {self._endpoint!r}>"
+        # ClientService's own lines name the endpoint: the Edge's host:port when it is known.
+        edge = getattr(self._supervisor.log, "edge", None)
+        return f"<supervised edge {edge}>" if edge else f"<supervised {self._endpoint!r}>"
 
 
 class NodeSupervisor(Service):
