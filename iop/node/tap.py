@@ -70,6 +70,10 @@ log = Logger()
 
 DEFAULT_CONFIG_PATH = "etc/iop/node.yaml"
 # The one-line join flags (everything but --edge needs --edge; none goes with --config).
+_EDGE_HELP = (
+    "Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or comma-separate,"
+    " to dial several Edges)."
+)
 _JOIN_FLAGS = ("token-file", "ca-file", "server-name", "cert-file", "key-file", "store")
 
 
@@ -81,17 +85,13 @@ class Options(usage.Options):
     longdesc = (
         "Run an IOP Node: dial the Edge, register, apply the config it sends, serve. Configure"
         " it with node.yaml (--config, default etc/iop/node.yaml) or, without any file, with"
-        " --edge and the flags after it (everything else defaulted as in node.yaml)."
+        " --edge and the flags after it (everything else defaulted as in node.yaml). Several"
+        " Edges (node.yaml edges:, or --edge repeated): one session each, the others serving"
+        " while one is lost."
     )
     optParameters = [
         ["config", "c", None, f"Path to node.yaml (default {DEFAULT_CONFIG_PATH})."],
-        [
-            "edge",
-            None,
-            None,
-            "Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or"
-            " comma-separate, to dial several Edges).",
-        ],
+        ["edge", None, None, _EDGE_HELP],
         ["token-file", None, None, "With --edge: file holding this node's token (one line)."],
         ["ca-file", None, None, "With --edge: CA certificate that issued the Edge's certificate."],
         [
@@ -112,10 +112,11 @@ class Options(usage.Options):
     ]
 
     def opt_edge(self, value: str) -> None:
-        """Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or
-        comma-separate, to dial several Edges)."""
+        # --edge accumulates (the optParameters entry above gives its default None).
         given: list[str] = self["edge"] or []
         self["edge"] = [*given, value]
+
+    opt_edge.__doc__ = _EDGE_HELP  # what --help shows for a method-handled option
 
     def postOptions(self) -> None:
         if self["edge"] is None:
