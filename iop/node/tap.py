@@ -69,11 +69,11 @@ log = Logger()
 
 
 DEFAULT_CONFIG_PATH = "etc/iop/node.yaml"
-# The one-line join flags (everything but --edge needs --edge; none goes with --config).
 _EDGE_HELP = (
     "Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or comma-separate,"
     " to dial several Edges)."
 )
+# The one-line join flags (everything but --edge needs --edge; none goes with --config).
 _JOIN_FLAGS = ("token-file", "ca-file", "server-name", "cert-file", "key-file", "store")
 
 
