@@ -546,8 +546,33 @@ class NodeSecurity:
 
 
 @dataclass(frozen=True)
+class EdgeAddress:
+    """
+    One Edge a node dials: node.yaml's ``edge:`` or one entry of ``edges:``. ``tls`` is None
+    exactly when ``plaintext`` (allowed only to a loopback host).
+    """
+
+    host: str
+    port: int
+    tls: ClientTLS | None
+    plaintext: bool = False
+
+    @property
+    def name(self) -> str:
+        """``host:port`` (``[v6]:port`` for an IPv6 literal): how logs and status name it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class NodeDaemonConfig:
-    """The whole node.yaml: only what a node needs to find and prove itself to its Edge."""
+    """
+    The whole node.yaml: only what a node needs to find and prove itself to its Edges.
+
+    ``edges`` lists every Edge the node dials (one session each), never empty: built from
+    ``edge_host``/``edge_port``/``tls``/``plaintext`` when not given. Those four fields are the
+    first Edge's view (what a one-Edge node has always had).
+    """
 
     edge_host: str
     edge_port: int
@@ -562,3 +587,9 @@ class NodeDaemonConfig:
     security: NodeSecurity = NodeSecurity()
     logging: LoggingConfig = LoggingConfig()
     source_path: str = ""
+    edges: tuple[EdgeAddress, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.edges:
+            first = EdgeAddress(self.edge_host, self.edge_port, self.tls, self.plaintext)
+            object.__setattr__(self, "edges", (first,))

@@ -12,12 +12,17 @@ be readable here (the node parses them when it starts).
 one-line join flags (``--edge HOST:PORT --token-file F --ca-file F``...): the flags become the
 node.yaml document they stand for and go through :func:`parse_node_config`, so defaults and
 validation are node.yaml's; every issue is reported under the flag that caused it.
+
+A node dials one Edge (``edge:``) or several (``edges:``, a list of 1..16 mappings with
+``edge:``'s keys, each checked the same way; repeated or comma-separated ``--edge``). Exactly one
+of the two; every listed Edge gets the same token.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 
 from iop.config.edge import MAX_FRAME_BYTES_LIMIT, is_loopback_host, optional_file, required_file
 from iop.config.errors import (
@@ -39,6 +44,7 @@ from iop.config.model import (
     DEFAULT_TRUST_DOMAIN,
     SECURITY_MODES,
     ClientTLS,
+    EdgeAddress,
     NodeDaemonConfig,
     NodeSecurity,
     ReconnectPolicy,
@@ -47,6 +53,8 @@ from iop.config.model import (
 from iop.config.secrets import node_daemon_token
 
 DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
+# The most Edges one node dials (node.yaml edges:, repeated --edge).
+MAX_EDGES = 16
 # The most a node forgives a lease's expiry for clock drift between it and its Edge.
 MAX_LEASE_CLOCK_SKEW_SEC = 60.0
 _MANAGED = "security.mode: managed"
@@ -85,6 +93,16 @@ _FLAG_OF_PATH = {
 }
 
 
+_EDGES_ITEM = re.compile(r"^edges\[\d+\]")
+
+
+def _flag_of(path: str) -> str:
+    """The join flag that sets node.yaml ``path`` (``edges[1].ca_file`` → ``--ca-file``)."""
+    if path == "edges":
+        return "--edge"
+    return _FLAG_OF_PATH.get(_EDGES_ITEM.sub("edge", path), path)
+
+
 def split_host_port(value: str) -> tuple[str, str]:
     """``HOST:PORT`` (``[v6]:PORT`` for an IPv6 literal) as ``(host, port)``; ValueError if not."""
     text = value.strip()
@@ -104,7 +122,7 @@ def split_host_port(value: str) -> tuple[str, str]:
 
 def node_config_from_flags(
     *,
-    edge: str,
+    edge: str | Sequence[str],
     token_file: str | None,
     ca_file: str | None,
     server_name: str | None = None,
@@ -116,29 +134,44 @@ def node_config_from_flags(
 ) -> NodeDaemonConfig:
     """
     The node daemon configuration the one-line join flags describe, everything else defaulted
-    as in node.yaml. ``--server-name`` defaults to :data:`DEFAULT_JOIN_SERVER_NAME`. Relative
-    file names resolve against ``base_dir`` (the working directory by default).
+    as in node.yaml. ``edge`` is one ``HOST:PORT`` or several (a sequence, or comma-separated):
+    several become ``edges:``, each with the same TLS flags. ``--server-name`` defaults to
+    :data:`DEFAULT_JOIN_SERVER_NAME`. Relative file names resolve against ``base_dir`` (the
+    working directory by default).
 
     @raise ConfigError: listing every problem found, each under its flag (``--token-file: ...``).
     """
     issues = Issues()
-    edge_section: dict[str, object] = {
+    given = [edge] if isinstance(edge, str) else list(edge)
+    addresses = [part.strip() for value in given for part in value.split(",")]
+    common: dict[str, object] = {
         "server_name": server_name if server_name is not None else DEFAULT_JOIN_SERVER_NAME
     }
-    try:
-        host, port_text = split_host_port(edge)
-    except ValueError:
-        issues.add(
-            "--edge",
-            "must be HOST:PORT (the Edge's listen.nodes address), e.g. edge.example.net:7443",
-        )
-    else:
-        edge_section["host"] = host
-        edge_section["port"] = int(port_text) if port_text.isdigit() else port_text
     for key, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
         if value is not None:
-            edge_section[key] = value
-    document: dict[str, object] = {"edge": edge_section}
+            common[key] = value
+    sections: list[dict[str, object]] = []
+    have_edge = bool(addresses)
+    for address in addresses:
+        try:
+            host, port_text = split_host_port(address)
+        except ValueError:
+            have_edge = False
+            shown = f" (got {address!r})" if len(addresses) > 1 else ""
+            issues.add(
+                "--edge",
+                "must be HOST:PORT (the Edge's listen.nodes address), e.g. "
+                f"edge.example.net:7443{shown}",
+            )
+            continue
+        port = int(port_text) if port_text.isdigit() else port_text
+        sections.append({"host": host, "port": port, **common})
+    if not addresses:
+        issues.add("--edge", "must name at least one HOST:PORT")
+    edge_section: object = sections[0] if len(sections) == 1 else dict(common)
+    document: dict[str, object] = (
+        {"edges": sections} if len(sections) > 1 else {"edge": edge_section}
+    )
     if token_file is None:
         issues.add("--token-file", "is required with --edge: the file holding this node's token")
     else:
@@ -152,7 +185,7 @@ def node_config_from_flags(
             environ=environ,
         )
     except ConfigError as e:
-        for issue in _as_flag_issues(e.issues, have_edge="host" in edge_section):
+        for issue in _as_flag_issues(e.issues, have_edge=have_edge):
             issues.add(issue.path, issue.message)
         issues.raise_if_any()
         raise  # pragma: no cover - every issue maps to a flag
@@ -168,7 +201,7 @@ def _as_flag_issues(issues: tuple[ConfigIssue, ...], *, have_edge: bool) -> list
             continue  # no --token-file: already reported under that flag
         if not have_edge and issue.path in ("edge.host", "edge.port"):
             continue  # --edge was unusable: already reported
-        flag = _FLAG_OF_PATH.get(issue.path, issue.path)
+        flag = _flag_of(issue.path)
         message = issue.message.replace("unless plaintext is true", "with --edge")
         renamed = ConfigIssue(flag, message)
         if renamed not in mapped:
@@ -204,7 +237,8 @@ def parse_node_config(
         raise ConfigError(issues, source_path)
 
     security = _security(top, base_dir)
-    host, port, plaintext, tls = _edge(top, base_dir, security.managed)
+    edges = _edges(top, base_dir, security.managed)
+    first = edges[0] if edges else EdgeAddress("", 0, None)
     token = node_daemon_token(top, base_dir=base_dir, environ=environ)
     reconnect = _reconnect(top)
     store = top.section("store")
@@ -223,11 +257,11 @@ def parse_node_config(
 
     issues.raise_if_any(source_path)
     return NodeDaemonConfig(
-        edge_host=host,
-        edge_port=port,
+        edge_host=first.host,
+        edge_port=first.port,
         token=token if token is not None else Secret(""),
-        tls=tls,
-        plaintext=plaintext,
+        tls=first.tls,
+        plaintext=first.plaintext,
         reconnect=reconnect,
         store_path=store_path,
         max_frame_bytes=max_frame,
@@ -235,6 +269,7 @@ def parse_node_config(
         security=security,
         logging=logging,
         source_path=source_path,
+        edges=tuple(edges),
     )
 
 
@@ -267,10 +302,41 @@ def _security(top: Section, base_dir: str) -> NodeSecurity:
     )
 
 
-def _edge(top: Section, base_dir: str, managed: bool) -> tuple[str, int, bool, ClientTLS | None]:
-    edge = top.section("edge", required=True)
-    if edge is None:
-        return "", 0, False, None
+def _edges(top: Section, base_dir: str, managed: bool) -> list[EdgeAddress]:
+    """``edge:`` (one Edge) or ``edges:`` (a list of them); exactly one of the two."""
+    if not top.has("edges"):
+        edge = top.section("edge", required=True)
+        return [] if edge is None else [_edge(edge, base_dir, managed)]
+    if top.has("edge"):
+        top.raw("edge")
+        top.issues.add(
+            top.path_of("edges"),
+            "give either edge: (one Edge) or edges: (a list of Edges), not both",
+        )
+    items = top.items("edges")
+    if items is None:
+        return []
+    if not items:
+        top.issues.add(top.path_of("edges"), "must list at least one Edge")
+    elif len(items) > MAX_EDGES:
+        top.issues.add(top.path_of("edges"), f"lists {len(items)} Edges; at most {MAX_EDGES}")
+    edges: list[EdgeAddress] = []
+    seen: dict[tuple[str, int], str] = {}
+    for path, item in items:
+        section = as_section(top.issues, path, item)
+        if section is None:
+            continue
+        address = _edge(section, base_dir, managed)
+        key = (address.host.lower(), address.port)
+        if address.host and address.port and key in seen:
+            top.issues.add(path, f"dials {address.name} again (already {seen[key]})")
+        seen.setdefault(key, path)
+        edges.append(address)
+    return edges
+
+
+def _edge(edge: Section, base_dir: str, managed: bool) -> EdgeAddress:
+    """One Edge's address and TLS (``edge:`` or an ``edges[]`` entry), issues at its path."""
     host = edge.string("host", required=True).strip()
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]  # an IPv6 literal written URL-style
@@ -285,7 +351,7 @@ def _edge(top: Section, base_dir: str, managed: bool) -> tuple[str, int, bool, C
         edge.issues.add(
             edge.path_of("plaintext"),
             f"plaintext is refused with {_MANAGED}: the node proves its identity with a TLS "
-            "client certificate (set edge.ca_file, cert_file and key_file)",
+            f"client certificate (set {edge.path_of('ca_file')}, cert_file and key_file)",
         )
     if plaintext:
         for key in tls_keys:
@@ -294,7 +360,7 @@ def _edge(top: Section, base_dir: str, managed: bool) -> tuple[str, int, bool, C
         if host and not is_loopback_host(host):
             edge.issues.add(
                 edge.path_of("plaintext"),
-                "plaintext is only allowed when edge.host is a loopback address "
+                f"plaintext is only allowed when {edge.path_of('host')} is a loopback address "
                 "(127.x.x.x, ::1 or localhost)",
             )
     else:
@@ -321,7 +387,7 @@ def _edge(top: Section, base_dir: str, managed: bool) -> tuple[str, int, bool, C
             ca_file=ca_file, server_name=server_name.strip(), cert_file=cert_file, key_file=key_file
         )
     edge.finish()
-    return host, port, plaintext, tls
+    return EdgeAddress(host, port, tls, plaintext)
 
 
 def _reconnect(top: Section) -> ReconnectPolicy:

@@ -447,7 +447,9 @@ class _SupervisedEndpoint:
         return self._supervisor._machine.dial(self._endpoint, protocolFactory)
 
     def __repr__(self) -> str:
-        return f"<supervised {self._endpoint!r}>"
+        # ClientService's own lines name the endpoint: the Edge's host:port when it is known.
+        edge = getattr(self._supervisor.log, "edge", None)
+        return f"<supervised edge {edge}>" if edge else f"<supervised {self._endpoint!r}>"
 
 
 class NodeSupervisor(Service):
@@ -460,6 +462,9 @@ class NodeSupervisor(Service):
     :param policy: ``reconnect`` from node.yaml.
     :param clock: the clock for retries and handshake timeouts.
     :param handshake_timeout: bound on register → apply → ready, per attempt, in seconds.
+    :param log: where its lines go (default: this class's logger); a node dialling several
+        Edges gives each supervisor one that names its Edge
+        (:class:`~iop.node.edges.EdgeLogger`).
     """
 
     log = Logger()
@@ -472,7 +477,10 @@ class NodeSupervisor(Service):
         policy: ReconnectPolicy,
         clock: IReactorTime,
         handshake_timeout: float = DEFAULT_HANDSHAKE_TIMEOUT,
+        log: Logger | None = None,
     ) -> None:
+        if log is not None:
+            self.log = log
         if policy.max_attempts < 0:
             raise ValueError("reconnect.max_attempts must be >= 0")
         if policy.interval_sec < 0 or (policy.unlimited and policy.interval_sec <= 0):

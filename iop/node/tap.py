@@ -3,21 +3,25 @@
 ``twistd iop-node``: options and the service tree.
 
 The node's service opens its local run store (:class:`~iop.node.store.RunStore`, at
-``store.path``) and, once it is open, starts its :class:`~iop.node.supervisor.NodeSupervisor`. A
-store that cannot be opened is fatal (exit 1). Every session the supervisor establishes is
-equipped with its request handlers by :func:`iop.node.handlers.make_session_setup`. At shutdown
-the supervisor stops first, then the store closes.
+``store.path``) and, once it is open, starts one :class:`~iop.node.supervisor.NodeSupervisor` per
+Edge it dials (:class:`~iop.node.edges.EdgeSupervisors`: ``edge:`` is one, ``edges:`` several).
+A store that cannot be opened is fatal (exit 1). Every session a supervisor establishes is
+equipped with its request handlers by :func:`iop.node.handlers.make_session_setup`; the store,
+the providers' HTTP client and the lease keys are the same for every Edge's sessions. At
+shutdown the supervisors stop first, then the store closes.
 
 In managed mode (``security.mode: managed``) the node loads its recipient private key and the
 issuer's public key at startup (:func:`lease_keys`); a missing or unusable key file is a usage
 error naming the file, and the node does not start.
 
-When the supervisor finishes with a non-zero code (fatal error, exhausted finite reconnect policy)
-the reactor is stopped and the process exits with that code once twistd has cleaned up; a local
-shutdown (SIGTERM/SIGINT) exits 0.
+When the supervisors have all finished with a non-zero code (fatal error, exhausted finite
+reconnect policy: every Edge lost) the reactor is stopped and the process exits with that code
+once twistd has cleaned up; while one Edge's session is still supervised the node keeps serving.
+A local shutdown (SIGTERM/SIGINT) exits 0.
 
 Configuration is node.yaml (``--config``) or, for a one-line join, ``--edge HOST:PORT
---token-file F --ca-file F`` and friends with no file at all
+--token-file F --ca-file F`` and friends with no file at all (``--edge`` repeated or
+comma-separated for several Edges)
 (:func:`iop.config.node.node_config_from_flags`); the two are exclusive. Under twistd the service
 comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer ``logging:`` (or
 ``--log-format``/``--log-level``) asks for.
@@ -41,11 +45,12 @@ from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
-from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
+from iop.config.model import DEFAULT_STORE_PATH, EdgeAddress, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node.adapters.http_client import provider_http_client
+from iop.node.edges import EdgeLogger, EdgeSupervisors, SupervisedEdge
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
@@ -64,6 +69,10 @@ log = Logger()
 
 
 DEFAULT_CONFIG_PATH = "etc/iop/node.yaml"
+_EDGE_HELP = (
+    "Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or comma-separate,"
+    " to dial several Edges)."
+)
 # The one-line join flags (everything but --edge needs --edge; none goes with --config).
 _JOIN_FLAGS = ("token-file", "ca-file", "server-name", "cert-file", "key-file", "store")
 
@@ -76,11 +85,13 @@ class Options(usage.Options):
     longdesc = (
         "Run an IOP Node: dial the Edge, register, apply the config it sends, serve. Configure"
         " it with node.yaml (--config, default etc/iop/node.yaml) or, without any file, with"
-        " --edge and the flags after it (everything else defaulted as in node.yaml)."
+        " --edge and the flags after it (everything else defaulted as in node.yaml). Several"
+        " Edges (node.yaml edges:, or --edge repeated): one session each, the others serving"
+        " while one is lost."
     )
     optParameters = [
         ["config", "c", None, f"Path to node.yaml (default {DEFAULT_CONFIG_PATH})."],
-        ["edge", None, None, "Join without node.yaml: the Edge's listen.nodes HOST:PORT."],
+        ["edge", None, None, _EDGE_HELP],
         ["token-file", None, None, "With --edge: file holding this node's token (one line)."],
         ["ca-file", None, None, "With --edge: CA certificate that issued the Edge's certificate."],
         [
@@ -99,6 +110,13 @@ class Options(usage.Options):
         ],
         *LOG_FLAGS,
     ]
+
+    def opt_edge(self, value: str) -> None:
+        # --edge accumulates (the optParameters entry above gives its default None).
+        given: list[str] = self["edge"] or []
+        self["edge"] = [*given, value]
+
+    opt_edge.__doc__ = _EDGE_HELP  # what --help shows for a method-handled option
 
     def postOptions(self) -> None:
         if self["edge"] is None:
@@ -129,14 +147,12 @@ class Options(usage.Options):
             raise usage.UsageError(f"invalid flags:\n{e}") from None
 
 
-def edge_endpoint(config: NodeDaemonConfig, reactor: Any) -> IStreamClientEndpoint:
+def edge_endpoint(edge: EdgeAddress, reactor: Any) -> IStreamClientEndpoint:
     """TCP to the Edge, wrapped in TLS that checks the Edge's workload name (unless plaintext)."""
-    endpoint: IStreamClientEndpoint = HostnameEndpoint(
-        reactor, config.edge_host, config.edge_port, timeout=10
-    )
-    if config.plaintext or config.tls is None:
+    endpoint: IStreamClientEndpoint = HostnameEndpoint(reactor, edge.host, edge.port, timeout=10)
+    if edge.plaintext or edge.tls is None:
         return endpoint
-    return wrapClientTLS(client_connection_creator(config.tls), endpoint)
+    return wrapClientTLS(client_connection_creator(edge.tls), endpoint)
 
 
 def lease_keys(config: NodeDaemonConfig) -> NodeLeaseKeys | None:
@@ -205,14 +221,14 @@ class _ProcessExit:
 
 class NodeService(Service):
     """
-    Opens the run store, then starts the supervisor; stops the supervisor, then closes the store.
-    ``on_fatal(1)`` is called when the store cannot be opened (the supervisor never starts).
+    Opens the run store, then starts the supervisors; stops them, then closes the store.
+    ``on_fatal(1)`` is called when the store cannot be opened (no supervisor starts).
     """
 
     def __init__(
         self,
         store: RunStore,
-        supervisor: NodeSupervisor,
+        supervisor: EdgeSupervisors | NodeSupervisor,
         on_fatal: Callable[[int], None],
         http_pool: HTTPConnectionPool | None = None,
     ) -> None:
@@ -273,7 +289,7 @@ def makeService(
         reactor = _reactor
     config = options.node_config
     try:
-        endpoint = edge_endpoint(config, reactor)
+        endpoints = [edge_endpoint(edge, reactor) for edge in config.edges]
     except TLSConfigError as e:
         raise usage.UsageError(str(e)) from None
     leases = lease_keys(config)
@@ -291,36 +307,52 @@ def makeService(
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
         http = provider_http_client(reactor, http_pool)
     adapter_context = AdapterContext(reactor=reactor, http=http)
-    supervisor: NodeSupervisor | None = None
+    several = len(config.edges) > 1
+    supervised: list[SupervisedEdge] = []
+    group: list[EdgeSupervisors] = []  # set once every Edge's supervisor exists
 
-    def transport_info() -> Mapping[str, object]:
-        info: dict[str, object] = {
-            "edge": f"{config.edge_host}:{config.edge_port}",
-            "tls": not (config.plaintext or config.tls is None),
-        }
-        if supervisor is not None:
-            described = supervisor.describe()
-            info["supervisor_state"] = described["state"]
-            info["dials"] = described["dials"]
-        return info
+    def transport_info_for(index: int) -> Callable[[], Mapping[str, object]]:
+        def transport_info() -> Mapping[str, object]:
+            # What an Edge's TRANSPORT_STATUS adds: this session's Edge, then every Edge.
+            edge = config.edges[index]
+            info: dict[str, object] = {
+                "edge": edge.name,
+                "tls": not (edge.plaintext or edge.tls is None),
+            }
+            if group:
+                edges = group[0].describe()
+                info["supervisor_state"] = edges[index]["supervisor_state"]
+                info["dials"] = edges[index]["dials"]
+                info["edges"] = edges
+            return info
 
-    factory = EdgeConnectionFactory(
-        reactor,
-        SessionBuilder(
-            adapter_context,
-            setup=make_session_setup(store, reactor, transport_info, leases=leases),
-        ),
-        max_frame_bytes=config.max_frame_bytes,
-    )
-    supervisor = NodeSupervisor(
-        endpoint,
-        factory,
-        config.token,
-        config.reconnect,
-        reactor,
-        handshake_timeout=config.handshake_timeout_sec,
-    )
-    supervisor.setName("supervisor")
+        return transport_info
+
+    for index, (edge, endpoint) in enumerate(zip(config.edges, endpoints, strict=True)):
+        factory = EdgeConnectionFactory(
+            reactor,
+            SessionBuilder(
+                adapter_context,
+                setup=make_session_setup(store, reactor, transport_info_for(index), leases=leases),
+            ),
+            max_frame_bytes=config.max_frame_bytes,
+            log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
+        )
+        supervisor = NodeSupervisor(
+            endpoint,
+            factory,
+            config.token,
+            config.reconnect,
+            reactor,
+            handshake_timeout=config.handshake_timeout_sec,
+            log=EdgeLogger(edge.name, "iop.node.supervisor.NodeSupervisor", prefix=several),
+        )
+        supervised.append(
+            SupervisedEdge(edge.name, not (edge.plaintext or edge.tls is None), supervisor)
+        )
+    supervisors = EdgeSupervisors(supervised)
+    supervisors.setName("supervisor")
+    group.append(supervisors)
     exit_ = _ProcessExit(reactor)
 
     def finished(code: int) -> None:
@@ -331,11 +363,11 @@ def makeService(
         if reactor.running:
             reactor.stop()
 
-    node = NodeService(store, supervisor, finished, http_pool)
+    node = NodeService(store, supervisors, finished, http_pool)
     node.setName("node")
     top = MultiService()
     node.setServiceParent(top)
-    supervisor.when_finished().addCallback(finished)
+    supervisors.when_finished().addCallback(finished)
     if options.parent is not None:
         # Run by twistd: a daemon's startup objects leave the garbage collector's work.
         FrozenStartup().setServiceParent(top)

@@ -471,8 +471,11 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         node_version: str = __version__,
         hostname: str = "",
+        log: Logger | None = None,
     ) -> None:
         super().__init__(max_frame_bytes)
+        if log is not None:
+            self.log = log
         self._clock = clock
         self._heartbeat_sequence = 0
         self._heartbeat_interval = heartbeat_interval
@@ -616,6 +619,8 @@ class EdgeConnectionFactory(Factory):
     :param sessions: applies each accepted registration's config and installs the session's
         request handlers (default: a :class:`~iop.node.session.SessionBuilder` with the clock,
         the ``treq`` module, the adapters of :mod:`iop.node.adapters` and no handlers).
+    :param log: the logger of every connection it builds (default: the protocol's own); a node
+        dialling several Edges gives each Edge's factory one that names the Edge.
     """
 
     noisy = False
@@ -629,8 +634,10 @@ class EdgeConnectionFactory(Factory):
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         node_version: str = __version__,
         hostname: str | None = None,
+        log: Logger | None = None,
     ) -> None:
         self.clock = clock
+        self.connection_log = log
         self.sessions = (
             sessions if sessions is not None else SessionBuilder(default_adapter_context(clock))
         )
@@ -649,6 +656,7 @@ class EdgeConnectionFactory(Factory):
             max_frame_bytes=self.max_frame_bytes,
             node_version=self.node_version,
             hostname=self.hostname,
+            log=self.connection_log,
         )
         protocol.factory = self
         return protocol

@@ -1,18 +1,23 @@
 # -*- test-case-name: iop.test.node.test_tap -*-
 """
 Tests for :class:`iop.node.tap.Options`: node.yaml (``--config``) or the one-line join flags
-(``--edge HOST:PORT --token-file F --ca-file F``...), never both.
+(``--edge HOST:PORT --token-file F --ca-file F``...), never both; and the service of a node
+that dials several Edges.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
+import yaml
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME
-from iop.node.tap import Options
+from iop.node.edges import EdgeSupervisors
+from iop.node.tap import Options, makeService
 
 TOKEN = "join-token-value"
 
@@ -99,3 +104,73 @@ class JoinFlagTests(SynchronousTestCase):
             usage.UsageError, self.parse, "--config", os.path.join(self.dir, "none.yaml")
         )
         self.assertIn("none.yaml", str(e))
+
+
+class SeveralEdgesTests(SynchronousTestCase):
+    """``--edge`` repeated or comma-separated, and node.yaml ``edges:``: one dial per Edge."""
+
+    def setUp(self) -> None:
+        self.dir = os.path.abspath(self.mktemp())
+        os.makedirs(self.dir)
+        self.token_file = os.path.join(self.dir, "node.token")
+        with open(self.token_file, "w") as f:
+            f.write(TOKEN + "\n")
+
+    def node_yaml(self, *ports: int) -> str:
+        path = os.path.join(self.dir, "node.yaml")
+        edges = [{"host": "127.0.0.1", "port": port, "plaintext": True} for port in ports]
+        with open(path, "w") as f:
+            yaml.safe_dump(
+                {
+                    "edges": edges,
+                    "token_file": "node.token",
+                    "reconnect": {"max_attempts": 0, "interval_sec": 1},
+                    "store": {"path": "file:edges?mode=memory&cache=shared"},
+                },
+                f,
+            )
+        return path
+
+    def test_repeated_and_comma_separated_flags(self) -> None:
+        for argv in (
+            ["--edge", "127.0.0.1:17443", "--edge", "127.0.0.1:17444"],
+            ["--edge", "127.0.0.1:17443,127.0.0.1:17444"],
+        ):
+            options = Options()
+            options.parseOptions([*argv, "--token-file", self.token_file, "--ca-file", __file__])
+            self.assertEqual(
+                [e.name for e in options.node_config.edges], ["127.0.0.1:17443", "127.0.0.1:17444"]
+            )
+
+    def test_one_dial_per_edge(self) -> None:
+        options = Options()
+        options.parseOptions(["--config", self.node_yaml(17443, 17444)])
+        reactor = MemoryReactorClock()
+        service: Any = makeService(options, reactor)
+        service.startService()
+        reactor.advance(0)
+        self.assertEqual(
+            sorted((h, p) for h, p, *_ in reactor.tcpClients),
+            [("127.0.0.1", 17443), ("127.0.0.1", 17444)],
+        )
+        supervisors = service.getServiceNamed("node").supervisor
+        self.assertIsInstance(supervisors, EdgeSupervisors)
+        self.assertEqual(
+            [(d["edge"], d["tls"], d["supervisor_state"]) for d in supervisors.describe()],
+            [("127.0.0.1:17443", False, "connecting"), ("127.0.0.1:17444", False, "connecting")],
+        )
+        # Each Edge its own supervisor and connection factory, one adapter context for all.
+        factories = []
+        for client in sorted(reactor.tcpClients, key=lambda c: c[1]):
+            factory: Any = client[2]
+            # Down the endpoint's wrappers to the (proxied) EdgeConnectionFactory.
+            while not hasattr(factory, "sessions"):
+                factory = getattr(factory, "_wrappedFactory", None) or factory.wrappedFactory
+            factories.append(factory)
+        self.assertIsNot(factories[0], factories[1])
+        self.assertIs(factories[0].sessions.adapter_context, factories[1].sessions.adapter_context)
+        self.assertEqual(
+            [f.connection_log.edge for f in factories], ["127.0.0.1:17443", "127.0.0.1:17444"]
+        )
+        self.successResultOf(service.stopService())
+        self.assertEqual(self.successResultOf(supervisors.when_finished()), 0)
