@@ -106,7 +106,7 @@ class ReusePortEndpoint:
                 sock.listen(self._backlog)
                 sock.setblocking(False)
             except OSError as e:
-                raise CannotListenError(self._interface, self._port, e) from e
+                raise CannotListenError(self._interface, self._port, e) from None
             port: IListeningPort = self._reactor.adoptStreamPort(sock.fileno(), family, factory)
             return port
         finally:
