@@ -232,9 +232,7 @@ class MultiEdgeTests(SynchronousTestCase):
         configs.append(copy.deepcopy(configs[0]))
         for key, section in second.items():
             configs[1][key] = {**configs[1].get(key, {}), **section}
-        loaded = [
-            parse_edge_config(c, base_dir=base, environ=AnyVariable()) for c in configs
-        ]
+        loaded = [parse_edge_config(c, base_dir=base, environ=AnyVariable()) for c in configs]
         self.assertEqual([c.client_api.reuse_port for c in loaded], [True, True])
         self.assertEqual(len({c.client_api.listen for c in loaded}), 1)
         self.assertEqual(len({c.node_listen for c in loaded} | {c.admin_listen for c in loaded}), 4)

@@ -27,7 +27,12 @@ from twisted.internet import defer
 from twisted.internet.abstract import isIPv6Address
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IStreamServerEndpoint
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IProtocolFactory,
+    IReactorSocket,
+    IStreamServerEndpoint,
+)
 from zope.interface import implementer
 
 from iop.config.edge import split_endpoint
@@ -78,7 +83,13 @@ class ReusePortEndpoint:
         reuse_port_option: int | None = None,
         socket_factory: SocketFactory | None = None,
     ) -> None:
-        self._reactor = reactor
+        if not IReactorSocket.providedBy(reactor):
+            raise ReusePortUnavailable(
+                f"openai.reuse_port: the reactor ({type(reactor).__name__}) cannot adopt a "
+                "listening socket (IReactorSocket); run the Edge on the default (epoll) reactor"
+            )
+        # An IReactorSocket; adoptStreamPort's own hints want a ServerFactory, not any factory.
+        self._reactor: Any = reactor
         self._port = port
         self._interface = interface
         self._backlog = backlog
@@ -89,7 +100,7 @@ class ReusePortEndpoint:
         return f"<ReusePortEndpoint {self._interface or '0.0.0.0'}:{self._port}>"
 
     @property
-    def family(self) -> int:
+    def family(self) -> socket.AddressFamily:
         return socket.AF_INET6 if isIPv6Address(self._interface) else socket.AF_INET
 
     def listen(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IListeningPort]:

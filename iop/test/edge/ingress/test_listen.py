@@ -155,6 +155,12 @@ class ReusePortEndpointTests(SynchronousTestCase):
         self.assertEqual(reactor.adoptedPorts, [])
         self.assertTrue(sockets.made[0].closed)
 
+    def test_reactor_without_adopt(self) -> None:
+        e = self.assertRaises(
+            ReusePortUnavailable, ReusePortEndpoint, object(), 8081, reuse_port_option=OPTION
+        )
+        self.assertIn("cannot adopt a listening socket", str(e))
+
     def test_not_tcp(self) -> None:
         self.assertRaises(
             ValueError, reuse_port_endpoint, MemoryReactorClock(), "unix:/x", reuse_port_option=1
