@@ -99,6 +99,7 @@ def failures(
                                 f"{where}: {run['errors']} errors "
                                 f"({run['warmup']['errors']} in warm-up): {run['error_kinds']}"
                             )
+    out += multi_edge_failures(results)
     scale = results.get("scale")
     if isinstance(scale, dict):
         idle = scale.get("idle_nodes", {})
@@ -110,6 +111,29 @@ def failures(
                     f"scale: {entry['target']} with {entry['streams']} streams: "
                     f"{entry['ok']} ok, {entry['errors']} errors {entry['error_kinds']}"
                 )
+    return out
+
+
+def multi_edge_failures(results: dict[str, Any]) -> list[str]:
+    """The multi-Edge scenario's failures: a group and cell without results, or with errors."""
+    multi = results.get("multi_edge")
+    if not isinstance(multi, dict):
+        return []
+    out: list[str] = []
+    runs = {(r["target"], _mode(r), int(r["concurrency"])): r for r in multi.get("throughput", [])}
+    modes = results.get("settings", {}).get("modes", list(MODES))
+    for group in multi.get("groups", {}):
+        for mode in modes:
+            for level in multi.get("levels", []):
+                where = f"multi-edge: {group} {mode} at concurrency {level}"
+                run = runs.get((group, mode, level))
+                if run is None:
+                    out.append(f"{where}: no result")
+                elif run["ok"] == 0 or run["errors"] or run["warmup"]["errors"]:
+                    out.append(
+                        f"{where}: {run['ok']} ok, {run['errors']} errors "
+                        f"({run['warmup']['errors']} in warm-up): {run['error_kinds']}"
+                    )
     return out
 
 
@@ -394,6 +418,99 @@ GATEWAY_PROCESSES = (
 )
 
 
+def multi_edge_cpu_ms(run: dict[str, Any], prefix: str) -> float:
+    """CPU ms per request of a multi-Edge run's processes whose names start with ``prefix``."""
+    return float(
+        sum(
+            p["cpu_ms_per_request"]
+            for name, p in run.get("processes", {}).items()
+            if name.startswith(prefix)
+        )
+    )
+
+
+def multi_edge_section(results: dict[str, Any]) -> list[str]:
+    """The multi-Edge scenario's table (empty when it did not run)."""
+    multi = results.get("multi_edge")
+    if not isinstance(multi, dict):
+        return []
+    groups: dict[str, dict[str, Any]] = multi.get("groups", {})
+    runs = {(r["target"], _mode(r), int(r["concurrency"])): r for r in multi.get("throughput", [])}
+    names = list(groups)
+    one, many = (names[0], names[-1]) if names else ("", "")
+    lines = ["", "## Several Edges on one host (shared client port)", ""]
+    shared = all(g.get("nodes_dial_every_edge") for g in groups.values())
+    nodes = (
+        "one node dials every Edge of its group (`edges:`)"
+        if shared
+        else "**one node per Edge** (this tree's node.yaml has no `edges:` yet)"
+    )
+    lines += [
+        f"{multi.get('tokens')} tokens per answer, one per chunk; `{one}` = one Edge, `{many}` "
+        "= "
+        f"{len(groups.get(many, {}).get('edges', []))} Edge processes on one client port "
+        "(`openai.reuse_port`: the kernel spreads connections over them), every Edge with "
+        f"`cluster:` on one Redis; {nodes}. Both groups ran side by side, rounds interleaved. "
+        "CPU ms/request: the group's Edges, its node(s), and Redis; ÷ every request the group "
+        "handled, warm-up included.",
+        "",
+    ]
+    rows = []
+    modes = sorted({m for _, m, _ in runs}, key=lambda m: MODES.index(m) if m in MODES else 9)
+    for mode in modes:
+        for level in multi.get("levels", []):
+            base = runs.get((one, mode, level))
+            for name in names:
+                run = runs.get((name, mode, level))
+                if run is None:
+                    continue
+                ratio = _div(run["rps"], base["rps"]) if base is not None else None
+                rows.append(
+                    [
+                        mode,
+                        str(level),
+                        name,
+                        f"{run['ok']}/{run['requests']}",
+                        _fmt(run["rps"], 1),
+                        _fmt(ratio, 2) if name != one else "1",
+                        _fmt(run["ttft_ms"]["p50"]),
+                        _fmt(run["total_ms"]["p50"]),
+                        _fmt(run["total_ms"]["p99"]),
+                        _fmt(multi_edge_cpu_ms(run, f"{name}-edge"), 3),
+                        _fmt(multi_edge_cpu_ms(run, f"{name}-node"), 3),
+                        _fmt(multi_edge_cpu_ms(run, "redis"), 3),
+                        str(run["errors"]),
+                    ]
+                )
+    lines += _table(
+        [
+            "mode",
+            "c",
+            "group",
+            "ok",
+            "req/s",
+            f"÷ {one}",
+            "TTFT p50",
+            "total p50",
+            "total p99",
+            "Edges CPU ms/req",
+            "node CPU ms/req",
+            "Redis CPU ms/req",
+            "errors",
+        ],
+        rows,
+    )
+    split = [
+        f"`{name}`: "
+        + ", ".join(f"{edge} {count}" for edge, count in g["requests_by_edge"].items())
+        for name, g in groups.items()
+        if g.get("requests_by_edge")
+    ]
+    if split:
+        lines += ["", "Requests answered by each Edge (its `/metrics`): " + "; ".join(split) + "."]
+    return lines
+
+
 def gateway_cpu_ms(run: dict[str, Any]) -> float:
     """CPU ms per request of a target's gateway processes (not the upstream): 0 for direct."""
     return float(
@@ -519,22 +636,14 @@ def _figures_section(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def markdown(results: dict[str, Any]) -> str:
+def _throughput_lines(results: dict[str, Any]) -> list[str]:
+    """The throughput scenario's sections: figures and goals, ratios, CPU, latency, cells."""
     levels = _levels(results)
     runs = _runs(results)
     cells = _cells(results)
     settings = results.get("settings", {})
-    env = results.get("environment", {})
-    title = f"# IOP benchmark, {results.get('date')}, {env.get('host_alias')}"
-    if results.get("label"):
-        title += f" ({results['label']})"
-    lines: list[str] = [title, ""]
-    for note in results.get("notes", []):
-        lines += [f"> {note}", ">"]
-    if results.get("notes"):
-        lines[-1] = ""
     level_heads = [f"c={lv}" for lv in levels]
-
+    lines: list[str] = []
     lines += _figures_section(results)
 
     lines += ["## Ratios", ""]
@@ -713,6 +822,25 @@ def markdown(results: dict[str, Any]) -> str:
         "requests it handled. RSS: resident memory after the cell.",
     ]
 
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    settings = results.get("settings", {})
+    env = results.get("environment", {})
+    title = f"# IOP benchmark, {results.get('date')}, {env.get('host_alias')}"
+    if results.get("label"):
+        title += f" ({results['label']})"
+    lines: list[str] = [title, ""]
+    for note in results.get("notes", []):
+        lines += [f"> {note}", ">"]
+    if results.get("notes"):
+        lines[-1] = ""
+    if "throughput" in results:
+        lines += _throughput_lines(results)
+    else:
+        lines += ["The throughput scenario did not run (`--no-throughput`).", ""]
+
     scale = results.get("scale")
     if isinstance(scale, dict):
         idle = scale.get("idle_nodes", {})
@@ -763,6 +891,8 @@ def markdown(results: dict[str, Any]) -> str:
             "KiB/stream: (peak RSS during the streams - RSS before the first stream level) ÷ "
             "streams.",
         ]
+
+    lines += multi_edge_section(results)
 
     lines += ["", "## Settings", ""]
     lines += ["```json", json.dumps({"settings": settings, "environment": env}, indent=2), "```"]

@@ -39,8 +39,19 @@ adds over direct) beside the performance goals (:data:`bench.report.GOALS`) with
 mark, then the ratios IOP/direct,
 IOP/LiteLLM (1 worker) and IOP/best LiteLLM, per cell (:mod:`bench.report`).
 
+Multi-Edge scenario (``--multi-edge``; :mod:`bench.multiedge`): one host, several cores.
+Throughput at c = 50 (``--multi-edge-levels``), both modes, 32 tokens, of ``iop-1edge`` (one
+Edge) vs ``iop-2edge`` (two Edge processes sharing the client port with ``openai.reuse_port``),
+both groups with ``cluster:`` on one private Redis and running side by side, their rounds
+interleaved like the throughput targets'; one node dials every Edge of its group (one node per
+Edge where node.yaml has no ``edges:`` yet: the results say which). The report's own table
+gives each group's throughput, the 2-Edge/1-Edge ratio, CPU per request and how the requests
+split over the Edges. ``--no-throughput`` skips the throughput scenario (e.g. to run this one
+alone).
+
 Smoke (``--smoke``, what CI runs): no LiteLLM, both modes, one answer size (32), levels 1 and 4,
-20 requests each, a tiny scale scenario.
+20 requests each, a tiny scale scenario (and, with ``--multi-edge``, the multi-Edge scenario at
+c = 4).
 """
 
 from __future__ import annotations
@@ -66,7 +77,7 @@ if __package__ in (None, ""):
     # ``python bench/run.py``: make the repository root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import lease, report
+from bench import lease, multiedge, report
 from bench.loadgen import JSON, NDJSON, SSE, combine
 from bench.procs import BenchError, Children, ProcSample, sample, wait_until
 from bench.systems import (
@@ -119,6 +130,9 @@ class Settings:
     skip_scale: bool
     keep: bool
     label: str
+    multi_edge: bool = False
+    multi_edge_levels: list[int] = field(default_factory=lambda: [50])
+    skip_throughput: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +153,18 @@ class Settings:
                 "stream_tokens": self.stream_tokens,
                 "stream_delay_ms_per_token": self.stream_delay_ms,
             },
+            **(
+                {
+                    "multi_edge": {
+                        "levels": self.multi_edge_levels,
+                        "tokens_per_response": multiedge.MULTI_EDGE_TOKENS,
+                        "groups": multiedge.GROUPS,
+                    }
+                }
+                if self.multi_edge
+                else {}
+            ),
+            "throughput_skipped": self.skip_throughput,
         }
 
 
@@ -662,6 +688,83 @@ def scale(settings: Settings, scratch: Path) -> dict[str, Any]:
         stop_quietly(world.children)
 
 
+# -- multi-Edge scenario -------------------------------------------------------------------------
+
+
+def multi_edge(settings: Settings, scratch: Path) -> dict[str, Any]:
+    """
+    ``iop-1edge`` vs ``iop-2edge`` (module docstring), started side by side in front of one fake
+    upstream and one Redis, measured with :func:`_level` (rounds interleaved). Returns the runs
+    (the throughput rows' shape) and, per group, its Edges, how its nodes dial them and how many
+    requests each Edge answered.
+    """
+    world = World()
+    tokens = multiedge.MULTI_EDGE_TOKENS
+    root = scratch / "multi-edge"
+    try:
+        name = openai_process(tokens)
+        upstream = start_upstream(
+            world.children,
+            scratch,
+            "fake_openai",
+            ["--tokens", str(tokens), "--delay-ms", "0", "--chunk-tokens", "1"],
+            f"{name}-multi",
+        )
+        world.openai[tokens] = upstream
+        world.pids[name] = upstream.child.pid
+        redis = multiedge.start_redis(world.children, root / "redis")
+        world.pids["redis"] = redis.child.pid
+        groups: list[multiedge.EdgeGroup] = []
+        for group_name, count in multiedge.GROUPS.items():
+            log(f"multi-edge: starting {group_name} ({count} Edge{'s' if count > 1 else ''})")
+            group = multiedge.start_group(
+                world.children,
+                root / group_name,
+                group_name,
+                count,
+                redis=redis,
+                openai_ports={tokens: upstream.port},
+                capacity=max(settings.multi_edge_levels) + 16,
+            )
+            world.pids.update(group.processes)
+            groups.append(group)
+        runs: list[dict[str, Any]] = []
+        for mode in settings.modes:
+            targets = [
+                Target(
+                    group.name,
+                    mode,
+                    tokens,
+                    tokens,
+                    group.client_port,
+                    "/v1/chat/completions",
+                    chat_body(tunnel_model(tokens), mode == STREAM),
+                    SSE if mode == STREAM else JSON,
+                    [*group.processes, name, "redis"],
+                    None,
+                )
+                for group in groups
+            ]
+            for level in settings.multi_edge_levels:
+                runs += _level(settings, world, targets, level)
+        return {
+            "tokens": tokens,
+            "levels": settings.multi_edge_levels,
+            "groups": {
+                group.name: {
+                    "edges": [edge.name for edge in group.edges],
+                    "nodes": [node.name for node in group.nodes],
+                    "nodes_dial_every_edge": group.nodes_shared,
+                    "requests_by_edge": multiedge.requests_by_edge(group),
+                }
+                for group in groups
+            },
+            "throughput": runs,
+        }
+    finally:
+        stop_quietly(world.children)
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 
@@ -779,6 +882,17 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--stream-tokens", type=int, help="scale: tokens per slow stream")
     parser.add_argument("--stream-delay-ms", type=int, help="scale: upstream delay per token")
     parser.add_argument("--no-scale", action="store_true", help="skip the scale scenario")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput scenario")
+    parser.add_argument(
+        "--multi-edge",
+        action="store_true",
+        help="also run the multi-Edge scenario: 1 Edge vs 2 Edges sharing the client port",
+    )
+    parser.add_argument(
+        "--multi-edge-levels",
+        type=parse_levels,
+        help="multi-Edge: concurrency levels (default 50; smoke 4)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--label", default="", help="a suffix for the result file names")
     args = parser.parse_args(list(argv))
@@ -813,6 +927,9 @@ def parse_args(argv: Sequence[str]) -> Settings:
         skip_scale=bool(args.no_scale),
         keep=bool(args.keep),
         label=args.label,
+        multi_edge=bool(args.multi_edge),
+        multi_edge_levels=args.multi_edge_levels or ([4] if smoke else [50]),
+        skip_throughput=bool(args.no_throughput),
     )
 
 
@@ -848,13 +965,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     world = World()
     signal.signal(signal.SIGTERM, _terminated)
     try:
-        log(f"throughput: starting {', '.join(settings.targets)}")
-        start_throughput_world(settings, scratch, world)
-        results["environment"] = environment(settings, world)
-        runs = throughput(settings, world)
-        results["throughput"] = runs
-        stop_quietly(world.children)
-        if "iop-managed" in settings.targets:
+        if not settings.skip_throughput:
+            log(f"throughput: starting {', '.join(settings.targets)}")
+            start_throughput_world(settings, scratch, world)
+            results["environment"] = environment(settings, world)
+            runs = throughput(settings, world)
+            results["throughput"] = runs
+            stop_quietly(world.children)
+        if settings.multi_edge:
+            results["multi_edge"] = multi_edge(settings, scratch)
+        if "iop-managed" in settings.targets and not settings.skip_throughput:
             log("managed mode: CPU per credential lease (issue on the Edge, open on the Node)")
             results["lease_cost"] = lease.measure(200 if settings.smoke else 2000)
         if not settings.skip_scale:

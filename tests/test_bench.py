@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
-from bench import report
+import pytest
+
+from bench import multiedge, report
 from bench.loadgen import JSON, SSE, EventScanner, is_answer
+from bench.procs import BenchError
 from bench.run import parse_args
+from iop.config import ConfigError, ConfigIssue
 
 COMPLETION = {"id": "x", "object": "chat.completion", "choices": [{"index": 0}]}
 OLLAMA = {"model": "m", "message": {"role": "assistant", "content": "hi"}, "done": True}
@@ -165,3 +170,132 @@ def test_failures_name_the_cell() -> None:
     results["throughput"][2]["errors"] = 3
     found = report.failures(results, ["iop-tunnel"], [1], ["stream", "non-stream"], [32])
     assert found == ["iop-tunnel stream 32 tokens at concurrency 1: 3 errors (0 in warm-up): {}"]
+
+
+def test_multi_edge_on_the_command_line() -> None:
+    assert not parse_args([]).multi_edge
+    smoke = parse_args(["--smoke", "--multi-edge", "--no-throughput"])
+    assert (smoke.multi_edge, smoke.multi_edge_levels, smoke.skip_throughput) == (True, [4], True)
+    full = parse_args(["--multi-edge"])
+    assert (full.multi_edge_levels, full.skip_throughput) == ([50], False)
+    assert full.as_dict()["multi_edge"]["groups"] == {"iop-1edge": 1, "iop-2edge": 2}
+    assert parse_args(["--multi-edge", "--multi-edge-levels", "10,50"]).multi_edge_levels == [
+        10,
+        50,
+    ]
+
+
+def test_multi_edge_configs() -> None:
+    edges = multiedge.group_edges("iop-2edge", 2)
+    configs = [
+        multiedge.group_edge_config(
+            edge,
+            group="iop-2edge",
+            client_port=9000,
+            redis_url="unix:///r/redis.sock",
+            openai_ports={32: 9100},
+            capacity=66,
+        )
+        for edge in edges
+    ]
+    # One client port, shared; every other listener and id the Edge's own.
+    assert {c["openai"]["listen"] for c in configs} == {"tcp:9000:interface=127.0.0.1"}
+    assert all(c["openai"]["reuse_port"] for c in configs)
+    assert [c["edge"]["id"] for c in configs] == ["iop-2edge-1", "iop-2edge-2"]
+    assert (
+        len({c["listen"]["nodes"] for c in configs} | {c["listen"]["admin"] for c in configs}) == 4
+    )
+    # The same cluster (Redis, key prefix), each Edge under its own id; the same nodes.
+    assert [c["cluster"]["edge_id"] for c in configs] == ["iop-2edge-1", "iop-2edge-2"]
+    assert {(c["cluster"]["redis"], c["cluster"]["key_prefix"]) for c in configs} == {
+        ("unix:///r/redis.sock", "iop-2edge")
+    }
+    assert configs[0]["nodes"] == configs[1]["nodes"]
+
+
+def test_multi_edge_nodes_dial_every_edge_or_one_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    edges = multiedge.group_edges("g", 2)
+    ports = [e.node_port for e in edges]
+    monkeypatch.setattr(multiedge, "parse_node_config", lambda *a, **k: None)
+    shared, configs = multiedge.node_configs(tmp_path, edges, {})
+    assert shared
+    assert [[e["port"] for e in c["edges"]] for c in configs] == [ports]
+
+    def no_edges(*args: Any, **kwargs: Any) -> None:
+        raise ConfigError([ConfigIssue("edges", "unknown key; did you mean 'edge'?")])
+
+    monkeypatch.setattr(multiedge, "parse_node_config", no_edges)
+    shared, configs = multiedge.node_configs(tmp_path, edges, {})
+    assert not shared
+    assert [c["edge"]["port"] for c in configs] == ports
+    assert len({c["store"]["path"] for c in configs}) == 2
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise ConfigError([ConfigIssue("token", "is required")])
+
+    monkeypatch.setattr(multiedge, "parse_node_config", broken)
+    with pytest.raises(BenchError, match="token: is required"):
+        multiedge.node_configs(tmp_path, edges, {})
+
+
+def multi_edge_results() -> dict[str, Any]:
+    one = run("iop-1edge", "stream", 32, 400.0, 100.0, {"iop-1edge-edge-1": 1.0})
+    two = run(
+        "iop-2edge",
+        "stream",
+        32,
+        700.0,
+        60.0,
+        {"iop-2edge-edge-1": 0.6, "iop-2edge-edge-2": 0.5, "iop-2edge-node-1": 0.4, "redis": 0.1},
+    )
+    for r in (one, two):
+        r["concurrency"] = 50
+    return {
+        "settings": {"modes": ["stream"]},
+        "multi_edge": {
+            "tokens": 32,
+            "levels": [50],
+            "groups": {
+                "iop-1edge": {
+                    "edges": ["iop-1edge-edge-1"],
+                    "nodes_dial_every_edge": True,
+                    "requests_by_edge": {"iop-1edge-edge-1": 100},
+                },
+                "iop-2edge": {
+                    "edges": ["iop-2edge-edge-1", "iop-2edge-edge-2"],
+                    "nodes_dial_every_edge": True,
+                    "requests_by_edge": {"iop-2edge-edge-1": 48, "iop-2edge-edge-2": 52},
+                },
+            },
+            "throughput": [one, two],
+        },
+    }
+
+
+def test_multi_edge_table() -> None:
+    results = multi_edge_results()
+    assert report.multi_edge_failures(results) == []
+    text = "\n".join(report.multi_edge_section(results))
+    assert "## Several Edges on one host (shared client port)" in text
+    assert "one node dials every Edge of its group" in text
+    assert "| stream | 50 | iop-1edge | 100/100 | 400.0 | 1 |" in text
+    # 700 ÷ 400; the Edges' CPU summed, the node's and Redis's apart.
+    assert "| stream | 50 | iop-2edge | 100/100 | 700.0 | 1.75 |" in text
+    assert "| 1.100 | 0.400 | 0.100 | 0 |" in text
+    assert "iop-2edge-edge-1 48, iop-2edge-edge-2 52" in text
+    assert report.multi_edge_section({}) == []
+    # The whole report without the throughput scenario still renders, with the table.
+    assert "## Several Edges on one host" in report.markdown(results)
+
+
+def test_multi_edge_failures_name_the_group() -> None:
+    results = multi_edge_results()
+    results["multi_edge"]["throughput"][1]["errors"] = 2
+    results["multi_edge"]["throughput"].pop(0)
+    assert report.multi_edge_failures(results) == [
+        "multi-edge: iop-1edge stream at concurrency 50: no result",
+        "multi-edge: iop-2edge stream at concurrency 50: 100 ok, 2 errors (0 in warm-up): {}",
+    ]
+    assert report.failures(results, [], []) == report.multi_edge_failures(results)

@@ -1297,7 +1297,7 @@ class _EdgeParser:
         return CorsConfig(allow_origins=origins, max_age_sec=max_age)
 
     def _client_limits(self, openai: Section, listen: str | None) -> dict[str, Any]:
-        """The client listener's deadlines, connection caps and listen backlog."""
+        """The client listener's deadlines, connection caps, listen backlog and port sharing."""
         limits: dict[str, Any] = {
             "request_head_timeout_sec": openai.number(
                 "request_head_timeout_sec", DEFAULT_REQUEST_HEAD_TIMEOUT_SEC, positive=True
@@ -1334,8 +1334,17 @@ class _EdgeParser:
                 openai.path_of("listen_backlog"),
                 "openai.listen already sets backlog=: give the backlog in one place",
             )
+        reuse_port = openai.boolean("reuse_port", False)
+        if reuse_port and listen is None:
+            self.issues.add(
+                openai.path_of("reuse_port"),
+                "shares the client port between Edge processes: set openai.listen too",
+            )
         limits.update(
-            max_connections=total, max_connections_per_peer=per_peer, listen_backlog=backlog
+            max_connections=total,
+            max_connections_per_peer=per_peer,
+            listen_backlog=backlog,
+            reuse_port=reuse_port,
         )
         return limits
 

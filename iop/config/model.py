@@ -310,6 +310,8 @@ class ClientAPIConfig:
     ``max_connections`` client connections at once, ``max_connections_per_peer`` from one
     address (503 past either). ``listen_backlog`` is the listen queue unless ``listen`` sets
     ``backlog=`` itself (:attr:`listen_endpoint`). ``cors`` None = no cross-origin access.
+    ``reuse_port``: the listening socket has ``SO_REUSEPORT`` (Linux), so that several Edge
+    processes on one host share the client port (:mod:`iop.edge.ingress.listen`).
     """
 
     listen: str | None = None
@@ -324,6 +326,7 @@ class ClientAPIConfig:
     max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
     listen_backlog: int = DEFAULT_LISTEN_BACKLOG
     cors: CorsConfig | None = None
+    reuse_port: bool = False
 
     @property
     def listen_endpoint(self) -> str | None:

@@ -48,6 +48,7 @@ from iop.edge.credentials import CredentialIssuer
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress.app import ClientApp
+from iop.edge.ingress.listen import ReusePortUnavailable, client_endpoint
 from iop.edge.metrics import EdgeMetrics
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
@@ -272,9 +273,12 @@ def makeService(options: Options, reactor: IReactorTime | None = None) -> IServi
     admin.setServiceParent(edge)
 
     if config.client_api.listen:
-        clients = StreamServerEndpointService(
-            serverFromString(reactor, config.client_api.listen_endpoint), edge.clients.site()
-        )
+        try:
+            # openai.reuse_port: a port shared with this host's other Edge processes.
+            client_listen = client_endpoint(reactor, config.client_api)
+        except ReusePortUnavailable as e:
+            raise usage.UsageError(str(e)) from None
+        clients = StreamServerEndpointService(client_listen, edge.clients.site())
         clients._raiseSynchronously = True
         clients.setName("clients")
         clients.setServiceParent(edge)

@@ -186,7 +186,12 @@ class UnitTests(SynchronousTestCase):
         return parser["Service"]
 
     def test_units(self) -> None:
-        for name, plugin in (("iop-edge.service", "iop-edge"), ("iop-node.service", "iop-node")):
+        units = (
+            ("iop-edge.service", "iop-edge"),
+            ("iop-edge@.service", "iop-edge"),
+            ("iop-node.service", "iop-node"),
+        )
+        for name, plugin in units:
             service = self.unit(name)
             self.assertEqual((service["User"], service["Group"]), ("iop", "iop"))
             [(found, flags)] = plugin_invocations(service["ExecStart"])
@@ -199,6 +204,40 @@ class UnitTests(SynchronousTestCase):
             self.assertEqual(service["ProtectSystem"], "strict")
             self.assertEqual(service["WorkingDirectory"], "/var/lib/iop")
         self.assertEqual(self.unit("iop-edge.service")["ExecReload"], "/bin/kill -HUP $MAINPID")
+        # The template: one config file per instance.
+        template = self.unit("iop-edge@.service")
+        self.assertIn("--config /etc/iop/edge-%i.yaml", template["ExecStart"])
+        self.assertEqual(template["ExecReload"], "/bin/kill -HUP $MAINPID")
+
+
+class MultiEdgeTests(SynchronousTestCase):
+    """docs/multi-edge.md: the first Edge's file validates, and so does the second (its changes
+    applied to the first)."""
+
+    def test_edge_files_validate(self) -> None:
+        text = read(DOCS / "multi-edge.md")
+        first, second = [
+            yaml.safe_load(b) for b in blocks(text, "yaml") if "edge" in yaml.safe_load(b)
+        ]
+        # The parts the page leaves out: TLS (listen.nodes is not on loopback) and a node.
+        base = self.mktemp()
+        os.makedirs(base)
+        for name in ("edge.crt", "edge.key"):
+            Path(base, name).write_text("")
+        rest = {
+            "node_transport": {"tls": {"cert_file": "edge.crt", "key_file": "edge.key"}},
+            "nodes": [{"id": "gpu-1", "token_sha256": "0" * 64}],
+        }
+        configs = [copy.deepcopy(BASE_EDGE) | rest | first]
+        configs.append(copy.deepcopy(configs[0]))
+        for key, section in second.items():
+            configs[1][key] = {**configs[1].get(key, {}), **section}
+        loaded = [parse_edge_config(c, base_dir=base, environ=AnyVariable()) for c in configs]
+        self.assertEqual([c.client_api.reuse_port for c in loaded], [True, True])
+        self.assertEqual(len({c.client_api.listen for c in loaded}), 1)
+        self.assertEqual(len({c.node_listen for c in loaded} | {c.admin_listen for c in loaded}), 4)
+        ids = [c.cluster.edge_id for c in loaded if c.cluster is not None]
+        self.assertEqual(ids, ["edge-1", "edge-2"])
 
 
 class TroubleshootingTests(SynchronousTestCase):

@@ -303,6 +303,7 @@ RULES: dict[type, dict[str, Rule]] = {
         "max_connections": Leaf("max_connections", RESTART, _OPENAI),
         "max_connections_per_peer": Leaf("max_connections_per_peer", RESTART, _OPENAI),
         "listen_backlog": Leaf("listen_backlog", RESTART, _OPENAI),
+        "reuse_port": Leaf("reuse_port", RESTART, _OPENAI),
         "cors": Record("cors", CorsConfig, RESTART, _OPENAI),
     },
     ClientKey: {

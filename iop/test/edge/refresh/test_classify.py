@@ -340,6 +340,7 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (ClientAPIConfig, "max_connections"): [("openai.max_connections", RESTART)],
     (ClientAPIConfig, "max_connections_per_peer"): [("openai.max_connections_per_peer", RESTART)],
     (ClientAPIConfig, "listen_backlog"): [("openai.listen_backlog", RESTART)],
+    (ClientAPIConfig, "reuse_port"): [("openai.reuse_port", RESTART)],
     (ClientKey, "name"): [(K, RESTART), (K, RESTART)],
     (ClientKey, "digest"): [(f"{K}.key", RESTART)],
     (ClientKey, "models"): [(f"{K}.models", RESTART)],
