@@ -177,28 +177,14 @@ def _cluster(view: dict[str, Any]) -> list[str]:
         f"cluster: this Edge is {view.get('edge_id', '?')}, Redis {view.get('redis', '?')}, "
         f"lease TTL {view.get('lease_ttl_sec', '?')}s, {view.get('leases_held_here', 0)} "
         f"leases held here, {view.get('leases_lost', 0)} lost"
+        + (" (view stale)" if view.get("stale") else "")
     ]
-    edges = view.get("edges") or []
-    if edges:
-        lines += table(
-            ("EDGE", "QUEUED", "REPORTED"),
-            [
-                (
-                    str(e.get("id", "")),
-                    str(e.get("queued", 0)),
-                    f"{e.get('reported_sec_ago', 0):.1f}s ago",
-                )
-                for e in edges
-            ],
-        )
-    providers = view.get("providers") or {}
-    if providers:
-        lines += table(
-            ("PROVIDER", "CLUSTER_IN_FLIGHT"),
-            [
-                (str(pid), f"{c.get('in_flight', 0)}/{c.get('long_in_flight', 0)}")
-                for pid, c in sorted(providers.items())
-            ],
+    for edge in view.get("edges") or []:
+        lines.append(f"  edge {edge.get('id', '')}: {edge.get('queued', 0)} queued")
+    for pid, counts in sorted((view.get("providers") or {}).items()):
+        lines.append(
+            f"  provider {pid}: {counts.get('in_flight', 0)}/{counts.get('long_in_flight', 0)}"
+            " in flight over every Edge (all/long)"
         )
     return lines
 

@@ -47,9 +47,11 @@ Failure (fail closed)
     Redis answers.
 
 Status
-    :meth:`ClusterPool.view` is the cluster seen from here: every Edge's waiters and the leases
-    held per provider over every Edge, refreshed every :data:`VIEW_SEC` (this Edge's own report
-    goes up in the same call), and whether Redis answered the last time.
+    :meth:`ClusterPool.view` is the cluster seen from here: every Edge that reported lately with
+    its waiters, and the leases held per provider over every Edge, refreshed every
+    :data:`VIEW_SEC` (this Edge's own report goes up in the same call); whether Redis answered
+    the last time, and whether the view is stale. It holds no clock readings, so two reads of
+    an idle cluster are equal.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ RETRY_SEC = 0.5
 VIEW_SEC = 1.0
 # A report outlives its Edge's silence this many view periods.
 VIEW_LIFETIMES = 5
+# The view is stale (its Edges and leases old) after this many periods without an answer.
+STALE_VIEWS = 3
 # A lease not confirmed renewed until this share of the TTL before it would expire is lost.
 DEADLINE_MARGIN = 0.1
 # Grants taken for a provider whose node went away meanwhile, before giving up for this pass.
@@ -425,9 +429,9 @@ class ClusterPool(ProviderPool):
             "lease_ttl_sec": self._ttl_ms / 1000,
             "leases_held_here": len(self._held),
             "leases_lost": self.lost,
-            "view_age_sec": (
-                None if self._view_at is None else round(self._clock.seconds() - self._view_at, 3)
-            ),
+            # No answer to the last few reports: the edges and providers below are old.
+            "stale": self._view_at is None
+            or self._clock.seconds() - self._view_at > VIEW_SEC * STALE_VIEWS,
             "edges": [],
             "providers": {},
         }
@@ -437,7 +441,6 @@ class ClusterPool(ProviderPool):
                     "id": e.edge_id,
                     "queued": sum(e.queued.values()),
                     "queued_by_model": dict(e.queued),
-                    "reported_sec_ago": e.age_ms / 1000,
                 }
                 for e in view.edges
             ]
