@@ -29,6 +29,7 @@ run: $(STAMP)
 test: $(STAMP) $(AGENTS)
 	$(BIN)/trial iop
 	$(BIN)/pytest -q tests
+	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q $(CLUSTER_TESTS)
 
 unit: $(STAMP)
 	$(BIN)/trial iop
@@ -36,10 +37,13 @@ unit: $(STAMP)
 system: $(STAMP) $(AGENTS)
 	$(BIN)/pytest -q tests
 
-# The single-Edge system suite again, every Edge in a cluster (a `cluster:` section on one
-# shared redis-server): the lease table on Redis must change nothing a client sees.
+# Single-Edge system tests again, every Edge in a cluster (a `cluster:` section on one shared
+# redis-server): the lease table on Redis must change nothing a client sees. By default the
+# suites that drive the pool hardest; `make system-cluster CLUSTER_TESTS=tests` runs them all.
+CLUSTER_TESTS ?= tests/test_pool.py tests/test_ready_pump.py tests/test_refresh_under_load.py \
+	tests/test_config_refresh.py tests/test_client_apis.py tests/test_tunnel.py
 system-cluster: $(STAMP) $(AGENTS)
-	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q tests $(CLUSTER_TESTS)
+	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q $(CLUSTER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check iop tests twisted bench
