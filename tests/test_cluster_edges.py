@@ -44,12 +44,14 @@ from tests.harness import (
 CAPACITY = 4
 
 
-def chat(url: str, *, stream: bool = False, timeout: float = 60) -> tuple[int, dict[str, Any]]:
+def chat(
+    url: str, *, stream: bool = False, timeout: float = 60, max_tokens: int = 4
+) -> tuple[int, dict[str, Any]]:
     """One chat completion; (status, body or error body)."""
     body = {
         "model": "chat",
         "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 4,
+        "max_tokens": max_tokens,
         "stream": stream,
     }
     request = urllib.request.Request(
@@ -163,6 +165,77 @@ def test_redis_gone_refuses_new_work_then_recovers(
         results = list(pool.map(lambda _: chat(cluster.client_url), range(12)))
     assert [code for code, _ in results] == [200] * 12
     wait_until(lambda: in_flight(cluster.admin_port) == 0, 5, "leases returned")
+
+
+def stream_in_thread(url: str, results: list[Any], max_tokens: int = 8) -> threading.Thread:
+    def run() -> None:
+        try:
+            results.append(chat(url, stream=True, timeout=30, max_tokens=max_tokens))
+        except Exception as e:  # a cut stream
+            results.append((0, {"error": repr(e)}))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_redis_restarted_empty_under_load_keeps_the_streams(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    """Redis killed and back at once, empty, while streams run: the renewals re-assert their
+    leases while the table recovers, so the streams complete and nothing is lost."""
+    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis_server.password
+    upstream = cluster.start_fake("fake_openai", "--tokens", "8", "--delay-ms", "400")
+    write_clustered_config(cluster, upstream, redis_server)
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node ready")
+    results: list[Any] = []
+    threads = [stream_in_thread(cluster.client_url, results) for _ in range(CAPACITY)]
+    wait_until(lambda: in_flight(cluster.admin_port) == CAPACITY, 10, "the streams hold leases")
+    assert redis_server.proc is not None
+    redis_server.proc.kill()
+    redis_server.proc.wait(5)
+    redis_server.start()
+    for t in threads:
+        t.join(30)
+    assert [code for code, _ in results] == [200] * CAPACITY, results
+    assert all("data: [DONE]" in body["stream"] for _, body in results)
+    view = status(cluster.admin_port)["cluster"]
+    assert view["leases_lost"] == 0, view
+    assert cluster.fake_stats(upstream)["max_active_answers"] <= CAPACITY
+    wait_until(lambda: in_flight(cluster.admin_port) == 0, 5, "leases returned")
+
+
+def test_redis_gone_for_a_ttl_ends_the_streams_it_can_no_longer_vouch_for(
+    cluster: Cluster, redis_server: RedisServer
+) -> None:
+    """Redis down longer than a lease TTL while streams run: their leases cannot be renewed,
+    so the Edge ends them before the leases could expire (never a slot used twice), refuses new
+    work meanwhile, and serves again once Redis is back; counters return to zero."""
+    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis_server.password
+    upstream = cluster.start_fake("fake_openai", "--tokens", "20", "--delay-ms", "500")
+    write_clustered_config(cluster, upstream, redis_server)
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node ready")
+    results: list[Any] = []
+    threads = [stream_in_thread(cluster.client_url, results, max_tokens=20) for _ in range(2)]
+    wait_until(lambda: in_flight(cluster.admin_port) == 2, 10, "the streams hold leases")
+    redis_server.stop()
+    stopped = time.monotonic()
+    for t in threads:
+        t.join(30)
+    ended = time.monotonic() - stopped
+    assert [code for code, _ in results] == [0, 0], results
+    assert ended < 3.0 + 1.5, ended  # within the TTL (3 s), not at the 10 s answer's end
+    code, body = chat(cluster.client_url)
+    assert (code, body["error"]["code"]) == (503, "cluster_unavailable")
+    assert status(cluster.admin_port)["cluster"]["leases_lost"] == 2
+    wait_until(lambda: in_flight(cluster.admin_port) == 0, 10, "the cut requests released")
+    wait_until(lambda: cluster.fake_stats(upstream)["active_answers"] == 0, 10, "upstream idle")
+    redis_server.start()
+    wait_until(lambda: chat(cluster.client_url)[0] == 200, 20, "served again")
 
 
 # -- two Edges, two nodes ------------------------------------------------------------------------
