@@ -24,7 +24,10 @@ Variants (each its own processes, all started once, then driven in turn):
 - ``link-tls``: A → TLS → B, B answering the fixed body without calling the upstream (A + the
   link, no ``Agent``);
 - ``tcp``: the whole pipeline with plain TCP between A and B;
-- ``tls``: the whole pipeline, TLS between A and B (the product's shape).
+- ``tls``: the whole pipeline, TLS between A and B (the product's shape);
+- ``tls-turn``: ``tls``, but B sends the pieces one reactor turn delivered as one frame (the
+  first at once, the rest at the turn's end), as IOP's Node does; the same as ``tls`` for a
+  whole answer.
 
 Per variant, mode (``stream``: 32 SSE chunks written at once; ``non-stream``: one JSON) and
 concurrency level, ``--rounds`` runs (the variants interleaved in each round), each a fresh
@@ -66,7 +69,7 @@ from bench.systems import OPENAI_MODEL, base_env
 
 BENCH_DIR = Path(__file__).resolve().parent
 TOKENS = 32
-VARIANTS = ("direct", "a-alone", "b-alone", "link-tls", "tcp", "tls")
+VARIANTS = ("direct", "a-alone", "b-alone", "link-tls", "tcp", "tls", "tls-turn")
 # The processes whose CPU counts, per variant (b-alone measures itself).
 SERVERS: dict[str, tuple[str, ...]] = {
     "direct": (),
@@ -75,6 +78,7 @@ SERVERS: dict[str, tuple[str, ...]] = {
     "link-tls": ("a-echo", "b-echo"),
     "tcp": ("a-tcp", "b-tcp"),
     "tls": ("a-tls", "b-tls"),
+    "tls-turn": ("a-turn", "b-turn"),
 }
 CHAT_PATH = "/v1/chat/completions"
 READY_PATH = b"/_floor/ready"
@@ -370,11 +374,32 @@ def serve_node(args: argparse.Namespace) -> int:
                     self.sendString(HEADER.pack(rid, WHOLE[0]) + fixed[False])
                 return
 
+            held: list[bytes] = []
+            timer: list[Any] = []
+
+            def flush() -> None:
+                if timer:
+                    if timer[0].active():
+                        timer[0].cancel()
+                    timer.clear()
+                if held:
+                    self.sendString(HEADER.pack(rid, PIECE[0]) + b"".join(held))
+                    held.clear()
+
             def piece(data: bytes) -> None:
-                self.sendString(HEADER.pack(rid, PIECE[0]) + data)
+                if not args.coalesce:
+                    self.sendString(HEADER.pack(rid, PIECE[0]) + data)
+                elif timer:
+                    # Later pieces of the same reactor turn wait for its end: one frame.
+                    held.append(data)
+                else:
+                    # A turn's first piece goes out at once (never delayed), as IOP does.
+                    self.sendString(HEADER.pack(rid, PIECE[0]) + data)
+                    timer.append(reactor.callLater(0, flush))  # type: ignore[attr-defined]
 
             def done(result: tuple[int, bytes | None]) -> None:
                 status, whole = result
+                flush()
                 if status != 200:
                     self.sendString(HEADER.pack(rid, FAILED[0]))
                 elif whole is None:
@@ -596,6 +621,7 @@ def start_floor(scratch: Path, variants: Sequence[str], connections: int) -> Flo
         "link-tls": ("a-echo", "b-echo", ["--tls-dir", str(tls_dir)], ["--echo"]),
         "tcp": ("a-tcp", "b-tcp", [], []),
         "tls": ("a-tls", "b-tls", ["--tls-dir", str(tls_dir)], []),
+        "tls-turn": ("a-turn", "b-turn", ["--tls-dir", str(tls_dir)], ["--coalesce"]),
     }
     waits: list[tuple[str, Child, int]] = []
     if "a-alone" in variants:
@@ -909,6 +935,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     node.add_argument("--tls-dir", default="")
     node.add_argument("--connections", type=int, default=64)
     node.add_argument("--echo", action="store_true", help="answer a fixed body, no upstream")
+    node.add_argument(
+        "--coalesce", action="store_true", help="one frame per reactor turn's pieces, not per piece"
+    )
     loop = sub.add_parser("agent-loop", help="B's upstream half alone (started by the harness)")
     loop.add_argument("--upstream-port", type=int, required=True)
     loop.add_argument("--concurrency", type=int, required=True)
