@@ -538,11 +538,105 @@ def _ready(port: int) -> bool:
         return False
 
 
-def _role(role: str, *args: str) -> list[str]:
+def _role(role: str, *args: str, profile: Path | None = None) -> list[str]:
+    """The command line of one role; under ``cProfile`` (stats written at exit) with ``profile``."""
+    if profile is not None:
+        return [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(profile),
+            "-m",
+            "bench.floor",
+            role,
+            *args,
+        ]
     return [sys.executable, "-m", "bench.floor", role, *args]
 
 
-def start_floor(scratch: Path, variants: Sequence[str], connections: int) -> Floor:
+# Where a profiled process spends its time, by the file a function is in.
+PROFILE_AREAS = (
+    (
+        "twisted.web http.py, server.py (server side; the chunked decoder)",
+        ("twisted/web/http.py", "twisted/web/server.py", "twisted/web/resource.py"),
+    ),
+    (
+        "twisted.web client (Agent, _newclient, pool)",
+        ("twisted/web/client.py", "twisted/web/_newclient.py"),
+    ),
+    (
+        "HTTP headers and chunked coding",
+        ("twisted/web/http_headers.py", "twisted/web/_abnf.py", "twisted/web/_http2.py"),
+    ),
+    (
+        "TLS (twisted.protocols.tls, pyOpenSSL, cffi)",
+        ("twisted/protocols/tls.py", "OpenSSL/", "_cffi_backend", "cryptography/"),
+    ),
+    ("framing (Int32StringReceiver)", ("twisted/protocols/basic.py",)),
+    ("Deferreds", ("twisted/internet/defer.py",)),
+    (
+        "reactor, TCP transport, logging context",
+        ("twisted/internet/", "twisted/python/", "twisted/logger/"),
+    ),
+    (
+        "socket and epoll syscalls",
+        ("method 'send'", "method 'recv'", "method 'poll'", "method 'sendmsg'"),
+    ),
+    ("the floor's own code", ("bench/floor.py",)),
+)
+
+
+# Not per-request work: waiting in epoll (wall time while idle) and the start's imports.
+_PROFILE_IDLE = ("method 'poll' of 'select.epoll'",)
+_PROFILE_STARTUP = ("<frozen importlib", "builtins.compile", "__build_class__", "marshal.loads")
+
+
+def profile_summary(path: Path, top: int = 12) -> dict[str, Any]:
+    """
+    Own time (tottime) by area and the functions with the most of it, from one profile, as
+    shares of the busy time: without the wait in ``epoll`` and the imports at start.
+    """
+    import pstats
+
+    stats: dict[Any, Any] = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    areas: dict[str, float] = {}
+    functions: list[tuple[float, str]] = []
+    idle = startup = 0.0
+    for (filename, line, name), entry in stats.items():
+        own = entry[2]
+        where = f"{filename}:{line}({name})"
+        if any(n in where for n in _PROFILE_IDLE):
+            idle += own
+            continue
+        if any(n in where for n in _PROFILE_STARTUP):
+            startup += own
+            continue
+        functions.append((own, where))
+        area = next(
+            (label for label, needles in PROFILE_AREAS if any(n in where for n in needles)),
+            "other",
+        )
+        areas[area] = areas.get(area, 0.0) + own
+    busy = sum(areas.values()) or 1e-9
+    functions.sort(reverse=True)
+    return {
+        "busy_s": round(busy, 3),
+        "idle_in_epoll_s": round(idle, 3),
+        "startup_imports_s": round(startup, 3),
+        "areas_percent": {
+            k: round(v * 100 / busy, 1) for k, v in sorted(areas.items(), key=lambda kv: -kv[1])
+        },
+        "top_functions": [
+            {"percent": round(own * 100 / busy, 1), "function": where.split("site-packages/")[-1]}
+            for own, where in functions[:top]
+        ],
+    }
+
+
+def start_floor(
+    scratch: Path, variants: Sequence[str], connections: int, profile: Path | None = None
+) -> Floor:
     from iop.testing.pki import create_dev_pki
 
     floor = Floor()
@@ -588,6 +682,7 @@ def start_floor(scratch: Path, variants: Sequence[str], connections: int) -> Flo
                 "--upstream-port",
                 str(port),
                 *extra,
+                profile=profile / f"{name}.prof" if profile else None,
             ),
             env,
             scratch / f"{name}.log",
@@ -609,6 +704,7 @@ def start_floor(scratch: Path, variants: Sequence[str], connections: int) -> Flo
                 "--connections",
                 str(connections),
                 *extra,
+                profile=profile / f"{name}.prof" if profile else None,
             ),
             env,
             scratch / f"{name}.log",
@@ -849,7 +945,9 @@ def run_harness(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         _log(f"starting {', '.join(variants)}")
-        floor = start_floor(scratch, variants, max(args.levels) + 16)
+        if args.profile_dir is not None:
+            args.profile_dir.mkdir(parents=True, exist_ok=True)
+        floor = start_floor(scratch, variants, max(args.levels) + 16, args.profile_dir)
         runs = measure(
             floor, variants, args.modes, args.levels, args.rounds, args.requests, args.warmup
         )
@@ -866,6 +964,11 @@ def run_harness(args: argparse.Namespace) -> int:
             pass
         shutil.rmtree(scratch, ignore_errors=True)
     cells = medians(runs)
+    profiles = {}
+    if args.profile_dir is not None:
+        for path in sorted(args.profile_dir.glob("*.prof")):
+            profiles[path.stem] = profile_summary(path)
+            print(f"## {path.stem}\n```\n{json.dumps(profiles[path.stem], indent=1)}\n```")
     results = {
         "kind": "iop-floor",
         "date": datetime.date.today().isoformat(),
@@ -884,6 +987,7 @@ def run_harness(args: argparse.Namespace) -> int:
         "elapsed_s": round(time.monotonic() - started, 1),
         "cells": cells,
         "runs": runs,
+        **({"profiles": profiles} if profiles else {}),
     }
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -953,6 +1057,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=BENCH_DIR / "results")
     parser.add_argument("--no-write", dest="out", action="store_const", const=None)
     parser.add_argument("--label", default="floor", help="the result file's name suffix")
+    parser.add_argument(
+        "--profile-dir",
+        type=Path,
+        help="run A and B under cProfile, their stats here (figures inflated: shares only)",
+    )
     return parser.parse_args(list(argv))
 
 
