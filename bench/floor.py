@@ -847,6 +847,8 @@ def measure(
                     floor.check()
                     run = _one_run(floor, variant, mode, level, requests, warmup)
                     run["round"] = index
+                    # How busy the (shared) machine was: CPU per request rises with it.
+                    run["load_average_1m"] = round(os.getloadavg()[0], 2)
                     if variant == "direct":
                         direct_p50 = run["p50_ms"]
                     run["added_p50_ms"] = (
@@ -886,6 +888,7 @@ def medians(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in ("rps", "p50_ms", "added_p50_ms", "cpu_ms_per_request", "cpu_us_per_chunk"):
             entry[key] = _median([r[key] for r in group])
         entry["cores"] = _median([r["cores"] for r in group])
+        entry["load_average_1m"] = _median([r.get("load_average_1m") for r in group])
         out.append(entry)
     return out
 
