@@ -35,7 +35,8 @@ concurrency level, ``--rounds`` runs (the variants interleaved in each round), e
 CPU seconds of A + B from ``/proc`` over the run (warm-up included) ÷ requests handled, per
 streamed chunk ÷ 32 more; p50 latency minus ``direct``'s in the same round. The figures are the
 median of the rounds. Results: ``<out>/<date>-<alias>-<label>.json`` and a Markdown table on
-stdout.
+stdout. ``--profile-dir DIR`` runs A and B under ``cProfile`` and adds, per process, its busy
+time by area (:func:`profile_summary`).
 
 Roles (what the harness starts): ``python -m bench.floor edge|node|agent-loop ...``.
 """
