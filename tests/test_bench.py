@@ -299,3 +299,56 @@ def test_multi_edge_failures_name_the_group() -> None:
         "multi-edge: iop-2edge stream at concurrency 50: 100 ok, 2 errors (0 in warm-up): {}",
     ]
     assert report.failures(results, [], []) == report.multi_edge_failures(results)
+
+
+def test_floor_takes_the_median_of_its_rounds() -> None:
+    from bench import floor
+
+    def one(round_: int, cpu_ms: float, p50: float) -> dict[str, Any]:
+        return {
+            "variant": "tls",
+            "mode": "stream",
+            "concurrency": 1,
+            "round": round_,
+            "errors": 0,
+            "rps": 100.0 + round_,
+            "p50_ms": p50,
+            "added_p50_ms": p50 - 1,
+            "cpu_ms_per_request": cpu_ms,
+            "cpu_us_per_chunk": cpu_ms * 1000 / floor.TOKENS,
+            "cores": 0.5,
+        }
+
+    cells = floor.medians([one(0, 1.0, 3.0), one(1, 9.0, 2.0), one(2, 2.0, 4.0)])
+    assert len(cells) == 1
+    cell = cells[0]
+    assert (cell["cpu_ms_per_request"], cell["p50_ms"], cell["added_p50_ms"]) == (2.0, 3.0, 2.0)
+    assert cell["cpu_us_per_chunk"] == 62.5
+    assert "| stream | 1 | tls | 2.000 | 62.5 | 101 | 3.00 | 2.00 | 0.50 | 0 |" in (
+        floor.markdown_table(cells)
+    )
+
+
+def test_floor_pipeline_answers_both_modes() -> None:
+    """The minimal pipeline for real, a few requests (``python -m bench.floor`` measures it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.floor", "--variants", "tls", "--levels", "2"),
+            *("--rounds", "1", "--requests", "6", "--warmup", "2", "--no-write"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert any(row.startswith("| non-stream | 2 | tls |") for row in rows)
+    assert any(row.startswith("| stream | 2 | tls |") for row in rows)
+    assert all(row.endswith("| 0 |") for row in rows[2:])
