@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test unit system system-cluster agents lint proto package-check clean
+.PHONY: run run-cluster test unit system system-cluster agents lint proto package-check clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ agents: $(AGENTS)
 
 run: $(STAMP)
 	$(BIN)/python -m iop.testing.demo
+
+# The same demo as a cluster of two Edges on one host (needs redis-server).
+run-cluster: $(STAMP)
+	$(BIN)/python -m iop.testing.demo --cluster
 
 test: $(STAMP) $(AGENTS)
 	$(BIN)/trial iop
