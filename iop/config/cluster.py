@@ -12,7 +12,8 @@ Absent, the Edge is alone and keeps everything in process. Present::
       key_prefix: iop
 
 ``redis`` names a TCP address (``redis://[username@]host[:port][/db]``, port 6379 and db 0 by
-default) or a unix socket (``unix:///absolute/path[?db=N]``). A password is never part of the
+default) or a unix socket (``unix:///absolute/path[?db=N]``, or ``unix:relative/path`` resolved
+against this file's directory). A password is never part of the
 address (tracked config holds no credential): it comes from ``password: ${ENV_VAR}`` or
 ``password_file``, and no issue raised here shows it.
 """
@@ -35,7 +36,13 @@ from iop.config.model import (
 )
 from iop.config.secrets import absolute_path, read_token_file, resolve_token_reference
 
-__all__ = ["MIN_CLUSTER_LEASE_TTL_SEC", "cluster_section", "parse_redis_address", "redis_address"]
+__all__ = [
+    "MIN_CLUSTER_LEASE_TTL_SEC",
+    "cluster_section",
+    "parse_redis_address",
+    "redis_address",
+    "relative_socket",
+]
 
 # A lease is renewed well inside its TTL; below a second a busy Edge could miss a renewal.
 MIN_CLUSTER_LEASE_TTL_SEC = 1.0
@@ -101,6 +108,19 @@ def parse_redis_address(text: str) -> RedisAddress | str:
     return RedisAddress(host=host, port=port, db=db, username=username)
 
 
+def relative_socket(text: str, base_dir: str) -> str:
+    """
+    ``unix:relative/path.sock[?db=N]`` (no slashes after ``unix:``) as the ``unix:///`` address
+    of that socket, resolved against the config file's directory like every other path in it;
+    anything else unchanged.
+    """
+    value = text.strip()
+    if not value.lower().startswith("unix:") or value[5:].startswith("/") or not value[5:]:
+        return text
+    path, mark, query = value[5:].partition("?")
+    return f"unix://{absolute_path(base_dir, path)}{mark}{query}"
+
+
 def redis_address(config: ClusterConfig) -> RedisAddress:
     """A loaded config's ``cluster.redis`` parsed (it was validated when loaded)."""
     address = parse_redis_address(config.redis)
@@ -122,7 +142,7 @@ def cluster_section(
         return None
     issues = section.issues
     before = len(issues)
-    redis = section.string("redis", required=True)
+    redis = relative_socket(section.string("redis", required=True), base_dir)
     if redis.strip():
         problem = parse_redis_address(redis)
         if isinstance(problem, str):

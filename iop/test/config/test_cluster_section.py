@@ -60,6 +60,13 @@ class ClusterSectionTests(EdgeConfigTestMixin, SynchronousTestCase):
             ClusterConfig(redis="redis://10.0.0.5:6379/2", edge_id="edge-1"),
         )
 
+    def test_a_relative_socket_is_resolved_against_the_files_directory(self) -> None:
+        cluster = self.cluster({"redis": "unix:var/redis.sock?db=1"})
+        expected = os.path.join(os.path.abspath(self.base), "var", "redis.sock")
+        self.assertEqual(cluster.redis, f"unix://{expected}?db=1")
+        self.assertEqual(redis_address(cluster), RedisAddress(path=expected, db=1))
+        self.assertIn("three slashes", str(self.error({"redis": "unix://var/redis.sock"})))
+
     def test_every_field(self) -> None:
         cluster = self.cluster(
             {
