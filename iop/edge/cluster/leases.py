@@ -318,7 +318,12 @@ class RedisLeaseStore:
         """EVALSHA ``script``; on NOSCRIPT load it and try once more. Bounded by the timeout."""
         if self._connected is not None and not self._connected():
             return fail(self._note(ClusterUnavailable("not connected to the cluster's Redis")))
-        d = Deferred.fromCoroutine(self._evalsha(script, keys, args))
+        # Plain callbacks, not a coroutine: this runs twice per request.
+        try:
+            d: Deferred[Any] = self._redis.evalsha(script.sha, keys, args)
+        except Exception:
+            d = fail()
+        d.addErrback(self._load_and_retry, script, keys, args)
         d.addTimeout(self._timeout, self._clock)
         d.addCallbacks(self._answered, self._unavailable, errbackArgs=(script,))
         return d
@@ -329,15 +334,14 @@ class RedisLeaseStore:
             self.log.info("cluster: Redis answers again")
         return reply
 
-    async def _evalsha(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await self._redis.evalsha(script.sha, keys, args)
-        except Exception as e:
-            if not _is_noscript(e):
-                raise
+    def _load_and_retry(
+        self, failure: Failure, script: Script, keys: list[str], args: list[Any]
+    ) -> Failure | Deferred[Any]:
+        if failure.value is None or not _is_noscript(failure.value):
+            return failure
         self.log.info("Redis does not know the {script} script: loading it", script=script.name)
-        await self._redis.script_load(script.source)
-        return await self._redis.evalsha(script.sha, keys, args)
+        loading: Deferred[Any] = self._redis.script_load(script.source)
+        return loading.addCallback(lambda _: self._redis.evalsha(script.sha, keys, args))
 
     def _unavailable(self, failure: Failure, script: Script) -> Failure:
         if failure.check(ClusterUnavailable):
@@ -370,7 +374,8 @@ def _is_noscript(error: BaseException) -> bool:
 def _grant(reply: Any) -> Grant | None:
     if reply is None:
         return None
-    provider, lease_id, long, expires = reply
+    # One bulk string (cheaper for the client to read than an array): "provider id long expires".
+    provider, lease_id, long, expires = _text(reply).split(" ")
     return Grant(
         provider_id=_text(provider),
         lease_id=_text(lease_id),

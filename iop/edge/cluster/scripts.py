@@ -87,8 +87,8 @@ end
 # ARGV: key prefix ("{P}:"), edge_id, ttl_ms, ring size, model key, then the candidates packed
 #       in one string (one argument costs the client more than the server's parsing): a line
 #       each, "provider_id capacity long_capacity priority position long(0/1)".
-# Returns nil (every candidate full), -1 (the table is recovering: nothing is granted) or
-# {provider_id, lease_id, long, expires_at_ms}.
+# Returns nil (every candidate full), -1 (the table is recovering: nothing is granted) or one
+# string "provider_id lease_id long(0/1) expires_at_ms".
 ACQUIRE = Script(
     "acquire",
     _NOW
@@ -136,7 +136,7 @@ end
 local record = cjson.encode({p = best.provider, e = edge, l = best.long and 1 or 0})
 redis.call('SET', prefix .. 'lease:' .. id, record, 'PX', ttl)
 redis.call('SET', rr, (best.position + 1) % ring)
-return {best.provider, id, best.long and 1 or 0, expires}
+return string.format('%s %s %d %d', best.provider, id, best.long and 1 or 0, expires)
 """,
 )
 
