@@ -36,12 +36,7 @@ def shared_redis() -> Iterator[RedisServer]:
     """One redis-server for the whole session (IOP_TEST_CLUSTER runs)."""
     if shutil.which("redis-server") is None:
         pytest.fail("IOP_TEST_CLUSTER=1 needs redis-server (Debian: apt-get install redis-server)")
-    directory = tempfile.mkdtemp(prefix="iop-redis-")
-    server = RedisServer(directory, secrets.token_urlsafe(16))
-    server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(directory, ignore_errors=True)
+    yield from private_redis()
 
 
 @pytest.fixture
@@ -139,10 +134,17 @@ def redis_server() -> Iterator[RedisServer]:
     """A fresh redis-server for one test; skips without the Debian package ``redis-server``."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    yield from private_redis()
+
+
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server in a fresh directory, running until the generator is closed."""
     # A short directory: a unix socket path must fit in 108 bytes.
     directory = tempfile.mkdtemp(prefix="iop-redis-")
     server = RedisServer(directory, secrets.token_urlsafe(16))
     server.start()
-    yield server
-    server.stop()
-    shutil.rmtree(directory, ignore_errors=True)
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)

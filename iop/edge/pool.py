@@ -385,6 +385,11 @@ class ProviderPool:
             self._queue_stats.count(model_id, _outcome_name(outcome))
             self.log.info("no live provider for model {model_id}", model_id=model_id)
             return fail(outcome)
+        return self._enqueue(model_id, prompt_tokens)
+
+    def _enqueue(self, model_id: str, prompt_tokens: int) -> Deferred[Lease]:
+        """Wait in the queue, or ``Overloaded`` when the model group's queue is full."""
+        candidates = self._models.get(model_id, ())
         enabled = [c.resource.config for c in candidates if c.resource.enabled]
         limit = queue_limit(enabled)
         if self._queue.waiting(model_id) >= limit:

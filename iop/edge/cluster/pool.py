@@ -67,9 +67,9 @@ from twisted.python.failure import Failure
 from iop.config.model import EdgeConfig
 from iop.edge.cluster.errors import ClusterUnavailable
 from iop.edge.cluster.leases import Candidate, ClusterView, Grant
-from iop.edge.errors import CapacityUnknown, Overloaded, PoolError, Unavailable, UnknownModel
+from iop.edge.errors import CapacityUnknown, PoolError, Unavailable, UnknownModel
 from iop.edge.pool import Lease, ProviderPool, _Candidate, _NodeState, _outcome_name
-from iop.edge.queue import Waiter, queue_limit, queue_timeout
+from iop.edge.queue import Waiter
 
 __all__ = ["RETRY_SEC", "VIEW_SEC", "ClusterPool", "LeaseTable"]
 
@@ -228,20 +228,6 @@ class ClusterPool(ProviderPool):
 
         Deferred.fromCoroutine(self._try(model_id, prompt_tokens)).addCallbacks(tried, failed)
         return result
-
-    def _enqueue(self, model_id: str, prompt_tokens: int) -> Deferred[Lease]:
-        candidates = self._models.get(model_id, ())
-        enabled = [c.resource.config for c in candidates if c.resource.enabled]
-        limit = queue_limit(enabled)
-        if self._queue.waiting(model_id) >= limit:
-            self.log.warn(
-                "queue for model {model_id} is full ({limit}): rejecting",
-                model_id=model_id,
-                limit=limit,
-            )
-            self._queue_stats.count(model_id, "overloaded")
-            return fail(Overloaded(model_id, limit))
-        return self._queue.enqueue(model_id, prompt_tokens, queue_timeout(enabled))
 
     async def _try(self, model_id: str, prompt_tokens: int) -> Lease | PoolError | None:
         """
