@@ -26,6 +26,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import Overloaded, QueueTimeout, Unavailable
 from iop.edge.pool import Lease, ProviderPool, is_long
+from iop.test import examples
 from iop.test.edge.test_pool import make_config, prov
 
 NODES = {
@@ -330,12 +331,12 @@ class PoolMachine(RuleBasedStateMachine):
 class PoolStateMachineTests(SynchronousTestCase):
     def test_pool_state_machine(self) -> None:
         # Derandomized and without an example database: the same ~2 s of exploration on every
-        # run, so the suite stays deterministic. Explore more locally by raising max_examples
-        # and dropping derandomize.
+        # run, so the suite stays deterministic. Explore more locally: HYPOTHESIS_PROFILE=explore
+        # (ten times the examples) and dropping derandomize.
         run_state_machine_as_test(
             PoolMachine,
             settings=settings(
-                max_examples=80,
+                max_examples=examples(40),
                 stateful_step_count=50,
                 deadline=None,
                 derandomize=True,

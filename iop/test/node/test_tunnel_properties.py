@@ -27,6 +27,7 @@ from iop.node.adapters.openai_compat import OpenAICompatProvider
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.tunnel import TunnelManager
 from iop.runtime import AdapterContext, AdapterSpec
+from iop.test import examples
 from iop.wire import runtime_pb2 as pb
 
 IDLE = 30.0
@@ -114,7 +115,7 @@ def scenarios(draw: st.DrawFn) -> dict[str, Any]:
 
 class FrameSequenceProperties(SynchronousTestCase):
     @settings(
-        max_examples=400,
+        max_examples=examples(200),
         deadline=None,
         database=None,
         suppress_health_check=[HealthCheck.too_slow],

@@ -49,6 +49,7 @@ from iop.node.session import NodeSession, SessionBuilder
 from iop.node.store import RunStatus, RunStore, SynchronousExecutor
 from iop.node.transport import EdgeConnectionFactory, EdgeConnectionProtocol
 from iop.runtime import AdapterContext, AdapterSpec, IProvider, RuntimeEvent, Usage
+from iop.test import examples
 from iop.test.node.fakes import TOKEN, accepted, drain, frame, ready_response
 from iop.test.node.test_runs import FakeOllama, ScriptedProvider, SessionProvider
 from iop.wire import runtime_pb2 as pb
@@ -550,7 +551,7 @@ class NodeWireFuzz(SynchronousTestCase):
                 self.assertIsInstance(outcome.value, NodeError, outcome.getTraceback())
 
     @settings(
-        max_examples=200,
+        max_examples=examples(100),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

@@ -39,6 +39,7 @@ from iop.edge.ingress.validate import (
     check_openai_chat,
     check_openai_responses,
 )
+from iop.test import examples
 from iop.test.edge.ingress.test_relay_properties import SERVING, Scenario, json_values, texts
 
 ROUTES = ["/v1/chat/completions", "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"]
@@ -247,7 +248,7 @@ class BodyScenario(Scenario):
 
 class BodyFuzzProperties(SynchronousTestCase):
     @settings(
-        max_examples=300,
+        max_examples=examples(150),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

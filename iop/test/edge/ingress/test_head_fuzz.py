@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.runtime.events import RuntimeEvent
+from iop.test import examples
 from iop.test.edge.ingress.harness import KEY, error
 from iop.test.edge.ingress.wire import Wire, parse_responses
 
@@ -262,7 +263,7 @@ class HeadFuzz(SynchronousTestCase):
         self.assertEqual(wire.clock.getDelayedCalls(), [])
 
     @settings(
-        max_examples=300,
+        max_examples=examples(150),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
@@ -271,7 +272,7 @@ class HeadFuzz(SynchronousTestCase):
         self.run_bytes(data, pieces)
 
     @settings(
-        max_examples=200,
+        max_examples=examples(100),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

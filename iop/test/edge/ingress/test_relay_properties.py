@@ -26,6 +26,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.runtime.codes import ErrorCode
 from iop.runtime.events import RuntimeEvent, Usage
+from iop.test import examples
 from iop.test.edge.ingress.harness import (
     AT_CAPACITY,
     CHAT,
@@ -345,7 +346,7 @@ class Scenario:
 
 class LeakProperties(SynchronousTestCase):
     @settings(
-        max_examples=400,
+        max_examples=examples(200),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
