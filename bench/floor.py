@@ -269,29 +269,6 @@ def _agent(reactor: Any, connections: int) -> Any:
     return Agent.usingEndpointFactory(reactor, Endpoints(), pool=pool)
 
 
-class _Body:
-    """An ``IBodyProducer`` that writes its bytes at once (no cooperator turn)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: Any) -> Any:
-        from twisted.internet.defer import succeed
-
-        consumer.write(self.data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
 def _upstream_call(
     agent: Any, url: bytes, headers: Any, body: bytes, on_piece: Callable[[bytes], None]
 ) -> Any:
@@ -302,6 +279,9 @@ def _upstream_call(
     """
     from twisted.internet.defer import Deferred
     from twisted.internet.protocol import Protocol
+
+    # The Node's own body producer: the bytes written with the headers, no cooperator turn.
+    from iop.node.adapters.http_client import bytes_producer
 
     class Reader(Protocol):
         def __init__(self, done: Deferred[Any], status: int, stream: bool) -> None:
@@ -326,7 +306,7 @@ def _upstream_call(
         response.deliverBody(Reader(done, response.code, stream))
         return done
 
-    return agent.request(b"POST", url, headers, _Body(body)).addCallback(answered)
+    return agent.request(b"POST", url, headers, bytes_producer(body)).addCallback(answered)
 
 
 def _upstream_headers(port: int) -> Any:

@@ -23,11 +23,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import pytest
 import yaml
 
 from iop.testing.ports import free_port
@@ -88,13 +86,6 @@ def cluster_section(redis: RedisServer, edge_id: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def upstream(cluster: Cluster, redis_server: RedisServer) -> Iterator[int]:
-    """The fake upstream, answering each request after ~0.2 s (so requests overlap)."""
-    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis_server.password
-    yield cluster.start_fake("fake_openai", "--tokens", "4", "--delay-ms", "50")
-
-
 def write_clustered_config(
     cluster: Cluster, upstream: int, redis: RedisServer, edge_id: str = "edge-a"
 ) -> dict[str, Any]:
@@ -109,17 +100,24 @@ def write_clustered_config(
     return config
 
 
-def start_clustered_edge(cluster: Cluster, upstream: int, redis: RedisServer) -> Daemon:
+def serve_clustered(cluster: Cluster, redis: RedisServer, *, tokens: int, delay_ms: int) -> int:
+    """One Edge with ``cluster:`` on ``redis``, its node ready, and the fake upstream it serves
+    (``tokens`` per answer, ``delay_ms`` each: requests overlap); the upstream's port."""
+    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis.password
+    upstream = cluster.start_fake(
+        "fake_openai", "--tokens", str(tokens), "--delay-ms", str(delay_ms)
+    )
     write_clustered_config(cluster, upstream, redis)
-    return cluster.start_edge()
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node ready")
+    return upstream
 
 
 def test_one_clustered_edge_holds_capacity_exactly(
-    cluster: Cluster, redis_server: RedisServer, upstream: int
+    cluster: Cluster, redis_server: RedisServer
 ) -> None:
-    start_clustered_edge(cluster, upstream, redis_server)
-    cluster.start_node()
-    wait_until(cluster.node_connected, 20, "node ready")
+    upstream = serve_clustered(cluster, redis_server, tokens=4, delay_ms=50)
     wait_until(lambda: status(cluster.admin_port)["cluster"]["redis"] == "up", 10, "redis up")
 
     with ThreadPoolExecutor(40) as pool:
@@ -141,11 +139,9 @@ def test_one_clustered_edge_holds_capacity_exactly(
 
 
 def test_redis_gone_refuses_new_work_then_recovers(
-    cluster: Cluster, redis_server: RedisServer, upstream: int
+    cluster: Cluster, redis_server: RedisServer
 ) -> None:
-    start_clustered_edge(cluster, upstream, redis_server)
-    cluster.start_node()
-    wait_until(cluster.node_connected, 20, "node ready")
+    serve_clustered(cluster, redis_server, tokens=4, delay_ms=50)
     wait_until(lambda: chat(cluster.client_url)[0] == 200, 10, "a first answer")
 
     redis_server.stop()
@@ -184,12 +180,7 @@ def test_redis_restarted_empty_under_load_keeps_the_streams(
 ) -> None:
     """Redis killed and back at once, empty, while streams run: the renewals re-assert their
     leases while the table recovers, so the streams complete and nothing is lost."""
-    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis_server.password
-    upstream = cluster.start_fake("fake_openai", "--tokens", "8", "--delay-ms", "400")
-    write_clustered_config(cluster, upstream, redis_server)
-    cluster.start_edge()
-    cluster.start_node()
-    wait_until(cluster.node_connected, 20, "node ready")
+    upstream = serve_clustered(cluster, redis_server, tokens=8, delay_ms=400)
     results: list[Any] = []
     threads = [stream_in_thread(cluster.client_url, results) for _ in range(CAPACITY)]
     wait_until(lambda: in_flight(cluster.admin_port) == CAPACITY, 10, "the streams hold leases")
@@ -213,12 +204,7 @@ def test_redis_gone_for_a_ttl_ends_the_streams_it_can_no_longer_vouch_for(
     """Redis down longer than a lease TTL while streams run: their leases cannot be renewed,
     so the Edge ends them before the leases could expire (never a slot used twice), refuses new
     work meanwhile, and serves again once Redis is back; counters return to zero."""
-    cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis_server.password
-    upstream = cluster.start_fake("fake_openai", "--tokens", "20", "--delay-ms", "500")
-    write_clustered_config(cluster, upstream, redis_server)
-    cluster.start_edge()
-    cluster.start_node()
-    wait_until(cluster.node_connected, 20, "node ready")
+    upstream = serve_clustered(cluster, redis_server, tokens=20, delay_ms=500)
     results: list[Any] = []
     threads = [stream_in_thread(cluster.client_url, results, max_tokens=20) for _ in range(2)]
     wait_until(lambda: in_flight(cluster.admin_port) == 2, 10, "the streams hold leases")
