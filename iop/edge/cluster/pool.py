@@ -32,13 +32,17 @@ Wake-ups
 Leases and their TTL
     A lease lives ``cluster.lease_ttl_sec`` from its grant or renewal; this Edge renews all it
     holds every third of that, in one script call, so a dead Edge's slots come back within the
-    TTL. Each lease is known held until the time its last confirmed renewal (or its grant) was
-    *asked* plus the TTL — never later than the table's own expiry. A lease not confirmed by
-    :data:`DEADLINE_MARGIN` of the TTL before that (Redis unreachable for about two renewals),
-    or one the table no longer has, is *lost*: logged, counted (:attr:`ClusterPool.lost`) and
-    its holder told (:meth:`~iop.edge.pool.Lease.when_lost`; the client surfaces cut the
-    client's connection, which cancels the work), so its slot is never used twice. (Clocks:
-    the Edge's runs no faster than Redis's over one TTL — the usual lease assumption.)
+    TTL. A renewal that failed (Redis unreachable) is tried again as soon as the connection to
+    Redis is back (:meth:`ClusterPool.reconnected`) and at each deadline check (every tenth of
+    the TTL) until one goes through, not a third of a TTL later: a Redis away for less than a
+    third of the TTL costs no lease. Each lease is known held until the time its last
+    confirmed renewal (or its grant) was *asked* plus the TTL — never later than the table's
+    own expiry. A lease not confirmed by :data:`DEADLINE_MARGIN` of the TTL before that (Redis
+    unreachable for most of a TTL), or one the table no longer has, is *lost*: logged, counted
+    (:attr:`ClusterPool.lost`) and its holder told (:meth:`~iop.edge.pool.Lease.when_lost`;
+    the client surfaces cut the client's connection, which cancels the work), so its slot is
+    never used twice. (Clocks: the Edge's runs no faster than Redis's over one TTL — the usual
+    lease assumption.)
 
 Failure (fail closed)
     Redis unreachable: every grant fails at once with
@@ -142,6 +146,9 @@ class ClusterPool(ProviderPool):
         self._confirmed: dict[str, float] = {}
         self._pumping = False
         self._pump_again = False
+        # A renewal call in flight; the last one failed (tried again at the next check).
+        self._renewing = False
+        self._renew_failed = False
         self._loops: list[LoopingCall] = []
         self._view: ClusterView | None = None
         self._view_at: float | None = None
@@ -300,6 +307,13 @@ class ClusterPool(ProviderPool):
         """Something may have freed a slot somewhere: re-try the waiters (if any)."""
         self._pump()
 
+    def reconnected(self) -> None:
+        """A connection to Redis is up again: renew now if the last renewal failed, and
+        re-try the waiters."""
+        if self._renew_failed:
+            self._renew()
+        self._pump()
+
     def _pump(self) -> None:
         if not len(self._queue):
             return
@@ -347,14 +361,22 @@ class ClusterPool(ProviderPool):
 
     def _renew(self) -> Deferred[None] | None:
         ids = list(self._held)
-        if not ids:
+        if not ids or self._renewing:
             return None
+        self._renewing = True
         sent = self._clock.seconds()
         owners = {i: (self._held[i].provider_id, self._held[i].long) for i in ids}
         renewing = self._table.renew(ids, self._ttl_ms, owners=owners, edge_id=self._edge_id)
-        return renewing.addCallbacks(self._renewed, self._unreachable, callbackArgs=(ids, sent))
+        return renewing.addCallbacks(self._renewed, self._renewal_failed, callbackArgs=(ids, sent))
+
+    def _renewal_failed(self, failure: Failure) -> None:
+        self._renewing = False
+        self._renew_failed = True
+        self._unreachable(failure)
 
     def _renewed(self, renewed: frozenset[str], ids: list[str], sent: float) -> None:
+        self._renewing = False
+        self._renew_failed = False
         self._redis_up = True
         until = sent + self._ttl_ms / 1000
         for lease_id in ids:
@@ -365,13 +387,17 @@ class ClusterPool(ProviderPool):
             else:
                 self._lose(lease_id, "the table no longer had it")
 
-    def _check_deadlines(self) -> None:
-        """End the requests whose lease may expire before a renewal can be confirmed."""
+    def _check_deadlines(self) -> Deferred[None] | None:
+        """End the requests whose lease may expire before a renewal can be confirmed; try a
+        failed renewal again."""
         margin = self._ttl_ms / 1000 * DEADLINE_MARGIN
         now = self._clock.seconds()
         for lease_id, until in list(self._confirmed.items()):
             if now >= until - margin:
                 self._lose(lease_id, "its renewal could not be confirmed in time")
+        if self._renew_failed:
+            return self._renew()
+        return None
 
     def _lose(self, lease_id: str, why: str) -> None:
         lease = self._held.pop(lease_id, None)

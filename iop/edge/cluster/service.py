@@ -34,6 +34,7 @@ class ClusterService(Service):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
+        self._connection.when_each_connected(self._pool.reconnected)
         self._connection.start()
         self._wakeups = subscribe(
             self._config,

@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.cluster.pool import RETRY_SEC, ClusterPool
+from iop.edge.cluster.redis import reconnect_max_delay
 from iop.edge.errors import CapacityUnknown, Overloaded, QueueTimeout, Unavailable
 from iop.edge.pool import Lease
 from iop.test.edge.cluster.memtable import MemoryTable
@@ -210,6 +211,51 @@ class RenewalTests(SynchronousTestCase):
         table.down = False
         clock.pump([TTL / 10] * 30)
         self.assertEqual((lost, a.lost, table.in_flight("p0")), ([], 0, 1))
+        lease.release()
+        a.stop()
+
+    def test_redis_away_less_than_a_third_of_the_ttl_loses_nothing(self) -> None:
+        """
+        Redis gone just before a renewal, in the worst phase, and back within a third of the
+        TTL (the connection up again at most one reconnect backoff later): the failed renewal
+        is sent again as the connection comes back, so no lease is lost and the table keeps
+        counting it.
+        """
+        lag = reconnect_max_delay(TTL)
+        for outage in (TTL / 3 * 0.99, TTL / 3 * 0.9, TTL / 6):
+            clock, table, a, _ = two_edges()
+            a.start()
+            lease = self.successResultOf(a.acquire("m"))
+            clock.advance(TTL / 3 - 0.01)
+            table.down = True  # just before the first renewal, which fails
+            clock.pump([(outage + lag) / 50] * 50)
+            table.down = False
+            a.reconnected()
+            clock.pump([TTL / 20] * 40)
+            self.assertEqual((lease.lost, a.lost, table.in_flight("p0")), (False, 0, 1), outage)
+            lease.release()
+            a.stop()
+
+    def test_a_failed_renewal_is_tried_again_at_the_next_check(self) -> None:
+        clock, table, a, _ = two_edges()
+        a.start()
+        lease = self.successResultOf(a.acquire("m"))
+        renewals: list[float] = []
+        renew = table.renew
+
+        def counted(*args: object, **kwargs: object) -> Deferred[frozenset[str]]:
+            renewals.append(clock.seconds())
+            return renew(*args, **kwargs)  # type: ignore[arg-type]
+
+        table.renew = counted  # type: ignore[method-assign]
+        table.down = True
+        clock.advance(TTL / 3)  # the first renewal fails
+        table.down = False
+        clock.advance(TTL / 10)  # the next deadline check renews at once
+        self.assertEqual(len(renewals), 2)
+        self.assertAlmostEqual(renewals[1] - renewals[0], TTL / 10, places=6)
+        clock.pump([TTL / 10] * 10)
+        self.assertEqual((lease.lost, table.in_flight("p0")), (False, 1))
         lease.release()
         a.stop()
 
