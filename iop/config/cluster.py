@@ -39,6 +39,7 @@ from iop.config.secrets import absolute_path, read_token_file, resolve_token_ref
 __all__ = [
     "MIN_CLUSTER_LEASE_TTL_SEC",
     "cluster_section",
+    "min_lease_ttl",
     "parse_redis_address",
     "redis_address",
     "relative_socket",
@@ -46,6 +47,9 @@ __all__ = [
 
 # A lease is renewed well inside its TTL; below a second a busy Edge could miss a renewal.
 MIN_CLUSTER_LEASE_TTL_SEC = 1.0
+# What a node takes, beyond its heartbeat timeout, to cancel the work of an Edge it stopped
+# hearing from (close the upstream connection): generous for a loaded host.
+NODE_CANCEL_SLACK_SEC = 0.5
 # Keys are ``{prefix}:...`` (a Redis Cluster hash tag): no braces, no blanks.
 _KEY_PREFIX = re.compile(r"[A-Za-z0-9._:-]+\Z")
 _ID = re.compile(r"[A-Za-z0-9._-]+\Z")
@@ -133,10 +137,35 @@ def _db_number(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() else None
 
 
+def min_lease_ttl(heartbeat_timeout_sec: float) -> float:
+    """
+    The shortest ``cluster.lease_ttl_sec`` that keeps a provider's capacity exact when an Edge
+    stops (frozen, hung, cut off) while its requests run: such an Edge's work goes on at the
+    node until the node's heartbeat times out and cancels it (``heartbeat_timeout_sec`` plus
+    :data:`NODE_CANCEL_SLACK_SEC`), while its leases — last renewed up to a third of the TTL
+    before it stopped — expire two thirds of a TTL after that at the earliest, and only then can
+    another Edge be granted the slot. So two thirds of the TTL must cover the node's part.
+    """
+    return (
+        MIN_CLUSTER_LEASE_TTL_SEC
+        if heartbeat_timeout_sec <= 0
+        else max(MIN_CLUSTER_LEASE_TTL_SEC, 1.5 * (heartbeat_timeout_sec + NODE_CANCEL_SLACK_SEC))
+    )
+
+
 def cluster_section(
-    top: Section, *, edge_id: str, base_dir: str, environ: Mapping[str, str]
+    top: Section,
+    *,
+    edge_id: str,
+    base_dir: str,
+    environ: Mapping[str, str],
+    heartbeat_timeout_sec: float = 0.0,
 ) -> ClusterConfig | None:
-    """``top.cluster`` as a :class:`ClusterConfig`; ``None`` when absent (or unreadable)."""
+    """
+    ``top.cluster`` as a :class:`ClusterConfig`; ``None`` when absent (or unreadable). The
+    lease TTL must be at least :func:`min_lease_ttl` of the nodes' heartbeat timeout
+    (``node_transport.heartbeat.timeout_sec``).
+    """
     section = top.section("cluster")
     if section is None:
         return None
@@ -155,6 +184,15 @@ def cluster_section(
         issues.add(
             section.path_of("lease_ttl_sec"),
             f"must be between {MIN_CLUSTER_LEASE_TTL_SEC:g} and {MAX_LEASE_TTL_SEC:g} seconds",
+        )
+    elif ttl < (floor := min_lease_ttl(heartbeat_timeout_sec)):
+        issues.add(
+            section.path_of("lease_ttl_sec"),
+            f"must be at least {floor:g} seconds with node_transport.heartbeat.timeout_sec "
+            f"{heartbeat_timeout_sec:g}: a node cancels the work of an Edge it no longer hears "
+            "from only at its heartbeat timeout, and a lease must outlive that by its renewal "
+            "period (1.5 x (timeout + 0.5 s)), or a stopped Edge's slot is granted again while "
+            "its work still runs",
         )
     prefix = section.string("key_prefix", DEFAULT_CLUSTER_KEY_PREFIX, nonempty=True)
     if prefix.strip() and not _KEY_PREFIX.match(prefix):

@@ -406,7 +406,11 @@ class _EdgeParser:
         routes, client_api = self._client_api(top, nodes, models)
         logging = logging_section(top)
         cluster = cluster_section(
-            top, edge_id=edge_id, base_dir=self.base_dir, environ=self.environ
+            top,
+            edge_id=edge_id,
+            base_dir=self.base_dir,
+            environ=self.environ,
+            heartbeat_timeout_sec=heartbeat.timeout_sec,
         )
         top.finish()
 

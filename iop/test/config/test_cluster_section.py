@@ -13,7 +13,7 @@ import yaml
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, load_edge_config
-from iop.config.cluster import parse_redis_address, redis_address
+from iop.config.cluster import min_lease_ttl, parse_redis_address, redis_address
 from iop.config.model import ClusterConfig, RedisAddress, Secret
 from iop.test.config.test_edge_config import (
     ENVIRON,
@@ -31,19 +31,21 @@ class ClusterSectionTests(EdgeConfigTestMixin, SynchronousTestCase):
     def setUp(self) -> None:
         self.make_base(self)
 
-    def with_cluster(self, section: Any) -> dict[str, Any]:
+    def with_cluster(self, section: Any, heartbeat: Any = None) -> dict[str, Any]:
         data = base_config()
         data["cluster"] = section
+        if heartbeat is not None:
+            data.setdefault("node_transport", {})["heartbeat"] = heartbeat
         return data
 
-    def cluster(self, section: Any) -> ClusterConfig:
-        config = self.parse(self.with_cluster(section), CLUSTER_ENVIRON)
+    def cluster(self, section: Any, heartbeat: Any = None) -> ClusterConfig:
+        config = self.parse(self.with_cluster(section, heartbeat), CLUSTER_ENVIRON)
         assert config.cluster is not None
         return config.cluster
 
-    def error(self, section: Any) -> ConfigError:
+    def error(self, section: Any, heartbeat: Any = None) -> ConfigError:
         error: ConfigError = self.assertRaises(
-            ConfigError, self.parse, self.with_cluster(section), CLUSTER_ENVIRON
+            ConfigError, self.parse, self.with_cluster(section, heartbeat), CLUSTER_ENVIRON
         )
         self.assertNotIn(REDIS_PASSWORD, str(error))
         self.assertNotIn("hunter2", str(error))
@@ -75,7 +77,8 @@ class ClusterSectionTests(EdgeConfigTestMixin, SynchronousTestCase):
                 "password": "${REDIS_PASSWORD}",
                 "lease_ttl_sec": 4,
                 "key_prefix": "prod:iop",
-            }
+            },
+            heartbeat={"interval_sec": 0.5, "timeout_sec": 2},
         )
         self.assertEqual(
             cluster,
@@ -150,6 +153,27 @@ class ClusterSectionTests(EdgeConfigTestMixin, SynchronousTestCase):
         ]
         for extra, path, fragment in rows:
             assertIssue(self, self.error({"redis": "redis://cache", **extra}), path, fragment)
+
+    def test_lease_ttl_covers_the_node_heartbeat(self) -> None:
+        """
+        The TTL must let a node cancel a stopped Edge's work (at its heartbeat timeout) before
+        that Edge's leases can expire: two thirds of it at least the timeout plus 0.5 s.
+        """
+        self.assertEqual(min_lease_ttl(5.0), 8.25)
+        self.assertEqual(min_lease_ttl(3.0), 5.25)
+        self.assertEqual(min_lease_ttl(0.1), 1.0)  # never under the absolute floor
+        # The defaults (heartbeat timeout 5 s, TTL 10 s) hold it.
+        self.assertEqual(self.cluster({"redis": "redis://cache"}).lease_ttl_sec, 10.0)
+        error = self.error({"redis": "redis://cache", "lease_ttl_sec": 8})
+        assertIssue(self, error, "cluster.lease_ttl_sec", "must be at least 8.25 seconds")
+        self.assertIn("node_transport.heartbeat.timeout_sec 5", str(error))
+        # A shorter heartbeat timeout admits a shorter TTL.
+        fast = {"interval_sec": 1, "timeout_sec": 3}
+        self.assertEqual(
+            self.cluster({"redis": "redis://c", "lease_ttl_sec": 5.25}, fast).lease_ttl_sec, 5.25
+        )
+        error = self.error({"redis": "redis://cache", "lease_ttl_sec": 5}, fast)
+        assertIssue(self, error, "cluster.lease_ttl_sec", "must be at least 5.25 seconds")
 
     def test_loaded_file(self) -> None:
         """Through load_edge_config: a relative password_file is read beside edge.yaml."""
