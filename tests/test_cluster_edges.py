@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from iop.config.cluster import min_lease_ttl
 from iop.testing.ports import free_port
 from tests.conftest import RedisServer
 from tests.harness import (
@@ -40,6 +41,10 @@ from tests.harness import (
 )
 
 CAPACITY = 4
+# The harness's node heartbeat timeout (node_transport.heartbeat in its edge.yaml), and the
+# shortest lease TTL the Edge accepts with it: the tests run at that floor.
+HEARTBEAT_TIMEOUT = 3.0
+TTL = min_lease_ttl(HEARTBEAT_TIMEOUT)
 
 
 def chat(
@@ -82,7 +87,7 @@ def cluster_section(redis: RedisServer, edge_id: str) -> dict[str, Any]:
         "redis": f"unix://{redis.socket}",
         "password": "${IOP_TEST_REDIS_PASSWORD}",
         "edge_id": edge_id,
-        "lease_ttl_sec": 3,
+        "lease_ttl_sec": TTL,
     }
 
 
@@ -204,7 +209,7 @@ def test_redis_gone_for_a_ttl_ends_the_streams_it_can_no_longer_vouch_for(
     """Redis down longer than a lease TTL while streams run: their leases cannot be renewed,
     so the Edge ends them before the leases could expire (never a slot used twice), refuses new
     work meanwhile, and serves again once Redis is back; counters return to zero."""
-    upstream = serve_clustered(cluster, redis_server, tokens=20, delay_ms=500)
+    upstream = serve_clustered(cluster, redis_server, tokens=20, delay_ms=800)
     results: list[Any] = []
     threads = [stream_in_thread(cluster.client_url, results, max_tokens=20) for _ in range(2)]
     wait_until(lambda: in_flight(cluster.admin_port) == 2, 10, "the streams hold leases")
@@ -214,7 +219,7 @@ def test_redis_gone_for_a_ttl_ends_the_streams_it_can_no_longer_vouch_for(
         t.join(30)
     ended = time.monotonic() - stopped
     assert [code for code, _ in results] == [0, 0], results
-    assert ended < 3.0 + 1.5, ended  # within the TTL (3 s), not at the 10 s answer's end
+    assert ended < TTL + 1.5, ended  # within the TTL, not at the answer's end
     code, body = chat(cluster.client_url)
     assert (code, body["error"]["code"]) == (503, "cluster_unavailable")
     assert status(cluster.admin_port)["cluster"]["leases_lost"] == 2
@@ -225,8 +230,6 @@ def test_redis_gone_for_a_ttl_ends_the_streams_it_can_no_longer_vouch_for(
 
 
 # -- two Edges, two nodes ------------------------------------------------------------------------
-
-TTL = 3.0
 
 
 class Edge:
@@ -254,7 +257,9 @@ class Edge:
         return bool(nodes[node_id]["connected"])
 
 
-def chat_node(node_id: str, token_var: str, upstream: int) -> dict[str, Any]:
+def chat_node(
+    node_id: str, token_var: str, upstream: int, capacity: int = CAPACITY
+) -> dict[str, Any]:
     return {
         "id": node_id,
         "token": "${" + token_var + "}",
@@ -273,7 +278,7 @@ def chat_node(node_id: str, token_var: str, upstream: int) -> dict[str, Any]:
                 "category": "api",
                 "models": ["demo-model"],
                 "profile": "openai-chat",
-                "capacity": CAPACITY,
+                "capacity": capacity,
                 "max_queue": 200,
             }
         ],
@@ -307,7 +312,7 @@ def two_edges(
             }
         ],
         openai=cluster.client_api(),
-        cluster={**cluster_section(redis, "edge-a"), "lease_ttl_sec": TTL},
+        cluster=cluster_section(redis, "edge-a"),
     )
     config: dict[str, Any] = yaml.safe_load(path.read_text())
     config["edge"] = {"id": "systest-edge-b"}
