@@ -429,6 +429,29 @@ def multi_edge_cpu_ms(run: dict[str, Any], prefix: str) -> float:
     )
 
 
+def multi_edge_cores(run: dict[str, Any]) -> float | None:
+    """Cores busy while a multi-Edge run was driven: the CPU seconds of every process of the
+    run (Edges, nodes, Redis, the fake upstream, the load generator) ÷ its wall seconds."""
+    wall = run.get("wall_s")
+    if not wall:
+        return None
+    spent = sum(float(p["cpu_seconds"]) for p in run.get("processes", {}).values())
+    spent += float(run.get("loadgen", {}).get("cpu_seconds", 0.0))
+    return spent / float(wall)
+
+
+def multi_edge_others_cpu_ms(run: dict[str, Any], group: str) -> float:
+    """CPU ms per request of a multi-Edge run's fake upstream(s): every process that is not
+    the group's own and not Redis."""
+    return float(
+        sum(
+            p["cpu_ms_per_request"]
+            for name, p in run.get("processes", {}).items()
+            if not name.startswith(f"{group}-") and name != "redis"
+        )
+    )
+
+
 def multi_edge_section(results: dict[str, Any]) -> list[str]:
     """The multi-Edge scenario's table (empty when it did not run)."""
     multi = results.get("multi_edge")
@@ -451,8 +474,10 @@ def multi_edge_section(results: dict[str, Any]) -> list[str]:
         f"{len(groups.get(many, {}).get('edges', []))} Edge processes on one client port "
         "(`openai.reuse_port`: the kernel spreads connections over them), every Edge with "
         f"`cluster:` on one Redis; {nodes}. Both groups ran side by side, rounds interleaved. "
-        "CPU ms/request: the group's Edges, its node(s), and Redis; ÷ every request the group "
-        "handled, warm-up included.",
+        "CPU ms/request: the group's Edges, its node(s), Redis, the fake upstream and the load "
+        "generator; ÷ every request the group handled, warm-up included. Cores busy: the CPU "
+        "seconds of all of them ÷ the seconds the group was driven (this host has "
+        f"{results.get('environment', {}).get('cpus', '?')}).",
         "",
     ]
     rows = []
@@ -479,6 +504,9 @@ def multi_edge_section(results: dict[str, Any]) -> list[str]:
                         _fmt(multi_edge_cpu_ms(run, f"{name}-edge"), 3),
                         _fmt(multi_edge_cpu_ms(run, f"{name}-node"), 3),
                         _fmt(multi_edge_cpu_ms(run, "redis"), 3),
+                        _fmt(multi_edge_others_cpu_ms(run, name), 3),
+                        _fmt(run.get("loadgen", {}).get("cpu_ms_per_request"), 3),
+                        _fmt(multi_edge_cores(run), 2),
                         str(run["errors"]),
                     ]
                 )
@@ -496,6 +524,9 @@ def multi_edge_section(results: dict[str, Any]) -> list[str]:
             "Edges CPU ms/req",
             "node CPU ms/req",
             "Redis CPU ms/req",
+            "upstream CPU ms/req",
+            "load gen CPU ms/req",
+            "cores busy",
             "errors",
         ],
         rows,

@@ -61,6 +61,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import subprocess
@@ -419,6 +420,12 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
         proxy.wait_ready()
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of this process's waited-for children (the load generator)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def shares(total: int, rounds: int) -> list[int]:
     """``total`` requests split over ``rounds`` as evenly as possible."""
     return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
@@ -445,6 +452,8 @@ def _level(
 ) -> list[dict[str, Any]]:
     parts: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
     cpu: dict[str, dict[str, float]] = {t.name: {} for t in targets}
+    # The load generator's own CPU (a child of this process), per target.
+    loadgen_cpu: dict[str, float] = dict.fromkeys((t.name for t in targets), 0.0)
     first: dict[str, dict[str, ProcSample]] = {}
     last: dict[str, dict[str, ProcSample]] = {}
     plan = {
@@ -461,7 +470,9 @@ def _level(
                 continue
             world.check()
             before = world.samples()
+            children_before = _children_cpu()
             part = run_loadgen(target, level, share, settings.warmup, raw=True)
+            loadgen_cpu[target.name] += _children_cpu() - children_before
             after = world.samples()
             first.setdefault(target.name, before)
             last[target.name] = after
@@ -492,6 +503,10 @@ def _level(
                 "cpu_ms_per_request": round(cpu[target.name][name] * 1000 / max(handled, 1), 4),
             }
             for name in target.servers
+        }
+        result["loadgen"] = {
+            "cpu_seconds": round(loadgen_cpu[target.name], 3),
+            "cpu_ms_per_request": round(loadgen_cpu[target.name] * 1000 / max(handled, 1), 4),
         }
         runs.append(result)
         log(
