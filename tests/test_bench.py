@@ -248,8 +248,15 @@ def multi_edge_results() -> dict[str, Any]:
         32,
         700.0,
         60.0,
-        {"iop-2edge-edge-1": 0.6, "iop-2edge-edge-2": 0.5, "iop-2edge-node-1": 0.4, "redis": 0.1},
+        {
+            "iop-2edge-edge-1": 0.6,
+            "iop-2edge-edge-2": 0.5,
+            "iop-2edge-node-1": 0.4,
+            "redis": 0.1,
+            "fake-openai-32": 0.3,
+        },
     )
+    two["loadgen"] = {"cpu_seconds": 0.02, "cpu_ms_per_request": 0.2}
     for r in (one, two):
         r["concurrency"] = 50
     return {
@@ -281,9 +288,10 @@ def test_multi_edge_table() -> None:
     assert "## Several Edges on one host (shared client port)" in text
     assert "one node dials every Edge of its group" in text
     assert "| stream | 50 | iop-1edge | 100/100 | 400.0 | 1 |" in text
-    # 700 ÷ 400; the Edges' CPU summed, the node's and Redis's apart.
+    # 700 ÷ 400; the Edges' CPU summed, the node's, Redis's, the upstream's and the load
+    # generator's apart; cores busy: (0.06 + 0.05 + 0.04 + 0.01 + 0.03 + 0.02) s ÷ 0.5 s.
     assert "| stream | 50 | iop-2edge | 100/100 | 700.0 | 1.75 |" in text
-    assert "| 1.100 | 0.400 | 0.100 | 0 |" in text
+    assert "| 1.100 | 0.400 | 0.100 | 0.300 | 0.200 | 0.42 | 0 |" in text
     assert "iop-2edge-edge-1 48, iop-2edge-edge-2 52" in text
     assert report.multi_edge_section({}) == []
     # The whole report without the throughput scenario still renders, with the table.
