@@ -11,7 +11,8 @@ Two sources, each exact:
   answers, so a scrape and ``/status`` taken together agree; and the counters the parts that
   decide each outcome keep themselves (the pool's lease grants/returns and queue outcomes, the
   registry's registrations, reconnects, fences and refusals, the dispatchers' tunnel and run
-  terminals by kind), read from their ``stats()``.
+  terminals by kind, the credential echoes managed nodes removed from tunnel responses), read
+  from their ``stats()``.
 - **Events, counted as they happen** (:meth:`EdgeMetrics.observe`, an event bus subscriber):
   each finished client request (:class:`~iop.edge.events.RequestFinished`) once — by model,
   provider, node, operation, surface, status and outcome; its duration, time to first token and
@@ -73,6 +74,8 @@ if TYPE_CHECKING:  # the sources StateCollector reads (kept beside it)
 
 # A dispatcher's ends per (node_id, kind).
 TerminalStats = Callable[[], dict[tuple[str, str], int]]
+# A count per node_id.
+NodeCounts = Callable[[], dict[str, int]]
 
 
 class StateCollector(Collector):
@@ -92,6 +95,7 @@ class StateCollector(Collector):
         registry_stats: Callable[[], RegistryStats] | None = None,
         tunnel_stats: TerminalStats | None = None,
         run_stats: TerminalStats | None = None,
+        echo_stats: NodeCounts | None = None,
     ) -> None:
         self._snapshot = status_snapshot
         self._dropped = dropped
@@ -99,6 +103,7 @@ class StateCollector(Collector):
         self._registry_stats = registry_stats
         self._tunnel_stats = tunnel_stats
         self._run_stats = run_stats
+        self._echo_stats = echo_stats
 
     def collect(self) -> Iterator[Metric]:
         yield from self._state()
@@ -117,6 +122,16 @@ class StateCollector(Collector):
                 for (node, kind), value in source().items():
                     family.add_metric([node, kind], float(value))
                 yield family
+        if self._echo_stats is not None:
+            echoes = CounterMetricFamily(
+                "iop_upstream_secret_echoes_redacted",
+                "Managed mode: occurrences of a leased provider credential that an upstream "
+                "echoed in a tunnel response and the node removed, by node.",
+                labels=["node"],
+            )
+            for node, value in self._echo_stats().items():
+                echoes.add_metric([node], float(value))
+            yield echoes
 
     @staticmethod
     def _pool(stats: PoolStats) -> Iterator[Metric]:
@@ -253,6 +268,7 @@ class EdgeMetrics:
         registry_stats: Callable[[], RegistryStats] | None = None,
         tunnel_stats: TerminalStats | None = None,
         run_stats: TerminalStats | None = None,
+        echo_stats: NodeCounts | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -323,6 +339,7 @@ class EdgeMetrics:
                 registry_stats=registry_stats,
                 tunnel_stats=tunnel_stats,
                 run_stats=run_stats,
+                echo_stats=echo_stats,
             )
         )
 

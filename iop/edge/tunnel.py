@@ -52,6 +52,7 @@ from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, s
 from iop.edge.registry import NodeRegistry
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import Usage
+from iop.security.echo import ECHOES_METADATA_KEY
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import usage_from_proto
 
@@ -337,6 +338,8 @@ class TunnelDispatcher:
             clock, cancel_grace, "tunnel", "frame"
         )
         self._terminals = TerminalCounts(TUNNEL_TERMINALS)
+        # Per node: echoes of a leased credential its tunnels removed from responses.
+        self._echoes: dict[str, int] = {}
         registry.add_observer(self)
 
     # -- open --------------------------------------------------------------------------------
@@ -448,11 +451,13 @@ class TunnelDispatcher:
         elif kind == pb.USAGE:
             stream.usage = usage_from_proto(message.usage)
         elif kind == pb.END:
+            self._count_echoes(stream, message.metadata)
             if not stream.started:
                 self._finish(message.run_id, "tunnel ended without a response")
             else:
                 self._finish(message.run_id, None)
         elif kind == pb.ERROR:
+            self._count_echoes(stream, message.metadata)
             if stream.cancel_reason is not None:
                 self.log.debug(
                     "tunnel {run_id} ended on its node: {error}",
@@ -483,6 +488,14 @@ class TunnelDispatcher:
         """Tunnel ends per ``(node_id, kind)``: every configured node, every kind."""
         return self._terminals.snapshot(n.id for n in self._registry.config.nodes)
 
+    def echo_stats(self) -> dict[str, int]:
+        """
+        Echoes of a leased credential the nodes removed from tunnel responses, per node
+        (every configured node, zero until counted).
+        """
+        nodes = dict.fromkeys([*(n.id for n in self._registry.config.nodes), *self._echoes])
+        return {node: self._echoes.get(node, 0) for node in nodes}
+
     def active(self) -> list[TunnelStream]:
         return [a.item for a in self._tunnels]
 
@@ -500,6 +513,21 @@ class TunnelDispatcher:
             node_id=stream.node_id,
             what=what,
         )
+
+    def _count_echoes(self, stream: TunnelStream, metadata: Mapping[str, str]) -> None:
+        """The count a managed node puts in a tunnel's last frame (a bounded decimal, or none)."""
+        raw = metadata.get(ECHOES_METADATA_KEY)
+        if raw is None:
+            return
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+            self.log.warn(
+                "tunnel {run_id} on node {node_id}: ignoring a malformed {key} value",
+                run_id=stream.run_id,
+                node_id=stream.node_id,
+                key=ECHOES_METADATA_KEY,
+            )
+            return
+        self._echoes[stream.node_id] = self._echoes.get(stream.node_id, 0) + int(raw)
 
     def _finish(
         self,

@@ -2,7 +2,7 @@
 """
 The Node's provider raw tunnel: one ``ProviderTunnelRequest`` becomes one HTTP request to an
 OpenAI-compatible provider, and its response goes back to the Edge as ordered
-``ProviderTunnelFrame``s, bytes untouched.
+``ProviderTunnelFrame``s, bytes untouched (in managed mode, but for the lease's secret: below).
 
 ::
 
@@ -24,7 +24,8 @@ OpenAI-compatible provider, and its response goes back to the Edge as ordered
 
 Frames per run id carry ``sequence`` 1, 2, 3…: at most one ``RESPONSE_START``, first;
 ``BODY`` frames only after it, each at most :data:`BODY_FRAME_BYTES`, concatenating to exactly
-the bytes the upstream sent (a turn's first chunk at once, the rest of that turn's in one frame);
+the bytes the upstream sent (managed mode: with its echoes of the lease's secret replaced; a
+turn's first chunk at once, the rest of that turn's in one frame);
 then exactly one ``END`` or ``ERROR``, and nothing after it. An upstream non-2xx answer is not
 an error: it is passed through (``RESPONSE_START`` with its status, its body, ``END``).
 ``USAGE`` is observation only: the body is read on the side (SSE events or one JSON document)
@@ -49,7 +50,14 @@ call, the binding is checked against the request itself (its ``target`` and ``pr
 the adapter's configured profile), the lease is verified and opened
 (:meth:`~iop.security.lease.LeaseVerifier.open`), and ``<auth_header>: <auth_scheme> <secret>``
 is put on that one upstream request only; the plaintext ``bytearray`` is zeroed as soon as the
-request has been handed to the HTTP client. Any lease failure ends the tunnel with one ERROR
+request has been handed to the HTTP client. What the upstream sends back may echo that secret (a
+401 quoting the header, a debug 500, a proxy): for the rest of the tunnel an
+:class:`~iop.security.echo.EchoRedactor` holds a copy, replaces every occurrence in the
+response headers and body chunks (one split across chunks too) with ``[redacted]``, and is
+zeroed when the tunnel ends; the count goes to the Edge in the last frame's metadata
+(:data:`~iop.security.echo.ECHOES_METADATA_KEY`) and into one warning. The body bytes are then
+the upstream's except for those replacements, and a chunk's tail that may still become the
+secret waits for the next chunk. Any lease failure ends the tunnel with one ERROR
 frame whose text starts with the failure class (``lease_expired: …``) and whose ``error_code``
 metadata is that class; nothing reaches the upstream. A legacy node (no verifier) refuses any
 request carrying a lease: it cannot verify one, and fails closed.
@@ -82,6 +90,7 @@ from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import Usage
 from iop.runtime.interfaces import ITunnelProvider
 from iop.runtime.spec import RuntimeProfile
+from iop.security.echo import ECHOES_METADATA_KEY, EchoRedactor
 from iop.security.lease import (
     LEASE_BINDING_MISMATCH,
     LEASE_MALFORMED,
@@ -209,11 +218,15 @@ def upstream_request_headers(
 
 
 def filter_response_headers(
-    headers: Headers, redact: Callable[[str], str] = lambda text: text
+    headers: Headers,
+    redact: Callable[[str], str] = lambda text: text,
+    echo: EchoRedactor | None = None,
 ) -> list[tuple[str, str]]:
     """
     The provider's response headers to pass back: without hop-by-hop and length headers (and
-    any named by ``Connection``), each value through ``redact``.
+    any named by ``Connection``), each value through ``redact``. With ``echo`` (managed mode:
+    the lease's secret), a header whose name holds the secret is dropped and every value has
+    it replaced, each counted by ``echo``.
     """
     named = {
         token.strip().lower()
@@ -226,7 +239,13 @@ def filter_response_headers(
         lowered = name.lower()
         if lowered in HOP_BY_HOP_HEADERS or lowered in named:
             continue
+        if echo is not None and echo.contains(raw_name):
+            # A name cannot carry the marker (no brackets in a header name): the header goes.
+            echo.note(len(values))
+            continue
         for value in values:
+            if echo is not None:
+                value = echo.redact(value)
             out.append((name, redact(value.decode("latin-1"))))
     return out
 
@@ -454,11 +473,12 @@ class TunnelFrames:
         self._emit(pb.ProviderTunnelFrame(kind=pb.USAGE, usage=usage_to_proto(usage)))
         return True
 
-    def end(self) -> bool:
+    def end(self, metadata: Mapping[str, str] | None = None) -> bool:
+        """The last frame of a complete response: END, with ``metadata`` if given."""
         if not self._expect(_FrameState.STARTED, "END"):
             return False
         self._state = _FrameState.ENDED
-        self._emit(pb.ProviderTunnelFrame(kind=pb.END, end=True))
+        self._emit(pb.ProviderTunnelFrame(kind=pb.END, end=True, metadata=metadata))
         return True
 
     def error(self, message: str, metadata: Mapping[str, str] | None = None) -> bool:
@@ -542,6 +562,9 @@ class _Tunnel:
         self._held: list[bytes] = []
         self._held_bytes = 0
         self._flush_call: IDelayedCall | None = None
+        # Managed mode: the lease's secret, removed from everything relayed back (status line,
+        # headers, body) until the tunnel ends.
+        self._echo: EchoRedactor | None = None
 
     @property
     def adapter(self) -> str:
@@ -576,6 +599,8 @@ class _Tunnel:
                 secret = self.manager._open_lease(self._request, provider)
                 slot = self._request.credential_binding.slot
                 headers = _with_credential(headers, provider.profile, slot, secret)
+                redactor = EchoRedactor(secret)
+                self._echo = redactor if redactor.active else None
             except LeaseError as e:
                 if secret is not None:
                     zero(secret)
@@ -610,17 +635,37 @@ class _Tunnel:
         if self.over:
             return
         self._touch()
-        self.frames.start(response.code, filter_response_headers(response.headers, provider.redact))
+        # Only the status code goes back (the Edge writes its own reason phrase): the
+        # upstream's status line, which may echo too, is not relayed at all.
+        echo = self._echo
+        self.frames.start(
+            response.code, filter_response_headers(response.headers, provider.redact, echo)
+        )
         observer = self._observer(response)
 
         def on_data(data: bytes) -> None:
-            self._held_body(data)
             if observer is not None:
                 observer.feed(data)
+            if echo is not None:
+                # At most a tail that may still become the secret is held back here.
+                data = echo.feed(data)
+                if not data:
+                    self._touch()
+                    return
+            self._held_body(data)
 
         reason = await read_body(response, on_data)
         if self.over:
             return
+        if echo is not None:
+            if ended_cleanly(reason):
+                # What was held could not become the secret: the body ended first.
+                tail = echo.finish()
+                if tail:
+                    self._held_body(tail)
+            else:
+                # A body cut mid-echo: the secret's first bytes are not handed out.
+                echo.discard()
         self._send_held_body()
         if not ended_cleanly(reason):
             self._end(
@@ -735,11 +780,33 @@ class _Tunnel:
         self._disarm()
         self._slot.release()
         self.manager._forget(self)
+        echoes = self._forget_secret()
+        if echoes:
+            metadata = {**(metadata or {}), ECHOES_METADATA_KEY: str(echoes)}
         if error is None:
-            self.frames.end()
+            self.frames.end(metadata)
         else:
             self.frames.error(self.provider.redact(error), metadata)
         self.manager._ended(self, error)
+
+    def _forget_secret(self) -> int:
+        """Zero the lease secret's copies; how many echoes of it were removed (logged once)."""
+        echo, self._echo = self._echo, None
+        if echo is None:
+            return 0
+        echo.discard()
+        echo.forget()
+        if echo.count:
+            self.manager.log.warn(
+                "tunnel {run_id} on adapter {adapter}: the upstream echoed the leased credential;"
+                " {echoes} occurrence(s) redacted from the response",
+                run_id=self.run_id,
+                adapter=self.adapter,
+                echoes=echo.count,
+                status_code=self.frames.status_code,
+                node_id=self.manager._node_id,
+            )
+        return echo.count
 
 
 def _valid_header_value(value: bytearray) -> bool:

@@ -15,6 +15,13 @@ Routes:
   the fake rejects tools, then it answers 400 — and, once its last message is a tool result
   (``role: tool``), the text answer (one tool round, so agent loops end). Model ``fail-500``
   answers 500; model ``fail-midstream`` sends a few chunks and drops the connection.
+  The ``echo-auth-*`` models reflect the request's credential (the ``--expect-header``'s value,
+  else ``Authorization``) the ways providers and proxies do: ``echo-auth-401`` in a 401's
+  reason phrase and error message, ``echo-auth-500`` in a 500 whose body dumps the request
+  headers, ``echo-auth-header`` in the ``x-request-id`` and ``x-echo-authorization`` headers of
+  an ordinary answer, ``echo-auth-stream`` in a streamed answer's text, its SSE event written in
+  two pieces cut in the middle of the credential, :data:`ECHO_PAUSE_MS` apart (so they arrive as
+  separate chunks).
 - ``POST /v1/responses`` (only with ``responses_api`` / ``--responses-api``; otherwise 404 like
   any unknown route): a minimal OpenAI Responses API answer of the same text (one ``message``
   output item with one ``output_text`` part; ``max_output_tokens`` caps it, then the status is
@@ -62,6 +69,14 @@ from iop.runtime.chat_input import content_text
 REASONING_MARKER = "reason"
 FAIL_500_MODEL = "fail-500"
 FAIL_MIDSTREAM_MODEL = "fail-midstream"
+# The models whose answers echo the request's credential (see the module docstring).
+ECHO_401_MODEL = "echo-auth-401"
+ECHO_500_MODEL = "echo-auth-500"
+ECHO_HEADER_MODEL = "echo-auth-header"
+ECHO_STREAM_MODEL = "echo-auth-stream"
+ECHO_MODELS = (ECHO_401_MODEL, ECHO_500_MODEL, ECHO_HEADER_MODEL, ECHO_STREAM_MODEL)
+# The pause between the pieces of an echo-auth-stream answer.
+ECHO_PAUSE_MS = 50
 # Token chunks a ``fail-midstream`` answer sends before it drops the connection.
 MIDSTREAM_CHUNKS = 3
 TOOLS_REJECTED = "tools are not supported by this backend"
@@ -277,6 +292,8 @@ class FakeOpenAI:
         if problem is not None:
             return self._reject(request, 400, problem, param="messages")
         model = body.get("model") if isinstance(body.get("model"), str) else ""
+        if model in ECHO_MODELS:
+            return self._echo(request, model, body, headers)
         if model == FAIL_500_MODEL:
             return self._reject(request, 500, "injected upstream failure", kind="server_error")
         tools = body.get("tools")
@@ -305,6 +322,54 @@ class FakeOpenAI:
                 _Writer(self, request, steps, delay, drop_at=1, stream=False).start()
             else:
                 _Writer(self, request, [(completion, tokens)], delay, None, stream=False).start()
+        return NOT_DONE_YET
+
+    def _echo(
+        self, request: Request, model: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> bytes | int:
+        """An answer that reflects the request's credential (an ``echo-auth-*`` model)."""
+        credential = headers.get(self.settings.expect_header or "authorization", "")
+        if model == ECHO_401_MODEL:
+            self._stats.rejected_requests += 1
+            request.setResponseCode(401, f"Unauthorized ({credential})".encode("latin-1"))
+            request.setHeader(b"content-type", b"application/json")
+            return error_body(f"Incorrect API key provided: {credential}", "invalid_request_error")
+        if model == ECHO_500_MODEL:
+            self._stats.rejected_requests += 1
+            request.setResponseCode(500)
+            request.setHeader(b"content-type", b"application/json")
+            debug = {"request_headers": headers, "request_body": body}
+            return json.dumps(
+                {"error": {"message": "internal error", "type": "server_error", "debug": debug}}
+            ).encode()
+        stream = body.get("stream") is True
+        if model == ECHO_HEADER_MODEL:
+            request.setHeader(b"x-request-id", f"req-{credential}".encode("latin-1"))
+            request.setHeader(b"x-echo-authorization", credential.encode("latin-1"))
+            answer = self._answer(model, body)
+        else:
+            base = self._answer(model, body)
+            content = ["Your ", "key ", "is ", credential, "."]
+            answer = _Answer(model, [], content, None, [], "stop", base.usage)
+        if not stream:
+            completion = json.dumps(self._completion(answer)).encode()
+            request.setResponseCode(200)
+            request.setHeader(b"content-type", b"application/json")
+            _Writer(self, request, [(completion, 1)], 0, None, stream=False).start()
+            return NOT_DONE_YET
+        steps = self._stream_steps(answer, include_usage=False)
+        pause = 0
+        if model == ECHO_STREAM_MODEL and credential:
+            # The event carrying the credential, cut in the middle of it.
+            needle = credential.encode("latin-1")
+            at = next(i for i, (data, _) in enumerate(steps) if needle in data)
+            data, tokens = steps[at]
+            cut = data.index(needle) + len(needle) // 2
+            steps[at : at + 1] = [(data[:cut], 0), (data[cut:], tokens)]
+            pause = ECHO_PAUSE_MS
+        request.setResponseCode(200)
+        request.setHeader(b"content-type", b"text/event-stream")
+        _Writer(self, request, steps, 0, None, stream=True, pause_ms=pause).start()
         return NOT_DONE_YET
 
     def _reject(
@@ -696,8 +761,8 @@ def _validate(body: Any) -> str | None:
 class _Writer:
     """
     Writes one answer's frames, waiting ``delay_ms`` milliseconds per token before each
-    token-bearing frame; stops when the client goes away. ``drop_at``: drop the connection after
-    that many frames (error injection).
+    token-bearing frame (and ``pause_ms`` before every frame but the first); stops when the
+    client goes away. ``drop_at``: drop the connection after that many frames (error injection).
     """
 
     def __init__(
@@ -708,6 +773,7 @@ class _Writer:
         delay_ms: int,
         drop_at: int | None,
         stream: bool,
+        pause_ms: int = 0,
     ) -> None:
         self._fake = fake
         self._request = request
@@ -715,6 +781,7 @@ class _Writer:
         self._delay_ms = delay_ms
         self._drop_at = drop_at
         self._stream = stream
+        self._pause_ms = pause_ms
         self._index = 0
         self._waited = False
         self._call: IDelayedCall | None = None
@@ -737,10 +804,10 @@ class _Writer:
                 self._request.finish()
                 return
             data, tokens = self._steps[self._index]
-            if tokens and self._delay_ms > 0 and not self._waited:
+            wait_ms = tokens * self._delay_ms + (self._pause_ms if self._index else 0)
+            if wait_ms > 0 and not self._waited:
                 self._waited = True
-                wait = tokens * self._delay_ms / 1000.0
-                self._call = self._fake.clock.callLater(wait, self._pump)
+                self._call = self._fake.clock.callLater(wait_ms / 1000.0, self._pump)
                 return
             self._waited = False
             self._request.write(data)

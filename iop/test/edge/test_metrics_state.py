@@ -22,7 +22,9 @@ from iop.edge.registry import REJECT_REASONS
 from iop.edge.runs import RUN_TERMINALS
 from iop.edge.tap import EdgeService
 from iop.edge.tunnel import TUNNEL_TERMINALS
+from iop.runtime.codes import ERROR_CODE_KEY
 from iop.runtime.events import RuntimeEvent
+from iop.security.echo import ECHOES_METADATA_KEY
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
@@ -41,6 +43,7 @@ COUNTERS = (
     "iop_node_reconnects",
     "iop_node_fences",
     "iop_node_rejections",
+    "iop_upstream_secret_echoes_redacted",
 )
 
 
@@ -93,6 +96,7 @@ class StateCountersTests(SynchronousTestCase):
             "iop_node_reconnects_total": [labels(node=n) for n in NODES],
             "iop_node_fences_total": [labels(node=n) for n in NODES],
             "iop_node_rejections_total": [labels(reason=r) for r in REJECT_REASONS],
+            "iop_upstream_secret_echoes_redacted_total": [labels(node=n) for n in NODES],
         }
         for name, label_sets in expected.items():
             present = {key for (sample, key) in samples if sample == name}
@@ -185,3 +189,35 @@ class StateCountersTests(SynchronousTestCase):
         text: Any = self.edge.metrics.render().decode()
         for secret in (*TOKENS.values(), "not-a-token"):
             self.assertNotIn(secret, text)
+
+    def test_echoes_a_managed_node_redacted(self) -> None:
+        # The count a node puts in a tunnel's END or ERROR metadata; a malformed one is ignored.
+        a = self.connect("node-a")
+        ends = [
+            (pb.END, {ECHOES_METADATA_KEY: "3"}),
+            (pb.ERROR, {ECHOES_METADATA_KEY: "2", ERROR_CODE_KEY: "upstream_timeout"}),
+            (pb.END, {}),
+            (pb.END, {ECHOES_METADATA_KEY: "-7"}),
+            (pb.END, {ECHOES_METADATA_KEY: "1" * 40}),
+        ]
+        for kind, metadata in ends:
+            tunnel = self.edge.tunnels.open(
+                "node-a", adapter="fake", target="demo-model", operation="chat_completions"
+            )
+            self.edge.tunnels.frame(
+                a,
+                pb.ProviderTunnelFrame(
+                    run_id=tunnel.run_id, sequence=1, kind=pb.RESPONSE_START, status_code=401
+                ),
+            )
+            self.edge.tunnels.frame(
+                a,
+                pb.ProviderTunnelFrame(
+                    run_id=tunnel.run_id, sequence=2, kind=kind, end=True, metadata=metadata
+                ),
+            )
+        self.flushLoggedErrors()
+        _, samples = self.scrape()
+        echoes = "iop_upstream_secret_echoes_redacted_total"
+        self.assertEqual(samples[(echoes, labels(node="node-a"))], 5)
+        self.assertEqual(samples[(echoes, labels(node="node-b"))], 0)

@@ -446,3 +446,56 @@ class ExpectedCredentialTests(FakeCase):
         stats = fake.stats()
         self.assertEqual((stats.authorized_requests, stats.unauthorized_requests), (1, 1))
         self.assertNotIn("Bearer x", repr(fake.settings))
+
+
+class EchoCredentialTests(FakeCase):
+    """The ``echo-auth-*`` models reflect the request's credential (``Bearer x`` here)."""
+
+    def test_401_echoes_in_the_reason_and_the_message(self) -> None:
+        _, http = self.serve()
+        response = self.post(http, chat(model="echo-auth-401"))
+        self.assertEqual(response.code, 401)
+        self.assertEqual(response.phrase, b"Unauthorized (Bearer x)")
+        self.assertIn("Bearer x", self.json(http, response)["error"]["message"])
+
+    def test_500_dumps_the_request_headers(self) -> None:
+        _, http = self.serve()
+        response = self.post(http, chat(model="echo-auth-500", stream=True))
+        self.assertEqual(response.code, 500)
+        debug = self.json(http, response)["error"]["debug"]
+        self.assertEqual(debug["request_headers"]["authorization"], "Bearer x")
+
+    def test_the_expected_header_is_the_one_echoed(self) -> None:
+        _, http = self.serve(expect_header="Authorization", expect_value="Bearer x")
+        response = self.post(http, chat(model="echo-auth-401"))
+        self.assertIn("Bearer x", self.json(http, response)["error"]["message"])
+
+    def test_header_echo_on_an_ordinary_answer(self) -> None:
+        _, http = self.serve(tokens=2)
+        response = self.post(http, chat(model="echo-auth-header"))
+        self.assertEqual(response.code, 200)
+        self.assertEqual(response.headers.getRawHeaders(b"x-request-id"), [b"req-Bearer x"])
+        self.assertEqual(response.headers.getRawHeaders(b"x-echo-authorization"), [b"Bearer x"])
+        self.assertEqual(
+            self.json(http, response)["choices"][0]["message"]["content"], fake_text(2)
+        )
+
+    def test_stream_splits_the_credential_across_writes(self) -> None:
+        _, http = self.serve()
+        response = self.post(http, chat(model="echo-auth-stream", stream=True))
+        raw: list[bytes] = []
+        d = treq.collect(response, raw.append)
+        http.flush()
+        seen: list[bytes] = []
+        for _ in range(12):
+            self.clock.advance(0.05)
+            http.flush()
+            seen.append(b"".join(raw))
+        # The pieces come ECHO_PAUSE_MS apart: for one pause, the credential was cut.
+        self.assertTrue(any(b"Bear" in body and b"Bearer x" not in body for body in seen))
+        self.successResultOf(d)
+        body = b"".join(raw)
+        self.assertIn(b"Bearer x", body)
+        self.assertTrue(body.endswith(b"data: [DONE]\n\n"))
+        self.assertFalse(any(b"Bearer x" in piece for piece in raw))
+        self.assertEqual(self.clock.getDelayedCalls(), [])
