@@ -181,6 +181,7 @@ class EdgeService(MultiService):
             registry_stats=self.registry.stats,
             tunnel_stats=self.tunnels.stats,
             run_stats=self.runs.stats,
+            tls_refusal_stats=self.node_factory.tls_refusals.stats,
         )
         self.bus.subscribe(self.metrics.observe)
         # One access log line per finished client request.
