@@ -10,9 +10,9 @@ Two sources, each exact:
   occupancy and node connections by state are read from the same status snapshot ``/status``
   answers, so a scrape and ``/status`` taken together agree; and the counters the parts that
   decide each outcome keep themselves (the pool's lease grants/returns and queue outcomes, the
-  registry's registrations, reconnects, fences and refusals, the dispatchers' tunnel and run
-  terminals by kind, the credential echoes managed nodes removed from tunnel responses), read
-  from their ``stats()``.
+  registry's registrations, reconnects, fences and refusals, the node listener's refused TLS
+  handshakes, the dispatchers' tunnel and run terminals by kind, the credential echoes managed
+  nodes removed from tunnel responses), read from their ``stats()``.
 - **Events, counted as they happen** (:meth:`EdgeMetrics.observe`, an event bus subscriber):
   each finished client request (:class:`~iop.edge.events.RequestFinished`) once — by model,
   provider, node, operation, surface, status and outcome; its duration, time to first token and
@@ -76,6 +76,8 @@ if TYPE_CHECKING:  # the sources StateCollector reads (kept beside it)
 TerminalStats = Callable[[], dict[tuple[str, str], int]]
 # A count per node_id.
 NodeCounts = Callable[[], dict[str, int]]
+# The node listener's refused TLS handshakes per reason (TLSRefusals.stats).
+RefusalStats = Callable[[], dict[str, int]]
 
 
 class StateCollector(Collector):
@@ -96,6 +98,7 @@ class StateCollector(Collector):
         tunnel_stats: TerminalStats | None = None,
         run_stats: TerminalStats | None = None,
         echo_stats: NodeCounts | None = None,
+        tls_refusal_stats: RefusalStats | None = None,
     ) -> None:
         self._snapshot = status_snapshot
         self._dropped = dropped
@@ -104,6 +107,7 @@ class StateCollector(Collector):
         self._tunnel_stats = tunnel_stats
         self._run_stats = run_stats
         self._echo_stats = echo_stats
+        self._tls_refusal_stats = tls_refusal_stats
 
     def collect(self) -> Iterator[Metric]:
         yield from self._state()
@@ -111,6 +115,17 @@ class StateCollector(Collector):
             yield from self._pool(self._pool_stats())
         if self._registry_stats is not None:
             yield from self._registry(self._registry_stats())
+        if self._tls_refusal_stats is not None:
+            refused = CounterMetricFamily(
+                "iop_node_tls_refused",
+                "Node connections refused during the TLS handshake, by reason (no_certificate, "
+                "unknown_ca, expired, not_yet_valid, wrong_usage, bad_certificate, peer_alert, "
+                "protocol).",
+                labels=["reason"],
+            )
+            for reason, value in self._tls_refusal_stats().items():
+                refused.add_metric([reason], float(value))
+            yield refused
         for name, source, what in (
             ("iop_tunnel_terminals", self._tunnel_stats, "Provider tunnels"),
             ("iop_run_terminals", self._run_stats, "Normalized runs"),
@@ -269,6 +284,7 @@ class EdgeMetrics:
         tunnel_stats: TerminalStats | None = None,
         run_stats: TerminalStats | None = None,
         echo_stats: NodeCounts | None = None,
+        tls_refusal_stats: RefusalStats | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -340,6 +356,7 @@ class EdgeMetrics:
                 tunnel_stats=tunnel_stats,
                 run_stats=run_stats,
                 echo_stats=echo_stats,
+                tls_refusal_stats=tls_refusal_stats,
             )
         )
 

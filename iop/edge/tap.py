@@ -182,6 +182,7 @@ class EdgeService(MultiService):
             tunnel_stats=self.tunnels.stats,
             run_stats=self.runs.stats,
             echo_stats=self.tunnels.echo_stats,
+            tls_refusal_stats=self.node_factory.tls_refusals.stats,
         )
         self.bus.subscribe(self.metrics.observe)
         # One access log line per finished client request.

@@ -22,6 +22,9 @@ stream is a frame per token. The register timer lives in the awaiting-register s
 Workload identity is the registry's too: the ``register`` input hands it the client certificate
 the TLS handshake verified (read with the factory's ``peer_certificate``, by default
 :func:`iop.security.tls.peer_certificate`), and a refusal closes the connection like any other.
+A connection lost before its TLS handshake completed is told to the factory's
+:class:`~iop.edge.tlsrefusals.TLSRefusals` (the handshake refused the peer, or the peer left);
+the machine only hears ``connection_lost``, as for any loss.
 
 Ownership and generations stay the registry's: the machine's ``registering`` and ``readying``
 states last exactly as long as the registry takes to decide, and the registry (not this module)
@@ -36,7 +39,7 @@ from typing import Protocol
 
 from automat import TypeMachineBuilder, pep614
 from cryptography import x509
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IAddress, IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -44,6 +47,7 @@ from zope.interface import implementer
 
 from iop.edge.interfaces import INodeConnection
 from iop.edge.registry import NodeRegistry, ReadyOutcome, RegisterAccepted
+from iop.edge.tlsrefusals import TLSRefusals
 from iop.security.tls import peer_certificate
 from iop.wire import runtime_pb2 as pb
 from iop.wire.framing import _CONNECTION_DONE, EnvelopeProtocol
@@ -343,7 +347,7 @@ _SessionMachine = _make_session_machine()
 # -- the protocol ------------------------------------------------------------------------------
 
 
-@implementer(INodeConnection)
+@implementer(INodeConnection, IHandshakeListener)
 class NodeConnection(EnvelopeProtocol):
     """One node socket: frames in, one machine input per envelope; frames out."""
 
@@ -373,6 +377,8 @@ class NodeConnection(EnvelopeProtocol):
             )
         )
         self._heartbeat = heartbeat
+        # Over TLS: whether the handshake completed (before, a loss may be a refusal).
+        self._handshake_completed = False
         # Where a message only a ready node may send goes: the machine's input, until the
         # machine enters ready and routes such messages straight to their handlers.
         self.route_after_ready: Callable[[str, pb.Envelope], None] = (
@@ -391,8 +397,14 @@ class NodeConnection(EnvelopeProtocol):
     def connectionMade(self) -> None:
         self._session.connection_made()
 
+    def handshakeCompleted(self) -> None:
+        self._handshake_completed = True
+
     def connectionLost(self, reason: Failure = _CONNECTION_DONE) -> None:
         super().connectionLost(reason)
+        if not self._handshake_completed:
+            # A TLS error here is the handshake refusing the peer (nothing else, over plaintext).
+            self.factory.tls_refusals.connection_lost(self.transport, reason)
         self._session.connection_lost(self.close_reason or "connection closed")
 
     def close(self, reason: str) -> None:
@@ -439,8 +451,11 @@ class NodeConnectionFactory(Factory):
         register_timeout: float = 10.0,
         max_frame_bytes: int = 16 * 1024 * 1024,
         peer_certificate: PeerCertificate = peer_certificate,
+        tls_refusals: TLSRefusals | None = None,
     ) -> None:
         self.registry = registry
+        # Handshakes the TLS listener in front of this factory refused (counted and logged).
+        self.tls_refusals = tls_refusals if tls_refusals is not None else TLSRefusals(clock)
         self.peer_certificate = peer_certificate
         self.clock = clock
         self.heartbeat_interval = heartbeat_interval

@@ -10,6 +10,12 @@ TLS for the Edge-Node socket.
 - :func:`verify_peer_workload` checks that an already CA-verified peer certificate (a Node's
   client certificate, read after the handshake with :func:`peer_certificate`) carries an exact
   workload name.
+- :func:`handshake_refusal` says why a peer's TLS handshake failed, in plain words and as one
+  label of :data:`REFUSAL_REASONS`: no certificate, another CA, expired, the wrong usage, not
+  TLS at all. OpenSSL's handshake error only says "certificate verify failed"; which check
+  failed is recorded, per connection, by a verify callback :func:`server_context_factory`
+  installs that only looks (it answers what OpenSSL decided, so nothing about verification
+  changes).
 
 Keys and certificates are handed to Twisted/pyOpenSSL as ``cryptography`` objects: pyOpenSSL 26
 deprecates its own ``X509``/``PKey`` objects and warns on every connection when given them.
@@ -19,7 +25,9 @@ key material).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cryptography import x509
@@ -34,7 +42,11 @@ from OpenSSL import SSL
 from OpenSSL.crypto import X509
 from service_identity import CertificateError, VerificationError
 from service_identity.cryptography import verify_certificate_hostname
-from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, ISSLTransport
+from twisted.internet.interfaces import (
+    IOpenSSLClientConnectionCreator,
+    ISSLTransport,
+    ISystemHandle,
+)
 from twisted.internet.ssl import (
     Certificate,
     CertificateOptions,
@@ -42,6 +54,7 @@ from twisted.internet.ssl import (
     optionsForClientTLS,
     trustRootFromCertificates,
 )
+from twisted.python.failure import Failure
 
 from iop.config.model import ClientTLS, ServerTLS
 
@@ -235,6 +248,11 @@ def server_context_factory(tls: ServerTLS) -> CertificateOptions:
         raiseMinimumTo=MINIMUM_TLS_VERSION,
     )
     _check_context(options, tls.cert_file, tls.key_file)
+    if trust_root is not None:
+        # Same mode (verify, require a certificate), OpenSSL's own verdict: the callback only
+        # notes which check failed, for handshake_refusal.
+        context = options.getContext()
+        context.set_verify(context.get_verify_mode(), _note_verify_failure)
     return options
 
 
@@ -337,3 +355,142 @@ def verify_peer_workload(cert: x509.Certificate, expected_name: str) -> None:
         raise WorkloadIdentityError(
             expected_name, presented, "matched only through a wildcard name"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Why a peer's handshake failed
+
+#: The closed set of reasons a handshake on a TLS listener fails, as metric labels:
+#: ``no_certificate`` (none sent where one is required), ``unknown_ca`` (not issued by a
+#: trusted CA: another CA, a self-signed certificate, a missing intermediate), ``expired``,
+#: ``not_yet_valid``, ``wrong_usage`` (its extended key usage does not allow this use),
+#: ``bad_certificate`` (any other verification failure), ``peer_alert`` (the peer ended the
+#: handshake: it did not accept this side's certificate or parameters) and ``protocol``
+#: (anything else: not TLS at all, an old TLS version, no common cipher).
+REFUSAL_REASONS = (
+    "no_certificate",
+    "unknown_ca",
+    "expired",
+    "not_yet_valid",
+    "wrong_usage",
+    "bad_certificate",
+    "peer_alert",
+    "protocol",
+)
+
+# X509_V_ERR_* codes → (reason, OpenSSL's own words for them).
+_VERIFY_ERRORS: dict[int, tuple[str, str]] = {
+    2: ("unknown_ca", "unable to get issuer certificate"),
+    18: ("unknown_ca", "self-signed certificate"),
+    19: ("unknown_ca", "self-signed certificate in certificate chain"),
+    20: ("unknown_ca", "unable to get local issuer certificate"),
+    21: ("unknown_ca", "unable to verify the first certificate"),
+    9: ("not_yet_valid", "certificate is not yet valid"),
+    10: ("expired", "certificate has expired"),
+    26: ("wrong_usage", "unsuitable certificate purpose"),
+    7: ("bad_certificate", "certificate signature failure"),
+    23: ("bad_certificate", "certificate revoked"),
+    28: ("bad_certificate", "certificate rejected"),
+}
+# The longest subject name kept for a message (it is the peer's text).
+_SUBJECT_LIMIT = 200
+
+
+@dataclass(frozen=True)
+class VerifyFailure:
+    """
+    The first check that failed while verifying a peer's certificate chain.
+
+    @ivar code: OpenSSL's X509_V_ERR_* number.
+    @ivar depth: where in the chain: 0 is the peer's own certificate, 1 its issuer, ...
+    @ivar subject: the subject of the certificate at that depth (RFC 4514), if readable.
+    """
+
+    code: int
+    depth: int
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
+class HandshakeRefusal:
+    """
+    Why a TLS handshake failed.
+
+    @ivar reason: one of L{REFUSAL_REASONS}.
+    @ivar detail: in plain words, e.g. "certificate has expired".
+    @ivar subject: the subject of the certificate that failed verification, if any.
+    """
+
+    reason: str
+    detail: str
+    subject: str | None = None
+
+
+# Per live connection (the pyOpenSSL Connection, gone with it): its first verify failure.
+_verify_failures: weakref.WeakKeyDictionary[SSL.Connection, VerifyFailure] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _note_verify_failure(
+    connection: SSL.Connection, certificate: X509, code: int, depth: int, ok: int
+) -> bool:
+    """
+    The verify callback: returns OpenSSL's own verdict C{ok}, unchanged, and notes the first
+    failure. Never raises (an exception here would fail the handshake differently).
+    """
+    if not ok and connection not in _verify_failures:
+        try:
+            subject: str | None = certificate.to_cryptography().subject.rfc4514_string()
+        except Exception:
+            subject = None
+        if subject is not None:
+            # The peer's own text, bound for a log line: printable and short.
+            subject = "".join(c if c.isprintable() else "?" for c in subject[:_SUBJECT_LIMIT])
+        _verify_failures[connection] = VerifyFailure(code, depth, subject)
+    return bool(ok)
+
+
+def verify_failure(connection: SSL.Connection) -> VerifyFailure | None:
+    """The first certificate check that failed on C{connection}, if one did."""
+    return _verify_failures.get(connection)
+
+
+def classify_refusal(error: SSL.Error, verify: VerifyFailure | None = None) -> HandshakeRefusal:
+    """
+    Why a handshake failed with C{error}, given what verification noted (L{verify_failure}).
+    """
+    if verify is not None:
+        reason, words = _VERIFY_ERRORS.get(
+            verify.code,
+            ("bad_certificate", f"certificate verify failed (X509 error {verify.code})"),
+        )
+        if verify.depth > 0:
+            words = f"{words} (its issuer at depth {verify.depth})"
+        return HandshakeRefusal(reason, words, verify.subject)
+    words = _openssl_reason(error)
+    lowered = words.lower()
+    if "peer did not return a certificate" in lowered:
+        return HandshakeRefusal("no_certificate", "peer did not return a certificate")
+    if "certificate verify failed" in lowered:
+        return HandshakeRefusal("bad_certificate", words)
+    if "alert" in lowered:
+        return HandshakeRefusal("peer_alert", f"the peer ended the handshake: {words}")
+    if "wrong version number" in lowered or "http request" in lowered:
+        return HandshakeRefusal("protocol", f"not TLS: {words}")
+    return HandshakeRefusal("protocol", words)
+
+
+def handshake_refusal(transport: object, reason: Failure) -> HandshakeRefusal | None:
+    """
+    Why the TLS handshake on C{transport} failed, when C{reason} (what the application's
+    C{connectionLost} got, before any C{handshakeCompleted}) is a TLS error; None when it is
+    not (the peer left or was dropped, or the transport is not TLS).
+    """
+    error = reason.value
+    if not isinstance(error, SSL.Error):
+        return None
+    handle = ISystemHandle(transport, None)
+    connection = handle.getHandle() if handle is not None else None
+    verify = verify_failure(connection) if isinstance(connection, SSL.Connection) else None
+    return classify_refusal(error, verify)

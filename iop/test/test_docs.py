@@ -4,7 +4,8 @@ The operator documentation (``docs/*.md``, the README's node section) and the sy
 ``etc/systemd/`` agree with the code: every edge.yaml fragment of the recipes validates, every
 ``iop`` command line parses, every ``twistd iop-edge`` / ``iop-node`` flag exists, the README's
 node section starts with the one-line join, the units start the daemons with real options, and
-the troubleshooting page names every node reject code, lease error class and pool error code.
+the troubleshooting page names every node reject code, TLS refusal reason, lease error class
+and pool error code.
 
 The pages are read from the source tree; a tree without them (an installed package) skips.
 """
@@ -34,6 +35,7 @@ from iop.edge.errors import Overloaded, QueueTimeout, Unavailable, UnknownModel
 from iop.edge.registry import REJECT_REASONS
 from iop.node import tap as node_tap
 from iop.security.lease import LEASE_ERRORS
+from iop.security.tls import REFUSAL_REASONS
 from iop.wire import runtime_pb2 as pb
 
 ROOT = Path(iop.__file__).resolve().parent.parent
@@ -265,7 +267,14 @@ class TroubleshootingTests(SynchronousTestCase):
             "request_too_large",
             "too_many_connections",
         ]
-        names = [*reject_codes, *REJECT_REASONS, *LEASE_ERRORS, *pool_codes, *client_codes]
+        names = [
+            *reject_codes,
+            *REJECT_REASONS,
+            *REFUSAL_REASONS,
+            *LEASE_ERRORS,
+            *pool_codes,
+            *client_codes,
+        ]
         for name in names:
             self.assertIn(f"`{name}`", text, f"troubleshooting.md does not explain {name}")
 

@@ -11,6 +11,7 @@ L{iosim} pump, no sockets.
 from __future__ import annotations
 
 import atexit
+import datetime
 import functools
 import io
 import os
@@ -44,12 +45,18 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import implementer
 
 from iop.config.model import ClientTLS, ServerTLS
+from iop.security import pki as security_pki
 from iop.security.tls import (
+    REFUSAL_REASONS,
+    HandshakeRefusal,
     TLSConfigError,
+    VerifyFailure,
     WorkloadIdentityError,
     certificate_common_names,
     certificate_dns_names,
+    classify_refusal,
     client_connection_creator,
+    handshake_refusal,
     peer_certificate,
     server_context_factory,
     verify_peer_workload,
@@ -464,6 +471,257 @@ class PeerCertificateTests(_TLSTestCase):
     def test_notTLS(self) -> None:
         self.assertIsNone(peer_certificate(object()))
         self.assertIsNone(peer_certificate(None))
+
+
+# ---------------------------------------------------------------------------------------------
+# Why a handshake failed (handshake_refusal), on real handshakes in memory
+
+
+@functools.cache
+def _bad_node_certificates() -> dict[str, tuple[str, str]]:
+    """alpha's workload from the main CA, but expired / for servers only: (cert, key) files."""
+    p = _pki()
+    ca = security_pki.load_ca(p.main["ca.crt"], p.main["ca.key"])
+    past = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=30)
+    pairs = {
+        "expired": security_pki.issue_node(ca, "alpha", days=1, now=past),
+        "not_yet_valid": security_pki.issue(
+            ca,
+            dns_names=["alpha.node.iop.internal"],
+            client=True,
+            server=False,
+            now=datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3),
+            days=30,
+        ),
+        "server_only": security_pki.issue(
+            ca, dns_names=["alpha.node.iop.internal"], client=False, server=True
+        ),
+    }
+    files = {}
+    for name, (key, cert) in pairs.items():
+        files[name] = (p.path(f"bad-{name}.crt"), p.path(f"bad-{name}.key"))
+        pki.write_pem(files[name][0], cert)
+        pki.write_pem(files[name][1], key)
+    return files
+
+
+class _RefusedEdge(_Peer):
+    """The edge side: what handshake_refusal says in connectionLost (where the Edge asks)."""
+
+    refusal: HandshakeRefusal | None = None
+
+    def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
+        super().connectionLost(reason)
+        self.refusal = handshake_refusal(self.transport, reason)
+
+
+class HandshakeRefusalTests(_TLSTestCase):
+    """L{handshake_refusal}: why an mTLS edge refused a node, from a real handshake."""
+
+    def refuse(self, client: Any, server: Any = None) -> _RefusedEdge:
+        p = _pki()
+        if server is None:
+            server = server_context_factory(_edge_tls(p.main, client_ca_file=p.main["ca.crt"]))
+        clock = Clock()
+        edge = _RefusedEdge(EDGE_GREETING)
+        server_factory = TLSMemoryBIOFactory(server, False, _factory(edge), clock=clock)
+        if isinstance(client, Protocol):
+            client_protocol: Protocol = client
+        else:
+            client_protocol = TLSMemoryBIOFactory(
+                client, True, _factory(_Peer(NODE_GREETING)), clock=clock
+            ).buildProtocol(None)
+        _, _, pump = connectedServerAndClient(
+            lambda: server_factory.buildProtocol(None), lambda: client_protocol, clock=clock
+        )
+        pump.flush()
+        self.assertFalse(edge.handshake_done)
+        self.assertIsNotNone(edge.lost_reason)
+        return edge
+
+    def node(self, cert_key: tuple[str, str], ca_file: str | None = None) -> Any:
+        p = _pki()
+        return client_connection_creator(
+            ClientTLS(
+                ca_file=ca_file or p.main["ca.crt"],
+                server_name=EDGE_NAME,
+                cert_file=cert_key[0],
+                key_file=cert_key[1],
+            )
+        )
+
+    def test_noCertificate(self) -> None:
+        p = _pki()
+        edge = self.refuse(client_connection_creator(_node_tls(p.main["ca.crt"])))
+        self.assertEqual(
+            edge.refusal,
+            HandshakeRefusal("no_certificate", "peer did not return a certificate"),
+        )
+
+    def test_otherCA(self) -> None:
+        p = _pki()
+        edge = self.refuse(
+            client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.other, "alpha")))
+        )
+        self.assertEqual(
+            edge.refusal,
+            HandshakeRefusal(
+                "unknown_ca",
+                "unable to get local issuer certificate",
+                "CN=alpha.node.iop.internal",
+            ),
+        )
+
+    def test_expired(self) -> None:
+        edge = self.refuse(self.node(_bad_node_certificates()["expired"]))
+        assert edge.refusal is not None
+        self.assertEqual(
+            (edge.refusal.reason, edge.refusal.detail), ("expired", "certificate has expired")
+        )
+
+    def test_notYetValid(self) -> None:
+        edge = self.refuse(self.node(_bad_node_certificates()["not_yet_valid"]))
+        assert edge.refusal is not None
+        self.assertEqual(edge.refusal.reason, "not_yet_valid")
+
+    def test_serverOnlyCertificate(self) -> None:
+        """A certificate without clientAuth in its extended key usage."""
+        edge = self.refuse(self.node(_bad_node_certificates()["server_only"]))
+        assert edge.refusal is not None
+        self.assertEqual(
+            (edge.refusal.reason, edge.refusal.detail),
+            ("wrong_usage", "unsuitable certificate purpose"),
+        )
+
+    def test_peerRefusesTheEdge(self) -> None:
+        """The node does not trust the edge's CA: it ends the handshake with an alert."""
+        p = _pki()
+        edge = self.refuse(
+            self.node(
+                (p.main["node-alpha.crt"], p.main["node-alpha.key"]), ca_file=p.other["ca.crt"]
+            )
+        )
+        assert edge.refusal is not None
+        self.assertEqual(edge.refusal.reason, "peer_alert")
+        self.assertIn("unknown ca", edge.refusal.detail)
+
+    def test_plaintext(self) -> None:
+        """A peer that does not speak TLS (a node configured for a plaintext transport)."""
+
+        class Plain(Protocol):
+            def connectionMade(self) -> None:
+                self.transport.write(b"\x00\x00\x00\x10hello plaintext!")  # type: ignore[union-attr]
+
+        edge = self.refuse(Plain())
+        assert edge.refusal is not None
+        self.assertEqual(
+            edge.refusal, HandshakeRefusal("protocol", "not TLS: wrong version number")
+        )
+
+    def test_legacyEdgePlaintextToo(self) -> None:
+        """Without a client CA nothing about certificates is checked; a plaintext peer still
+        fails the handshake."""
+
+        class Plain(Protocol):
+            def connectionMade(self) -> None:
+                self.transport.write(b"GET / HTTP/1.1\r\n\r\n")  # type: ignore[union-attr]
+
+        edge = self.refuse(Plain(), server_context_factory(_edge_tls(_pki().main)))
+        assert edge.refusal is not None
+        self.assertEqual(edge.refusal.reason, "protocol")
+
+    def test_peerLeavesWithoutATLSError(self) -> None:
+        """A peer that connects and goes away is not a refusal."""
+
+        class Leaver(Protocol):
+            def connectionMade(self) -> None:
+                self.transport.loseConnection()  # type: ignore[union-attr]
+
+        edge = self.refuse(Leaver())
+        self.assertIsNone(edge.refusal)
+
+    def test_acceptedPeer(self) -> None:
+        """Verification is unchanged: a good certificate still connects, nothing is noted."""
+        p = _pki()
+        options = server_context_factory(_edge_tls(p.main, client_ca_file=p.main["ca.crt"]))
+        required = SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT
+        self.assertEqual(options.getContext().get_verify_mode() & required, required)
+        edge, node, _ = _connect(
+            options,
+            client_connection_creator(_node_tls(p.main["ca.crt"], node=(p.main, "alpha"))),
+        )
+        self.assertConnected(edge, node)
+        self.assertNoWarnings()
+
+    def test_notTLS(self) -> None:
+        self.assertIsNone(handshake_refusal(object(), Failure(ValueError("no"))))
+        self.assertEqual(
+            handshake_refusal(object(), Failure(SSL.Error([("SSL routines", "", "bad thing")]))),
+            HandshakeRefusal("protocol", "bad thing"),
+        )
+
+
+class ClassifyRefusalTests(SynchronousTestCase):
+    """L{classify_refusal} on its own: OpenSSL's error and the noted verify failure."""
+
+    VERIFY_FAILED = SSL.Error([("SSL routines", "", "certificate verify failed")])
+
+    def test_verifyCodes(self) -> None:
+        for code, reason, words in [
+            (20, "unknown_ca", "unable to get local issuer certificate"),
+            (18, "unknown_ca", "self-signed certificate"),
+            (10, "expired", "certificate has expired"),
+            (9, "not_yet_valid", "certificate is not yet valid"),
+            (26, "wrong_usage", "unsuitable certificate purpose"),
+            (23, "bad_certificate", "certificate revoked"),
+        ]:
+            self.assertEqual(
+                classify_refusal(self.VERIFY_FAILED, VerifyFailure(code, 0, "CN=x")),
+                HandshakeRefusal(reason, words, "CN=x"),
+            )
+
+    def test_unknownVerifyCode(self) -> None:
+        refusal = classify_refusal(self.VERIFY_FAILED, VerifyFailure(4242, 0))
+        self.assertEqual(
+            refusal,
+            HandshakeRefusal("bad_certificate", "certificate verify failed (X509 error 4242)"),
+        )
+
+    def test_issuerDepth(self) -> None:
+        refusal = classify_refusal(self.VERIFY_FAILED, VerifyFailure(10, 1, "CN=some CA"))
+        self.assertEqual(refusal.reason, "expired")
+        self.assertEqual(refusal.detail, "certificate has expired (its issuer at depth 1)")
+
+    def test_verifyFailedWithoutANote(self) -> None:
+        self.assertEqual(
+            classify_refusal(self.VERIFY_FAILED),
+            HandshakeRefusal("bad_certificate", "certificate verify failed"),
+        )
+
+    def test_openSSLReasons(self) -> None:
+        for words, reason in [
+            ("peer did not return a certificate", "no_certificate"),
+            ("tlsv1 alert unknown ca", "peer_alert"),
+            ("sslv3 alert bad certificate", "peer_alert"),
+            ("wrong version number", "protocol"),
+            ("http request", "protocol"),
+            ("no shared cipher", "protocol"),
+            ("unsupported protocol", "protocol"),
+        ]:
+            refusal = classify_refusal(SSL.Error([("SSL routines", "", words)]))
+            self.assertEqual(refusal.reason, reason, words)
+            self.assertIn(words, refusal.detail)
+
+    def test_unreadableError(self) -> None:
+        self.assertEqual(
+            classify_refusal(SSL.Error()), HandshakeRefusal("protocol", "unknown error")
+        )
+
+    def test_everyReasonIsInTheClosedSet(self) -> None:
+        self.assertEqual(len(set(REFUSAL_REASONS)), len(REFUSAL_REASONS))
+        from iop.security.tls import _VERIFY_ERRORS
+
+        self.assertLessEqual({r for r, _ in _VERIFY_ERRORS.values()}, set(REFUSAL_REASONS))
 
 
 # ---------------------------------------------------------------------------------------------
