@@ -111,8 +111,11 @@ class ClientSite(Site):
     """
     The client listener's ``Site``: every connection is a
     :class:`~iop.edge.ingress.channel.ClientChannel` held to ``config``'s limits and counted by
-    :attr:`connections`; every request is a :class:`LimitedRequest`. ``allowed_methods(path)``
-    names the methods the app serves at a path (for ``Allow``); ``methods`` is all of them.
+    :attr:`connections` against ``caps`` (what the Edge can afford under its open-file limit,
+    :mod:`iop.edge.descriptors`; None: the config's own); every request is a
+    :class:`LimitedRequest`. ``allowed_methods(path)`` names the methods the app serves at a
+    path (for ``Allow``); ``methods`` is all of them. :meth:`listening` hands it the port, which
+    the counter pauses at its descriptor cap.
     """
 
     protocol = ClientChannel  # type: ignore[assignment]  # an HTTPChannel, not the H2 switch
