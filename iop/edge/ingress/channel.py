@@ -154,9 +154,10 @@ class ConnectionCounter:
         self.descriptors -= 1
         if self.paused and self.descriptors < self.max_descriptors:
             self.paused = False
-            start = getattr(self.port, "startReading", None)
-            if start is not None:
-                start()
+            port = self.port
+            # (A port stopped meanwhile, as at shutdown, stays stopped.)
+            if getattr(port, "connected", False) and not getattr(port, "disconnecting", False):
+                port.startReading()
 
     def _pause(self) -> None:
         if not self.paused:

@@ -431,6 +431,9 @@ class LingeringCloseTests(ChannelCase):
 class Port:
     """The listening port's reading switch, as the counter uses it."""
 
+    connected = True
+    disconnecting = False
+
     def __init__(self) -> None:
         self.reading = True
         self.switches: list[bool] = []
@@ -491,6 +494,16 @@ class DescriptorCapTests(ChannelCase):
         self.assertEqual((self.counter.total, self.counter.descriptors), (0, 0))
         self.assertEqual(self.counter.waiting, {})
         self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+
+    def test_a_port_stopped_while_paused_stays_stopped(self) -> None:
+        channels = [self.open("192.0.2.1")[0], self.open("192.0.2.1")[0]]
+        channels += [self.open("192.0.2.2")[0], self.open("192.0.2.3")[0]]  # refused, held
+        self.assertIsNone(self.wire.site.buildProtocol(IPv4Address("TCP", "192.0.2.4", 1)))
+        self.port.disconnecting = True  # the service stops: stopListening
+        for channel in channels:
+            channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.port.switches, [False])
+        self.assertEqual(self.counter.descriptors, 0)
 
     def test_a_connection_without_a_head_makes_room_at_the_total_cap(self) -> None:
         slow, slow_t = self.open("192.0.2.1")
