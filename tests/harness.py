@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import resource
 import signal
 import socket
 import subprocess
@@ -59,11 +60,23 @@ class Daemon:
     env: dict[str, str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    # RLIMIT_NOFILE (soft, hard) the process starts under; None: the test process's own.
+    nofile: tuple[int, int] | None = None
 
     def start(self) -> Daemon:
+        nofile = self.nofile
+
+        def limit_files() -> None:
+            if nofile is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT
+                self.argv,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=limit_files if nofile is not None else None,
             )
         return self
 
@@ -374,11 +387,14 @@ class Cluster:
         self.daemons.append(d)
         return d
 
-    def start_edge(self) -> Daemon:
+    def start_edge(self, nofile: tuple[int, int] | None = None) -> Daemon:
+        """Start the Edge (under the open-file limit ``nofile``, soft and hard, if given)."""
         config = self.root / "edge.yaml"
         if not config.exists():
             self.write_edge_config()
-        edge = self.daemon("iop-edge", config, "edge").start()
+        edge = self.daemon("iop-edge", config, "edge")
+        edge.nofile = nofile
+        edge.start()
         wait_until(lambda: port_open(self.admin_port), 20, "edge admin port")
         section = yaml.safe_load(config.read_text()).get("openai") or {}
         if section.get("listen"):

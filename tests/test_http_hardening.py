@@ -130,21 +130,39 @@ def test_slowloris_is_closed_at_the_head_deadline(cluster: Cluster) -> None:
         sock.close()
 
 
+def read_one(sock: socket.socket, timeout: float = 10) -> bytes:
+    """One whole response (the Edge's answers are chunked) on a connection that stays open."""
+    sock.settimeout(timeout)
+    data = b""
+    while not data.endswith(b"\r\n0\r\n\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def busy(cluster: Cluster, source: str = "127.0.0.1") -> socket.socket:
+    """A client connection that has had one request answered and stays open (kept alive): at
+    the total cap it is never closed to make room, as one that sent no head may be."""
+    sock = connect(cluster, source)
+    sock.sendall(MODELS)
+    assert status_of(read_one(sock)) == 200
+    return sock
+
+
 def test_connection_cap_answers_503_and_admin_still_answers(cluster: Cluster) -> None:
     start(cluster, max_connections=12, max_connections_per_peer=8, request_head_timeout_sec=30)
     # The harness's probe of the client port counts until the Edge reads its close.
     time.sleep(0.5)
-    held = [connect(cluster) for _ in range(8)]
-    # Wait until the Edge has accepted them all (a connect completes in the kernel first).
-    time.sleep(0.5)
+    held = [busy(cluster) for _ in range(8)]
     with connect(cluster) as sock:  # a ninth from the same address
         sock.sendall(MODELS)
         data = read_all(sock)
     assert status_of(data) == 503, data
     assert b"retry-after: 1" in data.lower()
     assert "from this address" in body_of(data)["error"]["message"]
-    held += [connect(cluster, "127.0.0.2") for _ in range(4)]
-    time.sleep(0.5)
+    held += [busy(cluster, "127.0.0.2") for _ in range(4)]
     with connect(cluster, "127.0.0.3") as sock:  # the thirteenth in all
         sock.sendall(MODELS)
         data = read_all(sock)

@@ -44,7 +44,6 @@ from iop.config.model import (
     DEFAULT_LISTEN_BACKLOG,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_MAX_CONNECTIONS_PER_PEER,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_REQUEST_BODY_MIN_RATE,
     DEFAULT_REQUEST_BODY_TIMEOUT_SEC,
@@ -1319,14 +1318,13 @@ class _EdgeParser:
         total = openai.integer(
             "max_connections", DEFAULT_MAX_CONNECTIONS, minimum=1, maximum=1_000_000
         )
-        per_peer_given = openai.has("max_connections_per_peer")
-        per_peer = openai.integer(
-            "max_connections_per_peer",
-            min(DEFAULT_MAX_CONNECTIONS_PER_PEER, total),
-            minimum=1,
-            maximum=1_000_000,
+        # Not given: a quarter of the served cap, once the Edge knows what it can afford.
+        per_peer = (
+            openai.integer("max_connections_per_peer", 1, minimum=1, maximum=1_000_000)
+            if openai.has("max_connections_per_peer")
+            else None
         )
-        if per_peer_given and per_peer > total:
+        if per_peer is not None and per_peer > total:
             self.issues.add(
                 openai.path_of("max_connections_per_peer"),
                 f"must be <= max_connections ({total})",

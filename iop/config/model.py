@@ -265,7 +265,6 @@ DEFAULT_REQUEST_BODY_TIMEOUT_SEC = 10.0
 DEFAULT_REQUEST_BODY_MIN_RATE = 1024
 DEFAULT_CLIENT_IDLE_TIMEOUT_SEC = 60.0
 DEFAULT_MAX_CONNECTIONS = 4096
-DEFAULT_MAX_CONNECTIONS_PER_PEER = 1024
 DEFAULT_LISTEN_BACKLOG = 1024
 # How long a browser may cache a CORS preflight answer (Chromium caps it at 7200).
 DEFAULT_CORS_MAX_AGE_SEC = 600
@@ -308,8 +307,10 @@ class ClientAPIConfig:
     ``request_body_timeout_sec`` plus one second per ``request_body_min_rate`` bytes received;
     a connection with nothing to do is closed after ``idle_timeout_sec``. At most
     ``max_connections`` client connections at once, ``max_connections_per_peer`` from one
-    address (503 past either). ``listen_backlog`` is the listen queue unless ``listen`` sets
-    ``backlog=`` itself (:attr:`listen_endpoint`). ``cors`` None = no cross-origin access.
+    address (503 past either; None = a quarter of ``max_connections``); the Edge clamps both to
+    what its open-file limit affords (:mod:`iop.edge.descriptors`). ``listen_backlog`` is the
+    listen queue unless ``listen`` sets ``backlog=`` itself (:attr:`listen_endpoint`).
+    ``cors`` None = no cross-origin access.
     ``reuse_port``: the listening socket has ``SO_REUSEPORT`` (Linux), so that several Edge
     processes on one host share the client port (:mod:`iop.edge.ingress.listen`).
     """
@@ -323,7 +324,7 @@ class ClientAPIConfig:
     request_body_min_rate: int = DEFAULT_REQUEST_BODY_MIN_RATE
     idle_timeout_sec: float = DEFAULT_CLIENT_IDLE_TIMEOUT_SEC
     max_connections: int = DEFAULT_MAX_CONNECTIONS
-    max_connections_per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
+    max_connections_per_peer: int | None = None
     listen_backlog: int = DEFAULT_LISTEN_BACKLOG
     cors: CorsConfig | None = None
     reuse_port: bool = False

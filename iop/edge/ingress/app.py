@@ -34,6 +34,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET
 
 from iop.config.model import ClientAPIConfig
+from iop.edge.descriptors import ClientCaps
 from iop.edge.ingress.anthropic import AnthropicSurface
 from iop.edge.ingress.cors import CorsPolicy, CorsResource
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, bad_request
@@ -258,8 +259,9 @@ class ClientApp:
             methods.add("OPTIONS")
         return methods
 
-    def site(self) -> ClientSite:
-        """The ``Site`` for the client listener, enforcing ``openai:``'s limits."""
+    def site(self, caps: ClientCaps | None = None) -> ClientSite:
+        """The ``Site`` for the client listener, enforcing ``openai:``'s limits (its connection
+        caps as ``caps``, what the Edge can afford; None: as configured)."""
         return ClientSite(
             self.resource(),
             self._config,
@@ -267,6 +269,7 @@ class ClientApp:
             methods=self.methods(),
             allowed_methods=self.allowed_methods,
             publish=self._publish,
+            caps=caps,
         )
 
 

@@ -22,8 +22,16 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
   ``request_body_timeout_sec`` plus one second per ``request_body_min_rate`` bytes received
   (the model of Apache's ``mod_reqtimeout``: a client sending at the minimum rate never times
   out, one trickling bytes does): 408 past either; ``idle_timeout_sec`` without a byte closes;
-- **connections**: at most ``max_connections`` at once and ``max_connections_per_peer`` from one
-  address (:class:`ConnectionCounter`): one more is answered 503 and closed.
+- **connections** (:class:`ConnectionCounter`, its caps from :mod:`iop.edge.descriptors`): at
+  most ``max_connections`` served at once and ``max_connections_per_peer`` from one address. At
+  the total cap, the oldest connection that has not sent a whole request head in
+  :data:`EVICT_AFTER_SEC` is answered 503 and closed to make room (a slow-header client loses
+  its place to a new one, never a kept-alive or busy connection); with none, and past the
+  per-peer cap, the new one is answered 503 and closed. Served and refused connections together
+  hold at most ``descriptors``: at that cap the site accepts nothing more (each connection
+  already accepted is closed at once, unanswered) and the listening port stops reading until
+  one closes, so the client listener never takes the descriptors the node and admin listeners
+  need (``EMFILE`` on their ``accept()``).
 
 With ``openai.cors``, a refusal to a request from an allowed origin carries the
 ``Access-Control-*`` headers (:mod:`.cors`), so a page can read why it was refused.
@@ -38,11 +46,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http import (
     RESPONSES,
@@ -51,17 +60,27 @@ from twisted.web.http import (
 )
 
 from iop.config.model import ClientAPIConfig
+from iop.edge.descriptors import refusal_room
 from iop.edge.events import RequestFinished
 from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, error_types
 from iop.edge.ingress.record import Publish, bounded_code
 
-__all__ = ["ABORT_AFTER_SEC", "ClientChannel", "ConnectionCounter", "peer_key"]
+__all__ = [
+    "ABORT_AFTER_SEC",
+    "EVICT_AFTER_SEC",
+    "ClientChannel",
+    "ConnectionCounter",
+    "peer_key",
+]
 
 _CLOSED = Failure(ConnectionDone())
 
 # Seconds a connection may take to go away after the Edge answered and closed it.
 ABORT_AFTER_SEC = 2.0
+# At the total cap, a connection that has not sent a whole request head this long after it
+# opened may be closed to make room (a client's head takes one round trip).
+EVICT_AFTER_SEC = 2.0
 
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _DIGITS = re.compile(rb"[0-9]+\Z")
@@ -80,22 +99,100 @@ def peer_key(address: Any) -> str:
     return type(address).__name__
 
 
-class ConnectionCounter:
-    """Open client connections, in total and per peer address, against their caps."""
+class _Evictable(Protocol):
+    def evict(self) -> None:
+        """Answer 503, close, and give up the served slot now."""
 
-    def __init__(self, max_total: int, max_per_peer: int) -> None:
+
+class ConnectionCounter:
+    """
+    Client connections against their caps: those served, in total and per peer address
+    (:meth:`acquire`, :meth:`release`), and the descriptors every open one holds, served or
+    being refused (:meth:`open`, :meth:`close`). At ``max_descriptors`` the listening
+    :attr:`port` (set once listening) stops reading until a connection closes.
+    """
+
+    log = Logger()
+
+    def __init__(
+        self,
+        max_total: int,
+        max_per_peer: int,
+        max_descriptors: int | None = None,
+        clock: IReactorTime | None = None,
+    ) -> None:
         self.max_total = max_total
         self.max_per_peer = max_per_peer
+        self.max_descriptors = (
+            max_descriptors if max_descriptors is not None else max_total + refusal_room(max_total)
+        )
         self.total = 0
         self.by_peer: dict[str, int] = {}
+        self.descriptors = 0
+        # Connections that have not sent a whole request head yet, oldest first: when each opened.
+        self.waiting: dict[_Evictable, float] = {}
+        self.port: Any = None
+        self.paused = False
+        self._clock = clock
+        self._refused_unanswered = 0
+        self._last_warned: float | None = None
 
-    def acquire(self, peer: str) -> str | None:
-        """Count one more connection from ``peer``; or, over a cap, say which (not counted)."""
-        if self.total >= self.max_total:
-            return f"the Edge has {self.total} client connections, its limit"
+    # -- descriptors ---------------------------------------------------------------------------
+
+    def open(self) -> bool:
+        """One more connection accepted: True if it may have its descriptor; False at the cap
+        (the caller closes it; the port stops reading)."""
+        if self.descriptors >= self.max_descriptors:
+            self._refused_unanswered += 1
+            self._pause()
+            return False
+        self.descriptors += 1
+        return True
+
+    def close(self) -> None:
+        """A connection that :meth:`open` admitted has closed."""
+        self.descriptors -= 1
+        if self.paused and self.descriptors < self.max_descriptors:
+            self.paused = False
+            port = self.port
+            # (A port stopped meanwhile, as at shutdown, stays stopped.)
+            if getattr(port, "connected", False) and not getattr(port, "disconnecting", False):
+                port.startReading()
+
+    def _pause(self) -> None:
+        if not self.paused:
+            stop = getattr(self.port, "stopReading", None)
+            if stop is not None:
+                stop()
+                self.paused = True
+        now = self._clock.seconds() if self._clock is not None else None
+        if now is None or self._last_warned is None or now - self._last_warned >= 10:
+            self._last_warned = now
+            self.log.warn(
+                "client listener at its descriptor cap ({descriptors} connections open, "
+                "{served} served): not accepting until one closes; {refused} closed "
+                "unanswered so far",
+                descriptors=self.descriptors,
+                served=self.total,
+                refused=self._refused_unanswered,
+            )
+
+    # -- served --------------------------------------------------------------------------------
+
+    def acquire(self, peer: str, now: float | None = None) -> str | None:
+        """Count one more connection from ``peer``; or, over a cap, say which (not counted).
+        At the total cap, the oldest connection :attr:`waiting` since before
+        ``now - EVICT_AFTER_SEC`` is evicted to make room."""
         count = self.by_peer.get(peer, 0)
         if count >= self.max_per_peer:
             return f"too many connections from this address ({count}, the limit)"
+        if self.total >= self.max_total:
+            oldest = next(iter(self.waiting.items()), None)
+            if now is None or oldest is None or now - oldest[1] < EVICT_AFTER_SEC:
+                return f"the Edge has {self.total} client connections, its limit"
+            oldest[0].evict()
+            if self.total >= self.max_total:  # (an evicted connection releases its slot)
+                return f"the Edge has {self.total} client connections, its limit"
         self.total += 1
         self.by_peer[peer] = count + 1
         return None
@@ -152,6 +249,10 @@ class ClientChannel(HTTPChannel):
     allowed_methods: Callable[[str], Sequence[str]] = staticmethod(lambda path: ())
 
     _peer: str | None = None
+    # Set by the site: this connection holds one of the counter's descriptors until it is lost.
+    holds_descriptor = False
+    # In the counter's ``waiting``: no whole request head yet (evictable at the total cap).
+    _waiting = False
     _phase = _HEAD
     _in_head = False
     _closing = False
@@ -180,13 +281,13 @@ class ClientChannel(HTTPChannel):
         self._request_start = self.clock.seconds()
         if self.counter is not None:
             peer = peer_key(self.transport.getPeer())  # type: ignore[union-attr]
-            refused = self.counter.acquire(peer)
+            refused = self.counter.acquire(peer, self._request_start)
             if refused is not None:
-                self._answer_and_close(
-                    503, refused, code="too_many_connections", headers=[("Retry-After", "1")]
-                )
+                self._too_many(refused)
                 return
             self._peer = peer
+            self.counter.waiting[self] = self._request_start
+            self._waiting = True
         self._start_head()
 
     def connectionLost(self, reason: Failure = _CLOSED) -> None:
@@ -194,10 +295,33 @@ class ClientChannel(HTTPChannel):
         if self._abort is not None and self._abort.active():
             self._abort.cancel()
         self._abort = None
+        self._release_slot()
+        if self.holds_descriptor and self.counter is not None:
+            self.holds_descriptor = False
+            self.counter.close()
+        super().connectionLost(reason)
+
+    def evict(self) -> None:
+        """The counter makes room at its total cap: this connection, which has sent no whole
+        request head, gives up its slot now and is answered 503."""
+        self._release_slot()
+        self._too_many("the Edge is at its client connection limit")
+
+    def _release_slot(self) -> None:
+        self._stop_waiting()
         if self._peer is not None and self.counter is not None:
             self.counter.release(self._peer)
             self._peer = None
-        super().connectionLost(reason)
+
+    def _stop_waiting(self) -> None:
+        if self._waiting and self.counter is not None:
+            self._waiting = False
+            self.counter.waiting.pop(self, None)
+
+    def _too_many(self, message: str) -> None:
+        self._answer_and_close(
+            503, message, code="too_many_connections", headers=[("Retry-After", "1")]
+        )
 
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
@@ -280,6 +404,7 @@ class ClientChannel(HTTPChannel):
     def allHeadersReceived(self) -> None:
         if self._closing:
             return
+        self._stop_waiting()
         self._cancel_deadline()
         self._in_head = False
         if self._declared_too_large:
@@ -392,6 +517,7 @@ class ClientChannel(HTTPChannel):
         if self._closing:
             return
         self._closing = True
+        self._stop_waiting()
         self._cancel_deadline()
         self.setTimeout(None)
         if self.cors is not None:

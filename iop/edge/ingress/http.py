@@ -28,6 +28,7 @@ from twisted.web.server import Request, Site
 from zope.interface import provider
 
 from iop.config.model import ClientAPIConfig
+from iop.edge.descriptors import ClientCaps, client_caps
 from iop.edge.ingress.channel import ClientChannel, ConnectionCounter
 from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ApiError, bad_request, error_types
@@ -110,8 +111,11 @@ class ClientSite(Site):
     """
     The client listener's ``Site``: every connection is a
     :class:`~iop.edge.ingress.channel.ClientChannel` held to ``config``'s limits and counted by
-    :attr:`connections`; every request is a :class:`LimitedRequest`. ``allowed_methods(path)``
-    names the methods the app serves at a path (for ``Allow``); ``methods`` is all of them.
+    :attr:`connections` against ``caps`` (what the Edge can afford under its open-file limit,
+    :mod:`iop.edge.descriptors`; None: the config's own); every request is a
+    :class:`LimitedRequest`. ``allowed_methods(path)`` names the methods the app serves at a
+    path (for ``Allow``); ``methods`` is all of them. :meth:`listening` hands it the port, which
+    the counter pauses at its descriptor cap.
     """
 
     protocol = ClientChannel  # type: ignore[assignment]  # an HTTPChannel, not the H2 switch
@@ -125,6 +129,7 @@ class ClientSite(Site):
         methods: Iterable[str] = ("GET", "HEAD", "POST"),
         allowed_methods: Callable[[str], Sequence[str]] = lambda path: (),
         publish: Publish | None = None,
+        caps: ClientCaps | None = None,
     ) -> None:
         limit = config.max_body_bytes
 
@@ -144,8 +149,11 @@ class ClientSite(Site):
         )
         self.displayTracebacks = False
         self.config = config
+        if caps is None:
+            caps = client_caps(config.max_connections, config.max_connections_per_peer)
+        self.caps = caps
         self.connections = ConnectionCounter(
-            config.max_connections, config.max_connections_per_peer
+            caps.max_connections, caps.max_connections_per_peer, caps.descriptors, reactor
         )
         self._methods = frozenset(m.encode("ascii") for m in methods)
         self._cors = CorsPolicy(config.cors) if config.cors is not None else None
@@ -156,8 +164,16 @@ class ClientSite(Site):
         """No combined-log line per request: the Edge's access log has one for each, with what
         it did (:mod:`iop.edge.accesslog`)."""
 
+    def listening(self, port: Any) -> None:
+        """The client listener's port: paused at the descriptor cap, resumed below it."""
+        self.connections.port = port
+
     def buildProtocol(self, addr: Any) -> Any:
+        if not self.connections.open():
+            # At the descriptor cap: the port closes this one at once, unanswered.
+            return None
         channel = super().buildProtocol(addr)
+        channel.holds_descriptor = True
         channel.config = self.config
         channel.clock = self.reactor
         channel.counter = self.connections

@@ -2,6 +2,8 @@
 """
 The client listener's endpoint: ``openai.listen`` as Twisted parses it, or — with
 ``openai.reuse_port: true`` — one port shared by several Edge processes on the same host.
+Either way wrapped in :class:`ObservedEndpoint`, which hands the listening port to the site (it
+pauses the port at its descriptor cap).
 
 :class:`ReusePortEndpoint` is an ``IStreamServerEndpoint`` like the ``tcp:`` one: it creates
 the socket itself with ``SO_REUSEPORT`` (and ``SO_REUSEADDR``, as Twisted's ``tcp.Port`` sets),
@@ -38,7 +40,13 @@ from zope.interface import implementer
 from iop.config.edge import split_endpoint
 from iop.config.model import DEFAULT_LISTEN_BACKLOG, ClientAPIConfig
 
-__all__ = ["ReusePortEndpoint", "ReusePortUnavailable", "client_endpoint", "reuse_port_endpoint"]
+__all__ = [
+    "ObservedEndpoint",
+    "ReusePortEndpoint",
+    "ReusePortUnavailable",
+    "client_endpoint",
+    "reuse_port_endpoint",
+]
 
 # socket.socket, or a test's stand-in with the same calls.
 SocketFactory = Callable[[int, int], Any]
@@ -158,3 +166,26 @@ def client_endpoint(reactor: Any, config: ClientAPIConfig) -> IStreamServerEndpo
         return reuse_port_endpoint(reactor, description)
     endpoint: IStreamServerEndpoint = serverFromString(reactor, description)
     return endpoint
+
+
+@implementer(IStreamServerEndpoint)
+class ObservedEndpoint:
+    """``endpoint``, telling ``on_listening`` the port once it listens."""
+
+    def __init__(
+        self, endpoint: IStreamServerEndpoint, on_listening: Callable[[IListeningPort], None]
+    ) -> None:
+        self._endpoint = endpoint
+        self._on_listening = on_listening
+
+    def __repr__(self) -> str:
+        return f"<ObservedEndpoint {self._endpoint!r}>"
+
+    def listen(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IListeningPort]:
+        d = self._endpoint.listen(protocolFactory)
+
+        def listening(port: IListeningPort) -> IListeningPort:
+            self._on_listening(port)
+            return port
+
+        return d.addCallback(listening)

@@ -9,6 +9,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError, parse_edge_config
 from iop.config.model import CorsConfig, ModelRoute
+from iop.edge.descriptors import client_caps
 
 BASE: dict[str, Any] = {
     "listen": {"nodes": "tcp:7443:interface=127.0.0.1"},
@@ -186,7 +187,8 @@ class ClientLimitTests(SynchronousTestCase):
                 api.max_connections_per_peer,
                 api.listen_backlog,
             ),
-            (10.0, 10.0, 1024, 60.0, 4096, 1024, 1024),
+            # The per-peer cap not given: a quarter of the served cap, once that is known.
+            (10.0, 10.0, 1024, 60.0, 4096, None, 1024),
         )
         self.assertEqual(api.listen_endpoint, "tcp:8080:interface=127.0.0.1:backlog=1024")
         self.assertIsNone(parse_openai({}).client_api.listen_endpoint)
@@ -211,9 +213,11 @@ class ClientLimitTests(SynchronousTestCase):
         self.assertEqual((api.max_connections, api.max_connections_per_peer), (10, 10))
         self.assertEqual(api.listen_endpoint, "tcp:8080:interface=127.0.0.1:backlog=4096")
 
-    def test_a_small_total_caps_the_default_per_peer(self) -> None:
+    def test_the_per_peer_cap_is_a_quarter_of_the_total_unless_given(self) -> None:
         api = parse_openai({**self.OPEN, "max_connections": 100}).client_api
-        self.assertEqual(api.max_connections_per_peer, 100)
+        self.assertIsNone(api.max_connections_per_peer)
+        caps = client_caps(api.max_connections, api.max_connections_per_peer)
+        self.assertEqual(caps.max_connections_per_peer, 25)
 
     def test_backlog_in_the_endpoint(self) -> None:
         listen = "tcp:8080:interface=127.0.0.1:backlog=77"

@@ -15,7 +15,8 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.ingress.channel import ABORT_AFTER_SEC, ConnectionCounter
+from iop.edge.descriptors import ClientCaps
+from iop.edge.ingress.channel import ABORT_AFTER_SEC, EVICT_AFTER_SEC, ConnectionCounter
 from iop.test.edge.ingress.harness import BODY_LIMIT, KEY
 from iop.test.edge.ingress.wire import Connection, Response, Wire, parse_responses
 
@@ -425,6 +426,124 @@ class LingeringCloseTests(ChannelCase):
         self.assertTrue(transport.disconnected)
         channel.connectionLost(Failure(ConnectionDone()))
         self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+
+
+class Port:
+    """The listening port's reading switch, as the counter uses it."""
+
+    connected = True
+    disconnecting = False
+
+    def __init__(self) -> None:
+        self.reading = True
+        self.switches: list[bool] = []
+
+    def stopReading(self) -> None:
+        self.reading = False
+        self.switches.append(False)
+
+    def startReading(self) -> None:
+        self.reading = True
+        self.switches.append(True)
+
+
+class DescriptorCapTests(ChannelCase):
+    """At most ``descriptors`` connections held, served or being refused; at the total cap a
+    connection that never sent a whole head makes room for a new one."""
+
+    def setUp(self) -> None:
+        self.wire = Wire(caps=ClientCaps(4, 2, 2))
+        self.port = Port()
+        self.wire.site.listening(self.port)
+        self.counter = self.wire.site.connections
+
+    def open(self, peer: str) -> tuple[Any, HalfClosable]:
+        transport = HalfClosable(peerAddress=IPv4Address("TCP", peer, 40000))
+        channel: Any = self.wire.site.buildProtocol(transport.getPeer())
+        self.assertIsNotNone(channel)
+        channel.makeConnection(transport)
+        return channel, transport
+
+    def status(self, transport: HalfClosable) -> list[int]:
+        return [r.status for r in parse_responses(transport.value()).responses]
+
+    def test_refusals_hold_descriptors_and_the_port_pauses_at_the_cap(self) -> None:
+        a1, _ = self.open("192.0.2.1")
+        a2, _ = self.open("192.0.2.1")
+        a3, t3 = self.open("192.0.2.1")  # past the per-peer cap
+        b1, t4 = self.open("198.51.100.7")  # past the total cap, nobody to evict yet
+        self.assertEqual((self.status(t3), self.status(t4)), ([503], [503]))
+        self.assertIn(b"from this address", t3.value())
+        self.assertEqual((self.counter.total, self.counter.descriptors), (2, 4))
+        # Both refusals linger (answer, FIN, read until the client closes): still held. The
+        # next accepted socket is closed at once, unanswered, and the port stops reading.
+        transport = HalfClosable(peerAddress=IPv4Address("TCP", "203.0.113.9", 40000))
+        self.assertIsNone(self.wire.site.buildProtocol(transport.getPeer()))
+        self.assertIsNone(self.wire.site.buildProtocol(transport.getPeer()))
+        self.assertEqual(self.port.switches, [False])
+        self.assertEqual(self.counter.descriptors, 4)
+        # A refused client goes away: the port reads again.
+        a3.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.port.switches, [False, True])
+        self.assertEqual(self.counter.descriptors, 3)
+        self.wire.clock.advance(ABORT_AFTER_SEC)  # the other refusal is aborted
+        self.assertTrue(t4.disconnected)
+        b1.connectionLost(Failure(ConnectionDone()))
+        for channel in (a1, a2):
+            channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual((self.counter.total, self.counter.descriptors), (0, 0))
+        self.assertEqual(self.counter.waiting, {})
+        self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+
+    def test_a_port_stopped_while_paused_stays_stopped(self) -> None:
+        channels = [self.open("192.0.2.1")[0], self.open("192.0.2.1")[0]]
+        channels += [self.open("192.0.2.2")[0], self.open("192.0.2.3")[0]]  # refused, held
+        self.assertIsNone(self.wire.site.buildProtocol(IPv4Address("TCP", "192.0.2.4", 1)))
+        self.port.disconnecting = True  # the service stops: stopListening
+        for channel in channels:
+            channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(self.port.switches, [False])
+        self.assertEqual(self.counter.descriptors, 0)
+
+    def test_a_connection_without_a_head_makes_room_at_the_total_cap(self) -> None:
+        slow, slow_t = self.open("192.0.2.1")
+        slow.dataReceived(MODELS[:10])  # a partial head: still evictable
+        kept, kept_t = self.open("192.0.2.2")
+        kept.dataReceived(MODELS)  # answered, kept alive: no longer evictable
+        self.wire.edge.flush()
+        self.assertEqual(self.status(kept_t), [200])
+        self.wire.clock.advance(EVICT_AFTER_SEC)
+        fresh, fresh_t = self.open("198.51.100.7")
+        # The oldest connection without a whole head is answered 503 and gives up its slot.
+        self.assertEqual(self.status(slow_t), [503])
+        self.assertIn(b"connection limit", slow_t.value())
+        self.assertTrue(slow_t.write_closed)
+        self.assertEqual(self.counter.by_peer, {"192.0.2.2": 1, "198.51.100.7": 1})
+        fresh.dataReceived(MODELS)
+        self.wire.edge.flush()
+        self.assertEqual(self.status(fresh_t), [200])
+        # With no connection left waiting for its head, the next one is refused.
+        self.wire.clock.advance(EVICT_AFTER_SEC)
+        late, late_t = self.open("203.0.113.9")
+        self.assertEqual(self.status(late_t), [503])
+        self.assertIn(b"client connections, its limit", late_t.value())
+        self.assertEqual(self.status(kept_t), [200])
+        for channel in (slow, kept, fresh, late):
+            channel.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual((self.counter.total, self.counter.descriptors), (0, 0))
+        self.assertEqual(self.wire.clock.getDelayedCalls(), [])
+
+    def test_a_young_connection_is_not_evicted(self) -> None:
+        first, _ = self.open("192.0.2.1")
+        second, _ = self.open("192.0.2.2")
+        self.wire.clock.advance(EVICT_AFTER_SEC / 2)
+        third, third_t = self.open("192.0.2.3")
+        self.assertEqual(self.status(third_t), [503])
+        self.assertEqual(self.counter.total, 2)
+        for channel in (first, second, third):
+            channel.connectionLost(Failure(ConnectionDone()))
+        self.wire.clock.advance(ABORT_AFTER_SEC)
+        self.assertEqual(self.counter.descriptors, 0)
 
 
 class RecordedRefusalTests(ChannelCase):

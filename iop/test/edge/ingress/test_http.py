@@ -169,6 +169,9 @@ class ListenerWiringTests(SynchronousTestCase):
         self.assertEqual((port, interface), (8081, "127.0.0.1"))
         self.assertIsInstance(site, ClientSite)
         self.assertIs(site.reactor, reactor)
+        # The counter holds the listening port, to pause it at the descriptor cap.
+        self.assertIsNotNone(site.connections.port)
+        self.assertEqual(site.caps, service.getServiceNamed("descriptors").caps)
         return site, backlog
 
     def test_default_backlog(self) -> None:

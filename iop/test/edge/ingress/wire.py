@@ -19,6 +19,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from iop.config.model import CorsConfig
+from iop.edge.descriptors import ClientCaps
 from iop.edge.ingress.http import ClientSite
 from iop.test.edge.ingress.harness import Ingress
 
@@ -141,7 +142,9 @@ class Connection:
 class Wire:
     """The client listener over an in-memory Edge."""
 
-    def __init__(self, cors: CorsConfig | None = None, **limits: Any) -> None:
+    def __init__(
+        self, cors: CorsConfig | None = None, caps: ClientCaps | None = None, **limits: Any
+    ) -> None:
         self.edge = Ingress(cors=cors)
         config = dataclasses.replace(self.edge.config.client_api, **limits)
         self.clock = self.edge.clock
@@ -152,6 +155,7 @@ class Wire:
             methods=self.edge.app.methods(),
             allowed_methods=self.edge.app.allowed_methods,
             publish=self.edge.records.append,
+            caps=caps,
         )
         self.connections: list[Connection] = []
 
