@@ -23,7 +23,8 @@ stops short of the limit:
   program that does not use ``select()``); never past ``FD_SETSIZE`` on the select reactor.
 
 Nothing here does I/O but :func:`raise_soft_limit`, which reads and sets the limit through the
-functions it is given.
+functions it is given. :func:`descriptor_caps` puts them together for an Edge's config at start,
+and :class:`DescriptorReport` (a service) logs what it took.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ from __future__ import annotations
 import resource
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+from twisted.application.service import Service
+from twisted.internet.selectreactor import SelectReactor
+from twisted.logger import Logger
+from twisted.python import usage
+
+from iop.config.model import EdgeConfig
 
 __all__ = [
     "ADMIN_RESERVE",
@@ -39,8 +48,11 @@ __all__ = [
     "NODE_SPARE",
     "ClientCaps",
     "DescriptorLimit",
+    "DescriptorReport",
+    "OpenFiles",
     "TooFewDescriptors",
     "client_caps",
+    "descriptor_caps",
     "raise_soft_limit",
     "refusal_room",
     "reserve",
@@ -185,3 +197,91 @@ def raise_soft_limit(
         except (OSError, ValueError):
             target = found
     return DescriptorLimit(found, max(target, found), hard)
+
+
+# Reads RLIMIT_NOFILE and raises its soft limit to the number given (None: only reads), never
+# past ``ceiling``: :func:`iop.edge.descriptors.raise_soft_limit`, or a test's stand-in.
+OpenFiles = Callable[..., DescriptorLimit]
+
+
+class DescriptorReport(Service):
+    """Says at start what the Edge took from its open-file limit (and what it had to clamp)."""
+
+    log = Logger()
+
+    def __init__(
+        self, limit: DescriptorLimit, reserved: int, caps: ClientCaps | None, wanted: int
+    ) -> None:
+        self.limit = limit
+        self.reserved = reserved
+        self.caps = caps
+        self.wanted = wanted
+
+    def startService(self) -> None:
+        super().startService()
+        limit, caps = self.limit, self.caps
+        hard = "unlimited" if limit.hard < 0 else str(limit.hard)
+        if caps is None:
+            self.log.info(
+                "open files: limit {soft} (found {found}, hard {hard}), {reserve} reserved for "
+                "nodes, admin and the process; no client listener",
+                soft=limit.soft,
+                found=limit.found,
+                hard=hard,
+                reserve=self.reserved,
+            )
+            return
+        self.log.info(
+            "open files: limit {soft} (found {found}, hard {hard}), {reserve} reserved for "
+            "nodes, admin and the process; client listener: {max_connections} connections "
+            "served, {per_peer} per address, {descriptors} open at most",
+            soft=limit.soft,
+            found=limit.found,
+            hard=hard,
+            reserve=self.reserved,
+            max_connections=caps.max_connections,
+            per_peer=caps.max_connections_per_peer,
+            descriptors=caps.descriptors,
+        )
+        taken = {"max_connections": caps.max_connections,
+                 "max_connections_per_peer": caps.max_connections_per_peer}  # fmt: skip
+        for key, given in caps.clamped:
+            self.log.warn(
+                "openai.{key}: {given} is more than this process can afford under its "
+                "open-file limit ({soft}): {cap} instead; raise LimitNOFILE (ulimit -n) to at "
+                "least {wanted} for the configured caps",
+                key=key,
+                given=given,
+                soft=limit.soft,
+                cap=taken[key],
+                wanted=self.wanted,
+            )
+
+
+def descriptor_caps(
+    config: EdgeConfig, reactor: Any, open_files: OpenFiles
+) -> tuple[DescriptorReport, ClientCaps | None]:
+    """
+    Read (and raise) the open-file limit, and the client listener's caps under it.
+
+    @raise usage.UsageError: the limit leaves too few descriptors for client connections.
+    """
+    reserved = reserve(len(config.nodes), cluster=config.cluster is not None)
+    api = config.client_api
+    serving = api.listen is not None
+    wanted = wanted_limit(reserved, api.max_connections) if serving else reserved
+    # select() watches no descriptor numbered FD_SETSIZE or more.
+    ceiling = FD_SETSIZE if isinstance(reactor, SelectReactor) else None
+    limit = open_files(wanted, ceiling=ceiling)
+    caps: ClientCaps | None = None
+    if serving:
+        usable = limit.soft if ceiling is None else min(limit.soft, ceiling)
+        try:
+            caps = client_caps(api.max_connections, api.max_connections_per_peer, usable - reserved)
+        except TooFewDescriptors as e:
+            raise usage.UsageError(
+                f"open files: the limit is {usable} and {reserved} are reserved for nodes, "
+                f"admin and the process: {e}; raise LimitNOFILE (ulimit -n) to at least "
+                f"{wanted}"
+            ) from None
+    return DescriptorReport(limit, reserved, caps, wanted), caps

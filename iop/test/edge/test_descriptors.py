@@ -26,12 +26,12 @@ from iop.edge.descriptors import (
     DescriptorLimit,
     TooFewDescriptors,
     client_caps,
+    descriptor_caps,
     raise_soft_limit,
     refusal_room,
     reserve,
     wanted_limit,
 )
-from iop.edge.tap import descriptor_caps
 
 NOFILE = resource.RLIMIT_NOFILE
 
