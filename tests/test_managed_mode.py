@@ -314,6 +314,9 @@ async def test_a_managed_node_refuses_replayed_and_forged_leases(cluster: Cluste
             credential_revision=1,
             route_revision=1,
             projection_generation=1,
+            # The adapter the hostile Edge configures, and the origin of its base_url.
+            adapter="chat",
+            upstream_origin=f"http://127.0.0.1:{upstream}",
         )
 
     def request(

@@ -130,6 +130,14 @@ def summary(document: dict[str, Any]) -> list[str]:
                 for n in nodes
             ],
         )
+        # Why a node that is not connected was last refused (its registration, by the Edge).
+        for n in nodes:
+            refusal = n.get("last_refusal")
+            if not n.get("connected") and isinstance(refusal, dict):
+                lines.append(
+                    f"{n.get('id', '')}: last registration refused"
+                    f" ({refusal.get('code', '?')}): {refusal.get('reason', '')}"
+                )
     else:
         lines.append("no nodes configured")
     lines.append("")

@@ -11,6 +11,9 @@ The small admin HTTP surface (Klein), loopback by default.
   ``openai.model_routes``, or ``{"adapter", "target", "node"?}`` directly) and stream its events
   back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
   the run on its node.
+  In managed mode a run on an adapter only a leased tunnel may reach (``openai_compat``,
+  ``vllm``) is refused with 409 before anything is sent (normalized runs carry no credential
+  lease); runs on ``ollama`` and ``cli`` adapters are served.
 - ``GET /runs``: active runs; ``DELETE /runs/<run_id>``: cancel one.
 - ``POST /nodes/<node_id>/commands``: ``{"type": "capabilities" | "transport" | "usage" |
   "sessions" | "ollama-tags" | "ollama-ps" | "ollama-show", "adapter"?, "target"?,
@@ -30,6 +33,7 @@ The small admin HTTP surface (Klein), loopback by default.
   ``model`` set to ``target`` (and, for chat_completions/responses/messages, ``stream`` set to
   the flag). A client that goes away cancels the tunnel; an error after the response started
   aborts the connection, so the client sees a truncated body rather than a clean end.
+  Refused with 409 in managed mode: these tunnels carry no credential lease.
 
 Runs and tunnels reach the client through the client surfaces' relay
 (:func:`iop.edge.ingress.relay.relay`), with the NDJSON stream (:class:`NdjsonStream`) or a
@@ -55,7 +59,7 @@ from twisted.web.resource import IResource
 from iop.edge.commands import NodeCommander, SessionTermination
 from iop.edge.console.assets import PAGE, render_asset
 from iop.edge.console.stream import ConsoleEvents
-from iop.edge.errors import CommandFailed, DispatchError, NodeUnavailable, NoRoute
+from iop.edge.errors import CommandFailed, DispatchError, LeaseRequired, NodeUnavailable, NoRoute
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import ApiError
 from iop.edge.ingress.relay import (
@@ -358,6 +362,8 @@ class AdminApp:
             return _error(request, 404, str(e))
         except NodeUnavailable as e:
             return _error(request, 503, str(e))
+        except LeaseRequired as e:
+            return _error(request, 409, str(e))
         except DispatchError as e:
             return _error(request, 400, str(e))
         return Deferred.fromCoroutine(
@@ -379,6 +385,8 @@ class AdminApp:
         async def answer(placement: Placement) -> bytes:
             try:
                 handle = gateway.run(placement, **options)
+            except LeaseRequired as e:
+                return _error(request, 409, str(e))
             except DispatchError as e:
                 return _error(request, 503, str(e))
             return await relay(exchange, NdjsonStream(handle), RunSource(handle))
@@ -392,6 +400,13 @@ class AdminApp:
     def open_tunnel(self, request: IRequest) -> bytes | Deferred[bytes]:
         if self._tunnels is None or self._runs is None:
             return _error(request, 503, "provider tunnels are not available on this edge")
+        if self._runs.routes.config.security.managed:
+            return _error(
+                request,
+                409,
+                "managed mode: debug tunnels carry no credential lease and a managed node"
+                " refuses them; use the client API",
+            )
         try:
             body = json.loads(request.content.read() or b"{}")  # type: ignore[attr-defined]
         except ValueError:

@@ -9,8 +9,11 @@ fails, naming the file, when one is missing or of the wrong kind). For one tunne
 
 1. :meth:`~CredentialIssuer.bind` builds the exact :class:`CredentialBinding` of the placement
    — principal (the client key's name), slot, route, profile, target, node recipient,
-   credential revision, route revision, projection generation — and validates it: the slot
-   exists and is enabled, the node has a recipient key. Refused: :class:`CredentialRefused`.
+   credential revision, route revision, projection generation, and the adapter instance and
+   upstream origin that will receive the key (from the adapter config this Edge pushes to the
+   node: its name and :func:`~iop.security.lease.upstream_origin` of its ``base_url``) — and
+   validates it: the slot exists and is enabled, the node has a recipient key, the adapter is
+   configured on the node with an http(s) ``base_url``. Refused: :class:`CredentialRefused`.
 2. :meth:`~CredentialIssuer.seal`, called by the tunnel dispatcher immediately before the request
    is sent, validates the binding again against the current catalog (a slot disabled or a
    revision changed since step 1 fails closed) and issues the lease
@@ -25,6 +28,10 @@ another provider, route or credential for it.
 The binding's ``route`` is ``<model>:<node>/<provider>`` (``/<adapter>`` for a direct route);
 ``route_revision`` and ``projection_generation`` are the issuer's :attr:`generation` (the
 config generation: 1 until a refresh applies a new config).
+
+At registration (:meth:`~CredentialIssuer.lease_support_problem`) the issuer says whether a
+node's announced lease keys are the ones it seals to and signs with: a node that could not
+open or verify its leases is refused before it is ready, rather than failing every request.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from twisted.internet.interfaces import IReactorTime
 
-from iop.config.model import CredentialSlot, EdgeConfig, ProviderConfig
+from iop.config.model import AdapterConfig, CredentialSlot, EdgeConfig, ProviderConfig
 from iop.edge.errors import CredentialRefused
 from iop.security.keys import (
     IssuerSigningKey,
@@ -43,7 +50,7 @@ from iop.security.keys import (
     load_issuer_private,
     load_recipient_public,
 )
-from iop.security.lease import issue_lease
+from iop.security.lease import issue_lease, upstream_origin
 from iop.wire import runtime_pb2 as pb
 
 if TYPE_CHECKING:
@@ -79,8 +86,11 @@ class CredentialIssuer:
         # Everything is computed before anything is assigned: the switch is all or nothing.
         slots: dict[str, CredentialSlot] = {s.name: s for s in config.credentials}
         providers: dict[str, ProviderConfig] = {p.id: p for n in config.nodes for p in n.providers}
+        adapters: dict[tuple[str, str], AdapterConfig] = {
+            (n.id, a.name): a for n in config.nodes for a in n.adapters
+        }
         ttl = config.security.lease_ttl_sec
-        self._slots, self._providers, self._ttl = slots, providers, ttl
+        self._slots, self._providers, self._adapters, self._ttl = slots, providers, adapters, ttl
         self.generation = generation
 
     @classmethod
@@ -108,6 +118,38 @@ class CredentialIssuer:
     def issuer_key_id(self) -> str:
         return self._signing_key.key_id
 
+    def lease_support_for(self, node_id: str) -> pb.LeaseSupport | None:
+        """What ``node_id`` must announce at registration (None: no recipient key for it)."""
+        recipient = self._recipients.get(node_id)
+        if recipient is None:
+            return None
+        return pb.LeaseSupport(
+            recipient_key_id=recipient.key_id, kem=recipient.kem, issuer_key_id=self.issuer_key_id
+        )
+
+    def lease_support_problem(self, node_id: str, support: pb.LeaseSupport) -> str:
+        """
+        Why ``node_id``, announcing ``support`` at registration, could not open or verify the
+        leases this Edge issues it ("" when it can): another recipient key or KEM than the one
+        this Edge seals to, or trust in another issuer key. Names public key ids only.
+        """
+        expected = self.lease_support_for(node_id)
+        if expected is None:
+            return f"this edge has no lease recipient key for node {node_id!r}"
+        if (support.recipient_key_id, support.kem) != (expected.recipient_key_id, expected.kem):
+            return (
+                f"the node opens leases with {support.kem[:32]!r} recipient key"
+                f" {support.recipient_key_id[:64]!r}, but this edge seals them to"
+                f" {expected.kem!r} key {expected.recipient_key_id!r}"
+                f" (nodes[{node_id}].recipient_key_file)"
+            )
+        if support.issuer_key_id != expected.issuer_key_id:
+            return (
+                f"the node trusts issuer key {support.issuer_key_id[:64]!r}, but this edge signs"
+                f" leases with {expected.issuer_key_id!r} (security.lease.signing_key_file)"
+            )
+        return ""
+
     def sealer(self, placement: Placement) -> Callable[[], Sealed]:
         """Bind ``placement`` now (validated); the result seals it when called, just before
         the request is sent."""
@@ -119,6 +161,18 @@ class CredentialIssuer:
         slot = self._slot_for(placement)
         if placement.node_id not in self._recipients:
             raise CredentialRefused(f"node {placement.node_id!r} has no lease recipient key")
+        adapter = self._adapters.get((placement.node_id, placement.adapter))
+        if adapter is None:
+            raise CredentialRefused(
+                f"adapter {placement.adapter!r} is not configured on node {placement.node_id!r}"
+            )
+        try:
+            origin = upstream_origin(adapter.base_url)
+        except ValueError:
+            raise CredentialRefused(
+                f"adapter {adapter.name!r} on node {placement.node_id!r} has no http(s)"
+                " base_url to bind a credential lease to"
+            ) from None
         where = placement.provider_id or placement.adapter
         return pb.CredentialBinding(
             principal=placement.principal,
@@ -130,6 +184,8 @@ class CredentialIssuer:
             credential_revision=slot.revision if slot is not None else 0,
             route_revision=self.generation,
             projection_generation=self.generation,
+            adapter=adapter.name,
+            upstream_origin=origin,
         )
 
     def seal(self, placement: Placement, binding: pb.CredentialBinding) -> Sealed:

@@ -8,7 +8,7 @@ key or endpoint.
 
 - :class:`DispatchError` and its kinds: a run, tunnel or command could not be sent
   (:class:`NoRoute`, :class:`NodeUnavailable`, :class:`TunnelFailed`,
-  :class:`CredentialRefused`).
+  :class:`CredentialRefused`, :class:`LeaseRequired`).
 - :class:`PoolError` and its kinds: an acquire on the provider pool produced no lease
   (:class:`UnknownModel`, :class:`Unavailable`, :class:`Overloaded`, :class:`QueueTimeout`,
   :class:`CapacityUnknown`);
@@ -50,6 +50,14 @@ class CredentialRefused(DispatchError):
     """
     Managed mode: a tunnel's credential binding does not hold (slot disabled or unknown, no
     recipient key for the node, binding stale by send time). Nothing was sent; no fallback.
+    """
+
+
+class LeaseRequired(DispatchError):
+    """
+    Managed mode: a normalized run (or a debug tunnel without a lease) on an adapter that is
+    reached only through a provider tunnel carrying a credential lease (``openai_compat``,
+    ``vllm``). Refused before anything is sent; the client API's tunnels are the way there.
     """
 
 
@@ -137,6 +145,7 @@ __all__ = [
     "CommandFailed",
     "CredentialRefused",
     "DispatchError",
+    "LeaseRequired",
     "NoRoute",
     "NodeUnavailable",
     "Overloaded",

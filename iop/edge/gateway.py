@@ -30,12 +30,10 @@ from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderCon
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.errors import UnknownModel
 from iop.edge.pool import Lease, ProviderPool
-from iop.edge.routes import RouteResolver
+from iop.edge.routes import TUNNEL_TYPES, RouteResolver
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher, TunnelOutcome, TunnelStream
 from iop.runtime.events import RuntimeEvent, Usage
-
-TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
 
 
 @dataclass

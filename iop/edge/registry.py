@@ -20,6 +20,15 @@ workload DNS-ID (``<node-id>.node.<trust domain>``); otherwise the registration 
 published and nothing about the node changes. A legacy Edge checks nothing but records what a
 client certificate named. Each node's last check is :meth:`NodeRegistry.identity`.
 
+Lease support (managed mode), checked right after the identity: the node must announce the
+keys it opens credential leases with (``RegisterRequest.lease_support``), and they must be the
+ones this Edge seals to and signs with (the ``lease_check``, the credential issuer's). A legacy
+node, or a managed node with other keys, would register, look healthy and then fail every
+request; it is refused instead with ``REGISTER_REJECT_LEASE_SUPPORT`` (fatal for the node).
+
+Every refusal that names a node is remembered as that node's last refusal
+(:meth:`NodeRegistry.last_refusal`: code, reason, time), which ``/status`` shows.
+
 Ready is ordered here, in :meth:`NodeRegistry.ready` alone: decide, *acknowledge* (the transport
 writes ``NodeReadyResponse``), and only then mark the node ready and tell the observers, whose
 reaction (the pool pumping its queue) may dispatch to the node at once. So the node always reads
@@ -54,7 +63,7 @@ from iop.security.tls import (
     certificate_dns_names,
     verify_peer_workload,
 )
-from iop.wire.runtime_pb2 import NodeConfigPayload, RegisterRejectCode
+from iop.wire.runtime_pb2 import LeaseSupport, NodeConfigPayload, RegisterRejectCode
 
 
 class OwnershipState(enum.Enum):
@@ -209,6 +218,7 @@ _REJECT_NAMES = {
     RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION: "duplicate_connection",
     RegisterRejectCode.REGISTER_REJECT_CONFIG_PAYLOAD: "config_payload",
     RegisterRejectCode.REGISTER_REJECT_WORKLOAD_IDENTITY: "workload_identity",
+    RegisterRejectCode.REGISTER_REJECT_LEASE_SUPPORT: "lease_support",
     RegisterRejectCode.REGISTER_REJECT_OTHER: "other",
 }
 READY_REJECTED = "ready_rejected"
@@ -235,7 +245,29 @@ class ReadyOutcome:
     reason: str = ""
 
 
+@dataclass(frozen=True)
+class RegistrationRefusal:
+    """A node's refused registration: the reason's name (:data:`REJECT_REASONS`), why, when."""
+
+    code: str
+    reason: str
+    at: float
+
+    def as_status(self) -> dict[str, Any]:
+        return {"code": self.code, "reason": self.reason, "at_unix_ms": int(self.at * 1000)}
+
+
 PayloadBuilder = Callable[[NodeConfig], NodeConfigPayload]
+# Managed mode: why a node announcing these lease keys could not open or verify this Edge's
+# leases ("" when it can).
+LeaseCheck = Callable[[str, LeaseSupport], str]
+
+NO_LEASE_SUPPORT = (
+    "the node announced no credential lease support (it runs in legacy security.mode, or"
+    " predates lease announcements): this edge runs in managed mode and a node that cannot"
+    " verify its credential leases would fail every request; set security.mode: managed with"
+    " recipient_key_file and issuer_key_file in the node's node.yaml"
+)
 # Writes the node's NodeReadyResponse for an outcome; called before any observer hears of ready.
 Acknowledge = Callable[[ReadyOutcome], None]
 
@@ -254,8 +286,10 @@ class NodeRegistry:
         bus: EventBus,
         clock: IReactorTime,
         observers: Iterable[INodeLifecycleObserver] = (),
+        lease_check: LeaseCheck | None = None,
     ) -> None:
         self._config = config
+        self._lease_check = lease_check
         self._build_payload = build_payload
         self._bus = bus
         self._clock = clock
@@ -267,6 +301,7 @@ class NodeRegistry:
         # and how many registrations its identity check refused.
         self._last_identity: dict[str, IdentityCheck] = {}
         self._identity_refusals: dict[str, int] = {}
+        self._last_refusal: dict[str, RegistrationRefusal] = {}
         self._registrations: dict[str, int] = {}
         self._reconnects: dict[str, int] = {}
         self._fences: dict[str, int] = {}
@@ -334,6 +369,11 @@ class NodeRegistry:
             )
         return {**check.as_status(), "refusals": self._identity_refusals.get(node_id, 0)}
 
+    def last_refusal(self, node_id: str) -> dict[str, Any] | None:
+        """``node_id``'s last refused registration for status (None: none since start)."""
+        refusal = self._last_refusal.get(node_id)
+        return refusal.as_status() if refusal is not None else None
+
     def stats(self) -> RegistryStats:
         """The registration, reconnect, fence and refusal counters now."""
         nodes = [n.id for n in self._config.nodes]
@@ -352,11 +392,13 @@ class NodeRegistry:
         token: str,
         connection: INodeConnection,
         certificate: x509.Certificate | None = None,
+        lease_support: LeaseSupport | None = None,
     ) -> RegisterOutcome:
         """
-        A connection presents a token (and, over mTLS, its client ``certificate``): claim
-        pending ownership or say why not. In managed mode the certificate must name the token's
-        node before anything else is looked at.
+        A connection presents a token (and, over mTLS, its client ``certificate``, and in
+        managed mode the ``lease_support`` it announced): claim pending ownership or say why
+        not. In managed mode the certificate must name the token's node before anything else is
+        looked at, then the node must be able to verify this Edge's leases.
         """
         if id(connection) in self._by_connection:
             return self._reject(
@@ -373,6 +415,11 @@ class NodeRegistry:
         )
         if identity.ok is False:
             return self._refuse_identity(node.id, identity)
+        if security.managed:
+            problem = self._lease_problem(node.id, lease_support)
+            if problem:
+                self._last_identity[node.id] = identity  # the identity itself held
+                return self._refuse_leases(node.id, problem)
         if node.id in self._owners:
             return self._reject(
                 RegisterRejectCode.REGISTER_REJECT_DUPLICATE_CONNECTION,
@@ -479,8 +526,35 @@ class NodeRegistry:
                 found = node
         return found
 
+    def _lease_problem(self, node_id: str, support: LeaseSupport | None) -> str:
+        if support is None:
+            return NO_LEASE_SUPPORT
+        if self._lease_check is None:
+            return ""
+        return self._lease_check(node_id, support)
+
+    def _refused(self, node_id: str, code: int, reason: str) -> None:
+        """Remember a refusal of ``node_id`` (none for an unknown token) and count it."""
+        name = _REJECT_NAMES.get(code, "other")  # type: ignore[call-overload]
+        self._rejections[name] += 1
+        if node_id:
+            self._last_refusal[node_id] = RegistrationRefusal(name, reason, self._clock.seconds())
+
+    def _refuse_leases(self, node_id: str, reason: str) -> RegisterRejected:
+        """The node cannot verify this Edge's leases: refuse; nothing is claimed."""
+        code = RegisterRejectCode.REGISTER_REJECT_LEASE_SUPPORT
+        self._refused(node_id, code, reason)
+        self.log.warn(
+            "refused node {node_id} registration: {reason}",
+            node_id=node_id,
+            reason=reason,
+            reject_code="REGISTER_REJECT_LEASE_SUPPORT",
+        )
+        self._publish(NodeEventKind.REJECTED, node_id, reason)
+        return RegisterRejected(code, reason, node_id)
+
     def _reject(self, code: int, reason: str, node_id: str = "") -> RegisterRejected:
-        self._rejections[_REJECT_NAMES.get(code, "other")] += 1  # type: ignore[call-overload]
+        self._refused(node_id, code, reason)
         self.log.warn(
             "rejected node registration: {reason}", reason=reason, node_id=node_id or None
         )
@@ -491,7 +565,9 @@ class NodeRegistry:
         """The certificate does not prove the token's node: refuse; nothing is claimed."""
         self._last_identity[node_id] = identity
         self._identity_refusals[node_id] = self._identity_refusals.get(node_id, 0) + 1
-        self._rejections["workload_identity"] += 1
+        self._refused(
+            node_id, RegisterRejectCode.REGISTER_REJECT_WORKLOAD_IDENTITY, identity.reason
+        )
         self.log.warn(
             "refused node {node_id} registration: {reason}",
             node_id=node_id,
@@ -518,11 +594,13 @@ class NodeRegistry:
 
 
 __all__ = [
+    "NO_LEASE_SUPPORT",
     "READY_REJECTED",
     "REJECT_REASONS",
     "Acknowledge",
     "INodeLifecycleObserver",
     "IdentityCheck",
+    "LeaseCheck",
     "NodeRegistry",
     "Ownership",
     "OwnershipState",
@@ -531,6 +609,7 @@ __all__ = [
     "RegisterAccepted",
     "RegisterOutcome",
     "RegisterRejected",
+    "RegistrationRefusal",
     "RegistryStats",
     "check_identity",
 ]

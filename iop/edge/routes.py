@@ -13,6 +13,10 @@ from iop.config.model import AdapterConfig, EdgeConfig, ModelRoute, ProviderConf
 from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.registry import NodeRegistry
 
+#: The adapter types that take the raw provider tunnel (OpenAI-compatible HTTP providers). In
+#: managed mode these are reached only through a tunnel carrying a credential lease.
+TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
+
 
 class RouteResolver:
     """``model_routes[]`` and node choice over the registry's ready nodes."""
@@ -29,6 +33,25 @@ class RouteResolver:
         }
         self._config = config
         self._routes, self._providers = routes, providers
+
+    @property
+    def config(self) -> EdgeConfig:
+        """The config routes are resolved by."""
+        return self._config
+
+    def leased_only(self, node_id: str, ref: str) -> AdapterConfig | None:
+        """
+        Managed mode: the adapter ``ref`` may name on ``node_id`` (by instance name or type,
+        enabled or not) that is reached only through a leased tunnel, or None (legacy mode, or
+        no such adapter).
+        """
+        if not self._config.security.managed:
+            return None
+        node = self._config.node(node_id)
+        adapters = node.adapters if node is not None else ()
+        return next(
+            (a for a in adapters if ref in (a.name, a.type) and a.type in TUNNEL_TYPES), None
+        )
 
     def route(self, model: str) -> ModelRoute | None:
         """The direct route named ``model``, or None."""
@@ -86,4 +109,4 @@ class RouteResolver:
         return None
 
 
-__all__ = ["RouteResolver"]
+__all__ = ["TUNNEL_TYPES", "RouteResolver"]

@@ -14,6 +14,12 @@ Node choice and ``openai.model_routes[]`` resolution are :class:`~iop.edge.route
 cancel grace, the sweep on a fence) is :class:`~iop.edge.inflight.InFlightTable`'s, shared with
 the tunnels.
 
+Managed mode: a run on an adapter reached only through leased tunnels (``openai_compat``,
+``vllm``: :meth:`~iop.edge.routes.RouteResolver.leased_only`) is refused with
+:class:`~iop.edge.errors.LeaseRequired` before anything is sent. This is the one path every
+normalized run takes (the admin API's ``POST /runs``, model routes, pooled placements, the client
+surfaces' run placements), so no path sends such a provider a request without a lease.
+
 Each end is counted once per node by kind (:data:`RUN_TERMINALS`, :meth:`RunDispatcher.stats`):
 the node's terminal (``complete``, ``cancelled``, ``error``, ``at_capacity`` when the node's own
 gate refused the run, or ``timeout`` when the node timed it out), ``cancelled`` for a cancel the
@@ -34,7 +40,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from iop.config.model import EdgeConfig
-from iop.edge.errors import NodeUnavailable
+from iop.edge.errors import LeaseRequired, NodeUnavailable
 from iop.edge.inflight import InFlightTable, TerminalCounts
 from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, send_envelope
 from iop.edge.registry import NodeRegistry
@@ -153,8 +159,19 @@ class RunDispatcher:
         run_id: str | None = None,
         collect: bool = False,
     ) -> RunHandle:
-        """Send a run to a ready node; raises :class:`DispatchError` when it cannot."""
+        """
+        Send a run to a ready node; raises :class:`DispatchError` when it cannot, and
+        :class:`LeaseRequired` (managed mode) for an adapter only a leased tunnel may reach.
+        """
         chosen = self.routes.choose_node(node_id)
+        leased = self.routes.leased_only(chosen, adapter)
+        if leased is not None:
+            raise LeaseRequired(
+                f"managed mode: adapter {leased.name!r} ({leased.type}) on node {chosen!r} is"
+                " reached only through a provider tunnel carrying a credential lease; a"
+                " normalized run carries none and is not sent (use the client API:"
+                " /v1/chat/completions, /v1/responses or /v1/messages)"
+            )
         connection = self._registry.ready_connection(chosen)
         ownership = self._registry.ownership_of(connection) if connection is not None else None
         if connection is None or ownership is None:

@@ -9,7 +9,10 @@ dispatch-ready; a pending or disconnected node's enabled providers show ``status
 
 ``edge.mode`` is the security mode (``legacy`` / ``managed``); each node's ``identity`` is what
 the registry recorded of its client certificate (:meth:`~iop.edge.registry.NodeRegistry.identity`):
-workload names and the check's outcome, never key material.
+workload names and the check's outcome, never key material; ``last_refusal`` is its last refused
+registration since the Edge started (``{"code", "reason", "at_unix_ms"}``, the code one of the
+registry's reject reasons, e.g. ``lease_support`` for a node that cannot verify managed leases),
+or null.
 
 In a cluster (``cluster:`` in edge.yaml) each provider's counters are this Edge's own leases
 and waiters, and ``cluster`` is the view across Edges
@@ -30,6 +33,8 @@ class ILiveNodes(Protocol):
     def state(self, node_id: str) -> str: ...
 
     def identity(self, node_id: str) -> dict[str, Any]: ...
+
+    def last_refusal(self, node_id: str) -> dict[str, Any] | None: ...
 
 
 class ProviderCounters(Protocol):
@@ -67,6 +72,7 @@ def snapshot(
                 "connected": ready,
                 "state": nodes.state(node.id),
                 "identity": nodes.identity(node.id),
+                "last_refusal": nodes.last_refusal(node.id),
                 "providers": [p.id for p in node.providers],
             }
         )

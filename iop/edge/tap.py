@@ -113,8 +113,18 @@ class EdgeService(MultiService):
             self.cluster = ClusterService(config.cluster, cluster_pool, redis, reactor)
             self.cluster.setName("cluster")
             self.cluster.setServiceParent(self)
+        # Managed mode: provider credentials leave the Edge only sealed in per-request leases;
+        # a registering node must announce the lease keys this issuer seals to and signs for.
+        self.credentials = CredentialIssuer.from_config(config, reactor)
         self.registry = NodeRegistry(
-            config, lambda node: build_node_payload(config, node), self.bus, reactor, [self.pool]
+            config,
+            lambda node: build_node_payload(config, node),
+            self.bus,
+            reactor,
+            [self.pool],
+            lease_check=(
+                self.credentials.lease_support_problem if self.credentials is not None else None
+            ),
         )
         self.node_factory = NodeConnectionFactory(
             self.registry,
@@ -140,8 +150,6 @@ class EdgeService(MultiService):
         handlers["provider_tunnel_frame"] = lambda conn, env: self.tunnels.frame(
             conn, env.provider_tunnel_frame
         )
-        # Managed mode: provider credentials leave the Edge only sealed in per-request leases.
-        self.credentials = CredentialIssuer.from_config(config, reactor)
         self.gateway = EdgeGateway(
             config,
             self.pool,

@@ -126,7 +126,10 @@ class _Core:
 
     def register(self, session: _Session, request: pb.RegisterRequest) -> None:
         outcome = self.registry.register(
-            request.token, self.connection, self.connection.peer_certificate()
+            request.token,
+            self.connection,
+            self.connection.peer_certificate(),
+            request.lease_support if request.HasField("lease_support") else None,
         )
         response = pb.RegisterResponse(
             heartbeat_interval_ms=int(self.heartbeat_interval * 1000),

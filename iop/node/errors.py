@@ -17,7 +17,9 @@ class FatalError(NodeError):
     """
     A local configuration or credential error that retrying cannot fix: a missing or unreadable
     token, bad local TLS material, or the Edge rejecting our token
-    (``REGISTER_REJECT_UNKNOWN_TOKEN``).
+    (``REGISTER_REJECT_UNKNOWN_TOKEN``), our client certificate
+    (``REGISTER_REJECT_WORKLOAD_IDENTITY``) or our credential lease support
+    (``REGISTER_REJECT_LEASE_SUPPORT``: a legacy node, or other lease keys, on a managed Edge).
     """
 
 

@@ -9,7 +9,8 @@ handler routing to whichever owns the run id, and a :class:`~iop.node.commands.N
 (``node_config_refresh_request``: a live config refresh); when the session is lost its runs are
 cancelled and its tunnels aborted. A managed node's tunnel manager gets the session's lease
 verifier (the node's keys, the id the Edge registered it under, and the process-wide replay
-cache).
+cache), and its run manager refuses runs on the HTTP provider adapters (they are reached only
+through leased tunnels).
 """
 
 from __future__ import annotations
@@ -45,11 +46,19 @@ def make_session_setup(
     its active runs are cancelled (and recorded as such) and its tunnels aborted.
 
     ``leases`` (managed mode): the node's lease keys; each session's tunnels verify and open
-    credential leases addressed to the session's node id. None (legacy): leases are refused.
+    credential leases addressed to the session's node id, and its runs refuse the adapters
+    only a leased tunnel may reach. None (legacy): leases are refused.
     """
 
     def setup(session: NodeSession) -> None:
-        runs = RunManager(session.registry, session.send, store, clock, node_id=session.node_id)
+        runs = RunManager(
+            session.registry,
+            session.send,
+            store,
+            clock,
+            node_id=session.node_id,
+            managed=leases is not None,
+        )
         tunnels = TunnelManager(
             session.registry,
             session.send,

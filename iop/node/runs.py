@@ -30,6 +30,13 @@ A request refused before execution (no run id, duplicate run id, unknown or disa
 capacity) gets a single ``error`` event with sequence 1; an at-capacity one carries
 ``metadata[error_code] = provider_at_capacity``. Admission, the active table, safe sending and
 connection loss are the shared :class:`~iop.node.work.WorkManager`'s.
+
+Managed mode (``managed=True``): a run on an HTTP provider adapter (one that serves provider
+tunnels: ``openai_compat``, ``vllm``) is refused before admission with ``lease_missing``. Such an
+upstream is reached only through a tunnel carrying a credential lease the Edge signed for that
+request; a normalized run carries none, so a managed node never calls that upstream outside the
+lease path, whatever the Edge sends. Runs on the other adapters (``ollama``, ``cli``), which
+carry no IOP credential, are served as usual.
 """
 
 from __future__ import annotations
@@ -49,7 +56,7 @@ from iop.node.store import RunStatus, RunStore
 from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator
+from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator, ITunnelProvider
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -161,8 +168,10 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         clock: IReactorTime,
         node_id: str = "",
         hold_deltas: bool = True,
+        managed: bool = False,
     ) -> None:
         super().__init__(registry, send, clock, node_id)
+        self.managed = managed
         self._store = store
         self._totals = _Totals()
         self._hold_deltas = hold_deltas
@@ -194,6 +203,14 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     def _check(self, request: pb.RunRequest, instance: AdapterInstance) -> IProvider:
         provider = instance.provider
         assert provider is not None  # an enabled instance has one
+        if self.managed and ITunnelProvider(provider, None) is not None:
+            raise Refusal(
+                f"{ErrorCode.LEASE_MISSING.value}: this node runs in managed mode and adapter"
+                f" {instance.name!r} ({instance.type}) is reached only through a provider tunnel"
+                " carrying a credential lease; a normalized run carries none",
+                code=ErrorCode.LEASE_MISSING,
+                adapter=instance.name,
+            )
         return provider
 
     def _open(

@@ -337,6 +337,7 @@ def makeService(
             ),
             max_frame_bytes=config.max_frame_bytes,
             log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
+            lease_support=leases.announcement() if leases is not None else None,
         )
         supervisor = NodeSupervisor(
             endpoint,

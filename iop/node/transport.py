@@ -21,7 +21,8 @@ response is the Edge dispatching before it acknowledged: a protocol error, the c
 aborted and says so.
 
 Every failure on the way aborts the transport first and then fails the handshake's Deferred with a
-:class:`~iop.node.errors.FatalError` (the Edge does not know our token) or a
+:class:`~iop.node.errors.FatalError` (the Edge does not know our token, or refuses our client
+certificate or, in managed mode, our credential lease support) or a
 :class:`~iop.node.errors.RetryableError` (anything else remote). The config apply itself is the
 :class:`~iop.node.session.SessionBuilder`'s.
 """
@@ -84,6 +85,10 @@ def _accepted_node_id(response: pb.RegisterResponse) -> str:
             raise FatalError(f"edge does not know this node's token ({code}): {reason}")
         if response.reject_code == pb.REGISTER_REJECT_WORKLOAD_IDENTITY:
             raise FatalError(f"edge refused this node's client certificate ({code}): {reason}")
+        if response.reject_code == pb.REGISTER_REJECT_LEASE_SUPPORT:
+            raise FatalError(
+                f"edge refused this node's credential lease support ({code}): {reason}"
+            )
         raise RetryableError(f"edge rejected registration ({code}): {reason}")
     if not response.node_id:
         raise RetryableError("edge accepted registration without a node id")
@@ -156,6 +161,8 @@ class _Core:
     node_version: str
     hostname: str
     log: Logger
+    # Managed mode: the lease keys announced at registration (None: a legacy node).
+    lease_support: pb.LeaseSupport | None = None
     # The handshake in progress (until it fires), and the session built on this connection
     # (from apply until the connection is lost, so its close is signalled either way).
     waiter: Deferred[NodeSession] | None = None
@@ -282,13 +289,10 @@ def _make_connection_machine() -> Callable[[_Core], _Connection]:
             hostname=s.hostname,
         )
         waiter = s.new_waiter()
-        s.send(
-            pb.Envelope(
-                register_request=pb.RegisterRequest(
-                    token=token, node_version=s.node_version, hostname=s.hostname
-                )
-            )
-        )
+        request = pb.RegisterRequest(token=token, node_version=s.node_version, hostname=s.hostname)
+        if s.lease_support is not None:
+            request.lease_support.CopyFrom(s.lease_support)
+        s.send(pb.Envelope(register_request=request))
         return waiter
 
     for message in received:
@@ -472,6 +476,7 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         node_version: str = __version__,
         hostname: str = "",
         log: Logger | None = None,
+        lease_support: pb.LeaseSupport | None = None,
     ) -> None:
         super().__init__(max_frame_bytes)
         if log is not None:
@@ -488,6 +493,7 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             node_version,
             hostname,
             self.log,
+            lease_support,
         )
         self._connection = _ConnectionMachine(self._core)
         self._disconnected = False
@@ -621,6 +627,8 @@ class EdgeConnectionFactory(Factory):
         the ``treq`` module, the adapters of :mod:`iop.node.adapters` and no handlers).
     :param log: the logger of every connection it builds (default: the protocol's own); a node
         dialling several Edges gives each Edge's factory one that names the Edge.
+    :param lease_support: managed mode: the lease keys every registration announces
+        (:meth:`~iop.security.lease.NodeLeaseKeys.announcement`); None for a legacy node.
     """
 
     noisy = False
@@ -635,9 +643,11 @@ class EdgeConnectionFactory(Factory):
         node_version: str = __version__,
         hostname: str | None = None,
         log: Logger | None = None,
+        lease_support: pb.LeaseSupport | None = None,
     ) -> None:
         self.clock = clock
         self.connection_log = log
+        self.lease_support = lease_support
         self.sessions = (
             sessions if sessions is not None else SessionBuilder(default_adapter_context(clock))
         )
@@ -657,6 +667,7 @@ class EdgeConnectionFactory(Factory):
             node_version=self.node_version,
             hostname=self.hostname,
             log=self.connection_log,
+            lease_support=self.lease_support,
         )
         protocol.factory = self
         return protocol

@@ -46,8 +46,10 @@ replace a configured header or carry credentials of their own.
 Managed mode (the manager has a :class:`~iop.security.lease.LeaseVerifier`): every tunnel must
 carry ``credential_lease`` and ``credential_binding`` (else one ERROR ``lease_missing``, before
 admission). After admission — the capacity slot taken — and immediately before the provider
-call, the binding is checked against the request itself (its ``target`` and ``profile``, and
-the adapter's configured profile), the lease is verified and opened
+call, the binding is checked against the request itself (its ``target`` and ``profile``) and
+against the adapter instance that would receive it (its configured profile, its name, and the
+origin of its ``base_url``: a lease minted for another adapter or upstream on this node is
+refused, ``lease_binding_mismatch``), the lease is verified and opened
 (:meth:`~iop.security.lease.LeaseVerifier.open`), and ``<auth_header>: <auth_scheme> <secret>``
 is put on that one upstream request only; the plaintext ``bytearray`` is zeroed as soon as the
 request has been handed to the HTTP client. What the upstream sends back may echo that secret (a
@@ -97,6 +99,7 @@ from iop.security.lease import (
     LEASE_MISSING,
     LeaseError,
     LeaseVerifier,
+    upstream_origin,
     zero,
 )
 from iop.wire import runtime_pb2 as pb
@@ -596,7 +599,7 @@ class _Tunnel:
         secret: bytearray | None = None
         if self._request is not None:
             try:
-                secret = self.manager._open_lease(self._request, provider)
+                secret = self.manager._open_lease(self._request, self.instance, provider)
                 slot = self._request.credential_binding.slot
                 headers = _with_credential(headers, provider.profile, slot, secret)
                 redactor = EchoRedactor(secret)
@@ -980,21 +983,31 @@ class TunnelManager(WorkManager[pb.ProviderTunnelRequest, _Plan, _Tunnel]):
             )
 
     def _open_lease(
-        self, request: pb.ProviderTunnelRequest, provider: ITunnelProvider
+        self,
+        request: pb.ProviderTunnelRequest,
+        instance: AdapterInstance,
+        provider: ITunnelProvider,
     ) -> bytearray:
         """
-        The binding against the request itself, then the lease opened: the secret (zero it),
-        or :class:`LeaseError`.
+        The binding against the request itself and against the adapter that would receive it
+        (its instance name, and the origin of the URL the credential would go to), then the
+        lease opened: the secret (zero it), or :class:`LeaseError`.
         """
         assert self.leases is not None
         binding = request.credential_binding
         profile = provider.profile
+        try:
+            origin = upstream_origin(provider.base_url)
+        except ValueError:
+            origin = ""  # matches no lease: the Edge binds only an http(s) origin
         mismatched = [
             name
             for name, same in (
                 ("target", binding.target == request.target),
                 ("profile", binding.profile == request.profile),
                 ("adapter profile", binding.profile == (profile.name if profile else "")),
+                ("adapter", binding.adapter == instance.name),
+                ("upstream origin", bool(origin) and binding.upstream_origin == origin),
             )
             if not same
         ]

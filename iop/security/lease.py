@@ -10,7 +10,8 @@ A lease (``ProviderTunnelRequest.credential_lease``) is a serialized
     payload  = CredentialLeasePayload {
         lease_id (16 random bytes), issued_at_ms, expires_at_ms,
         binding (CredentialBinding: principal, slot, route, profile, target, node_recipient,
-                 credential_revision, route_revision, projection_generation),
+                 credential_revision, route_revision, projection_generation, adapter,
+                 upstream_origin),
         recipient_key_id, kem,
         sealed = HPKE.seal(recipient public key, secret, info = binding_info(binding)),
     }
@@ -42,6 +43,13 @@ for, independently of the signature.
 ``lease_unopenable``         validly signed, but the seal does not open with this node's key
 ===========================  ================================================================
 
+The binding names the adapter instance that receives the request (its name on the node) and
+the upstream origin the credential goes to (:func:`upstream_origin` of the adapter's base URL:
+one rule on both sides). The verifier compares the lease's binding with the binding the node
+computed from the request and the adapter that would serve it, so a lease minted for one
+adapter or upstream is refused (``lease_binding_mismatch``) when replayed into a request for
+another one on the same node.
+
 The secret comes back as a ``bytearray`` the caller overwrites (:func:`zero`) as soon as it has
 been used. (The HPKE library hands the plaintext over as an immutable ``bytes`` first; that
 copy is dropped at once and cannot be overwritten from Python.) No error text, log event or
@@ -55,6 +63,7 @@ import heapq
 import os
 import struct
 from collections.abc import Iterable
+from urllib.parse import urlsplit
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hpke
@@ -91,6 +100,7 @@ __all__ = [
     "ReplayCache",
     "binding_info",
     "issue_lease",
+    "upstream_origin",
     "zero",
 ]
 
@@ -118,8 +128,8 @@ LEASE_ERRORS = (
 
 #: Signed in front of the payload bytes (domain separation of the issuer's signatures).
 SIGNATURE_CONTEXT = b"iop-credential-lease-v1\0"
-#: Starts :func:`binding_info` (and names its version).
-BINDING_INFO_CONTEXT = b"iop-credential-binding-v1\0"
+#: Starts :func:`binding_info` (and names its version: v2 added adapter and upstream_origin).
+BINDING_INFO_CONTEXT = b"iop-credential-binding-v2\0"
 LEASE_ID_BYTES = 16
 _SIGNATURE_BYTES = 64
 # A lease is a few hundred bytes (1.2 KB with the hybrid KEM); anything this large is not one.
@@ -138,7 +148,11 @@ BINDING_FIELDS: tuple[tuple[str, type], ...] = (
     ("credential_revision", int),
     ("route_revision", int),
     ("projection_generation", int),
+    ("adapter", str),
+    ("upstream_origin", str),
 )
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 _HPKE_KEMS = {KEM_X25519: hpke.KEM.X25519, KEM_MLKEM768_X25519: hpke.KEM.MLKEM768_X25519}
 
@@ -189,6 +203,27 @@ def binding_info(binding: pb.CredentialBinding) -> bytes:
         else:
             out.append(struct.pack(">Q", value))
     return b"".join(out)
+
+
+def upstream_origin(url: str) -> str:
+    """
+    The origin a request to ``url`` goes to, as bound into a lease: ``scheme://host:port``,
+    scheme and host in lower case, the port always explicit (80 for http, 443 for https), an
+    IPv6 host in brackets; user info, path, query and fragment left out. :class:`ValueError`
+    for a URL that is not absolute http(s) with a host.
+    """
+    try:
+        parts = urlsplit(url.strip())
+        scheme = parts.scheme.lower()
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        raise ValueError("not a valid URL") from None
+    if scheme not in _DEFAULT_PORTS or not host:
+        raise ValueError("not an absolute http(s) URL with a host")
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{scheme}://{host}:{port if port is not None else _DEFAULT_PORTS[scheme]}"
 
 
 def _ms(seconds: float) -> int:
@@ -449,6 +484,14 @@ class NodeLeaseKeys:
         self.issuer = issuer
         self.clock_skew_sec = clock_skew_sec
         self.replay = replay if replay is not None else ReplayCache()
+
+    def announcement(self) -> pb.LeaseSupport:
+        """What the node says about its lease keys when it registers (public key ids only)."""
+        return pb.LeaseSupport(
+            recipient_key_id=self.recipient.key_id,
+            kem=self.recipient.kem,
+            issuer_key_id=self.issuer.key_id,
+        )
 
     def verifier(self, node_id: str) -> LeaseVerifier:
         """The verifier of the leases sent to ``node_id``."""

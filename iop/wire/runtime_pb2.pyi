@@ -15,6 +15,7 @@ class RegisterRejectCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REGISTER_REJECT_CONFIG_PAYLOAD: _ClassVar[RegisterRejectCode]
     REGISTER_REJECT_OTHER: _ClassVar[RegisterRejectCode]
     REGISTER_REJECT_WORKLOAD_IDENTITY: _ClassVar[RegisterRejectCode]
+    REGISTER_REJECT_LEASE_SUPPORT: _ClassVar[RegisterRejectCode]
 
 class RefreshOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -54,6 +55,7 @@ REGISTER_REJECT_DUPLICATE_CONNECTION: RegisterRejectCode
 REGISTER_REJECT_CONFIG_PAYLOAD: RegisterRejectCode
 REGISTER_REJECT_OTHER: RegisterRejectCode
 REGISTER_REJECT_WORKLOAD_IDENTITY: RegisterRejectCode
+REGISTER_REJECT_LEASE_SUPPORT: RegisterRejectCode
 REFRESH_OUTCOME_UNSPECIFIED: RefreshOutcome
 REFRESH_APPLIED: RefreshOutcome
 REFRESH_RESTART_REQUIRED: RefreshOutcome
@@ -111,14 +113,26 @@ class Envelope(_message.Message):
     def __init__(self, register_request: _Optional[_Union[RegisterRequest, _Mapping]] = ..., register_response: _Optional[_Union[RegisterResponse, _Mapping]] = ..., node_ready_request: _Optional[_Union[NodeReadyRequest, _Mapping]] = ..., node_ready_response: _Optional[_Union[NodeReadyResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_request: _Optional[_Union[RunRequest, _Mapping]] = ..., run_event: _Optional[_Union[RunEvent, _Mapping]] = ..., cancel_request: _Optional[_Union[CancelRequest, _Mapping]] = ..., cancel_response: _Optional[_Union[CancelResponse, _Mapping]] = ..., provider_tunnel_request: _Optional[_Union[ProviderTunnelRequest, _Mapping]] = ..., provider_tunnel_frame: _Optional[_Union[ProviderTunnelFrame, _Mapping]] = ..., node_command_request: _Optional[_Union[NodeCommandRequest, _Mapping]] = ..., node_command_response: _Optional[_Union[NodeCommandResponse, _Mapping]] = ..., node_config_refresh_request: _Optional[_Union[NodeConfigRefreshRequest, _Mapping]] = ..., node_config_refresh_response: _Optional[_Union[NodeConfigRefreshResponse, _Mapping]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("token", "node_version", "hostname")
+    __slots__ = ("token", "node_version", "hostname", "lease_support")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     NODE_VERSION_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SUPPORT_FIELD_NUMBER: _ClassVar[int]
     token: str
     node_version: str
     hostname: str
-    def __init__(self, token: _Optional[str] = ..., node_version: _Optional[str] = ..., hostname: _Optional[str] = ...) -> None: ...
+    lease_support: LeaseSupport
+    def __init__(self, token: _Optional[str] = ..., node_version: _Optional[str] = ..., hostname: _Optional[str] = ..., lease_support: _Optional[_Union[LeaseSupport, _Mapping]] = ...) -> None: ...
+
+class LeaseSupport(_message.Message):
+    __slots__ = ("recipient_key_id", "kem", "issuer_key_id")
+    RECIPIENT_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEM_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    recipient_key_id: str
+    kem: str
+    issuer_key_id: str
+    def __init__(self, recipient_key_id: _Optional[str] = ..., kem: _Optional[str] = ..., issuer_key_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
     __slots__ = ("accepted", "node_id", "reason", "reject_code", "config", "heartbeat_interval_ms", "heartbeat_timeout_ms")
@@ -453,7 +467,7 @@ class ProviderTunnelRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., adapter: _Optional[str] = ..., target: _Optional[str] = ..., method: _Optional[str] = ..., path: _Optional[str] = ..., headers: _Optional[_Iterable[_Union[Header, _Mapping]]] = ..., body: _Optional[bytes] = ..., stream: _Optional[bool] = ..., timeout_sec: _Optional[int] = ..., metadata: _Optional[_Mapping[str, str]] = ..., session_id: _Optional[str] = ..., profile: _Optional[str] = ..., operation: _Optional[str] = ..., credential_lease: _Optional[bytes] = ..., credential_binding: _Optional[_Union[CredentialBinding, _Mapping]] = ...) -> None: ...
 
 class CredentialBinding(_message.Message):
-    __slots__ = ("principal", "slot", "route", "profile", "target", "node_recipient", "credential_revision", "route_revision", "projection_generation")
+    __slots__ = ("principal", "slot", "route", "profile", "target", "node_recipient", "credential_revision", "route_revision", "projection_generation", "adapter", "upstream_origin")
     PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
     SLOT_FIELD_NUMBER: _ClassVar[int]
     ROUTE_FIELD_NUMBER: _ClassVar[int]
@@ -463,6 +477,8 @@ class CredentialBinding(_message.Message):
     CREDENTIAL_REVISION_FIELD_NUMBER: _ClassVar[int]
     ROUTE_REVISION_FIELD_NUMBER: _ClassVar[int]
     PROJECTION_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_FIELD_NUMBER: _ClassVar[int]
+    UPSTREAM_ORIGIN_FIELD_NUMBER: _ClassVar[int]
     principal: str
     slot: str
     route: str
@@ -472,7 +488,9 @@ class CredentialBinding(_message.Message):
     credential_revision: int
     route_revision: int
     projection_generation: int
-    def __init__(self, principal: _Optional[str] = ..., slot: _Optional[str] = ..., route: _Optional[str] = ..., profile: _Optional[str] = ..., target: _Optional[str] = ..., node_recipient: _Optional[str] = ..., credential_revision: _Optional[int] = ..., route_revision: _Optional[int] = ..., projection_generation: _Optional[int] = ...) -> None: ...
+    adapter: str
+    upstream_origin: str
+    def __init__(self, principal: _Optional[str] = ..., slot: _Optional[str] = ..., route: _Optional[str] = ..., profile: _Optional[str] = ..., target: _Optional[str] = ..., node_recipient: _Optional[str] = ..., credential_revision: _Optional[int] = ..., route_revision: _Optional[int] = ..., projection_generation: _Optional[int] = ..., adapter: _Optional[str] = ..., upstream_origin: _Optional[str] = ...) -> None: ...
 
 class CredentialLeaseEnvelope(_message.Message):
     __slots__ = ("payload", "signature", "issuer_key_id")

@@ -29,6 +29,7 @@ from typing import Any
 from iop.edge.errors import (
     CredentialRefused,
     DispatchError,
+    LeaseRequired,
     NodeUnavailable,
     NoRoute,
     Overloaded,
@@ -183,6 +184,8 @@ def client_error(error: BaseException) -> ApiError | None:
         return ApiError(503, str(error), code="no_route")
     if isinstance(error, CredentialRefused):
         return ApiError(503, str(error), code="credential_unavailable")
+    if isinstance(error, LeaseRequired):
+        return ApiError(400, str(error), code="lease_required")
     if isinstance(error, DispatchError):
         return ApiError(502, str(error), code="dispatch_failed")
     return None
@@ -194,8 +197,12 @@ def run_error(event: RuntimeEvent) -> ApiError:
         reason = event.error or "cancelled"
         return ApiError(502, f"the run was cancelled: {reason}", code="cancelled")
     message = event.error or "the run failed"
-    if error_code(event.metadata) == ErrorCode.PROVIDER_AT_CAPACITY:
+    code = error_code(event.metadata)
+    if code == ErrorCode.PROVIDER_AT_CAPACITY:
         return ApiError(503, message, code="provider_busy")
+    if code is not None and code.value.startswith("lease_"):
+        # Managed mode: the node refused a run that would reach a provider outside a lease.
+        return ApiError(502, message, code=code.value)
     return ApiError(502, message, code="upstream_error")
 
 

@@ -149,6 +149,18 @@ class StatusCommandTests(SynchronousTestCase):
             ],
         )
 
+    def test_a_refused_node_says_why(self) -> None:
+        refusal = {"code": "lease_support", "reason": "the node announced none", "at_unix_ms": 1}
+        nodes = [dict(STATUS["nodes"][0], last_refusal=refusal)]  # type: ignore[index]
+        nodes.append(dict(STATUS["nodes"][1], last_refusal=refusal))  # type: ignore[index]
+        self.admin.answer(f"{ADMIN}/status", {**STATUS, "nodes": nodes})
+        lines = run(["status"]).out.splitlines()
+        # Only the node that is not connected: a connected node's refusal is history.
+        self.assertEqual(
+            [line for line in lines if "refused" in line],
+            ["node-b: last registration refused (lease_support): the node announced none"],
+        )
+
     def test_json(self) -> None:
         result = run(["status", "--json"])
         self.assertEqual((result.code, json.loads(result.out)), (0, STATUS))

@@ -38,7 +38,8 @@ from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.wire import runtime_pb2 as pb
 
 SECRET = "sk-provider-secret-0123456789"
-# principal, slot, route, profile, target, node recipient, the three revisions.
+# principal, slot, route, profile, target, node recipient, the three revisions, the adapter
+# instance and the upstream origin the key goes to.
 EXPECTED_BINDING = (
     "team-a",
     "main",
@@ -49,6 +50,8 @@ EXPECTED_BINDING = (
     1,
     1,
     1,
+    "fake",
+    "http://127.0.0.1:1",
 )
 PROFILE = ProfileConfig(
     name="openai-chat",
@@ -94,6 +97,7 @@ class ManagedTunnelTests(SynchronousTestCase):
             EventBus(self.clock),
             self.clock,
             [pool],
+            lease_check=self.issuer.lease_support_problem,
         )
         self.sent: list[pb.Envelope] = []
         send = lambda c, e: self.sent.append(e)  # noqa: E731
@@ -110,7 +114,9 @@ class ManagedTunnelTests(SynchronousTestCase):
             connection = FakeConnection()
             # Managed: each node proves its workload name with its client certificate.
             _, certificate = issue_node(ca, node_id)
-            self.registry.register(TOKENS[node_id], connection, certificate)
+            # ... and announces the lease keys this issuer seals to and signs with.
+            announced = self.issuer.lease_support_for(node_id)
+            self.registry.register(TOKENS[node_id], connection, certificate, announced)
             self.registry.ready(node_id, connection)
         self.events = EventLoggingObserver()
         globalLogPublisher.addObserver(self.events)
@@ -159,6 +165,8 @@ class ManagedTunnelTests(SynchronousTestCase):
                 binding.credential_revision,
                 binding.route_revision,
                 binding.projection_generation,
+                binding.adapter,
+                binding.upstream_origin,
             ),
             EXPECTED_BINDING,
         )
@@ -224,6 +232,60 @@ class ManagedTunnelTests(SynchronousTestCase):
             e = self.assertRaises(CredentialRefused, self.issuer.seal, placement, binding)
             self.assertIn("stale", str(e))
             self.issuer.update(self.config, 1)
+
+    def with_adapter(self, **changes: Any) -> EdgeConfig:
+        """The managed config with node-a's adapter ``fake`` changed."""
+        node_a, node_b = self.config.nodes
+        adapter = dataclasses.replace(node_a.adapters[0], **changes)
+        node_a = dataclasses.replace(node_a, adapters=(adapter,))
+        return dataclasses.replace(self.config, nodes=(node_a, node_b))
+
+    def test_the_origin_follows_the_pushed_adapter_config(self) -> None:
+        """Another base_url (a port, a scheme) is another origin in the binding."""
+        placement = self.on_node(self.place())
+        for base_url, origin in (
+            ("https://api.example.net/v1", "https://api.example.net:443"),
+            ("http://127.0.0.1:8001/v1", "http://127.0.0.1:8001"),
+        ):
+            self.issuer.update(self.with_adapter(base_url=base_url), 1)
+            self.assertEqual(self.issuer.bind(placement).upstream_origin, origin)
+
+    def test_an_adapter_the_node_is_not_given_fails_closed(self) -> None:
+        placement = self.on_node(self.place())
+        self.issuer.update(self.with_adapter(name="renamed"), 1)
+        self.refused(placement, "adapter 'fake' is not configured on node 'node-a'")
+
+    def test_an_adapter_without_an_http_origin_fails_closed(self) -> None:
+        placement = self.on_node(self.place())
+        self.issuer.update(self.with_adapter(base_url=""), 1)
+        self.refused(placement, "no http(s) base_url")
+
+    def test_lease_support(self) -> None:
+        """What a node must announce at registration, and why another announcement fails."""
+        expected = self.issuer.lease_support_for("node-a")
+        assert expected is not None
+        key = self.recipients["node-a"]
+        self.assertEqual(
+            (expected.recipient_key_id, expected.kem, expected.issuer_key_id),
+            (key.key_id, key.kem, self.signing.key_id),
+        )
+        self.assertEqual(self.issuer.lease_support_problem("node-a", expected), "")
+        other_key = self.recipients["node-b"].key_id
+        for change, fragment in (
+            ({"recipient_key_id": other_key}, "recipient_key_file"),
+            ({"kem": "mlkem768-x25519"}, "recipient_key_file"),
+            ({"issuer_key_id": "ed25519:other"}, "signing_key_file"),
+        ):
+            announced = pb.LeaseSupport()
+            announced.CopyFrom(expected)
+            for name, value in change.items():
+                setattr(announced, name, value)
+            problem = self.issuer.lease_support_problem("node-a", announced)
+            self.assertIn(fragment, problem, change)
+        self.assertIsNone(self.issuer.lease_support_for("node-c"))
+        self.assertIn(
+            "no lease recipient key", self.issuer.lease_support_problem("node-c", expected)
+        )
 
     def test_legacy_carries_no_lease(self) -> None:
         self.gateway._credentials = None

@@ -267,6 +267,7 @@ class RegistryStatsTests(RegistryCase):
                 "duplicate_connection",
                 "config_payload",
                 "workload_identity",
+                "lease_support",
                 "other",
                 "ready_rejected",
             },

@@ -18,6 +18,10 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.status import snapshot
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 from iop.testing import pki
+from iop.wire.runtime_pb2 import LeaseSupport
+
+# What a managed node announces of its lease keys (these registries check none).
+ANNOUNCED = LeaseSupport(recipient_key_id="rk", kem="x25519", issuer_key_id="ik")
 
 COUNTERS = ("in_flight", "long_in_flight", "queued", "long_queued")
 
@@ -139,15 +143,29 @@ class IdentityStatusTests(SynchronousTestCase):
             },
         )
 
+    def test_a_node_that_cannot_verify_leases(self) -> None:
+        """Managed: a legacy node is refused at registration, and /status says why."""
+        ca = pki.make_ca("status test CA")
+        cert_a = pki.issue(ca, dns_names=["node-a.node.iop.internal"], client=True)[1]
+        config = dataclasses.replace(edge_config(), security=EdgeSecurity(mode="managed"))
+        registry = self.build(config)
+        registry.register(TOKENS["node-a"], FakeConnection(), cert_a)
+        node = self.nodes(config, registry)["node-a"]
+        self.assertEqual((node["connected"], node["state"]), (False, "disconnected"))
+        self.assertEqual(node["last_refusal"]["code"], "lease_support")
+        self.assertIn("no credential lease support", node["last_refusal"]["reason"])
+        # The identity itself was fine.
+        self.assertEqual((node["identity"]["ok"], node["identity"]["refusals"]), (True, 0))
+
     def test_managed_accepted_and_refused(self) -> None:
         ca = pki.make_ca("status test CA")
         cert_a = pki.issue(ca, dns_names=["node-a.node.iop.internal"], client=True)[1]
         config = dataclasses.replace(edge_config(), security=EdgeSecurity(mode="managed"))
         registry = self.build(config)
         conn = FakeConnection()
-        registry.register(TOKENS["node-a"], conn, cert_a)
+        registry.register(TOKENS["node-a"], conn, cert_a, ANNOUNCED)
         registry.ready("node-a", conn)
-        registry.register(TOKENS["node-b"], FakeConnection(), cert_a)
+        registry.register(TOKENS["node-b"], FakeConnection(), cert_a, ANNOUNCED)
         snap = snapshot(config, registry)
         self.assertEqual(snap["edge"]["mode"], "managed")
         nodes = {n["id"]: n for n in snap["nodes"]}
@@ -161,6 +179,9 @@ class IdentityStatusTests(SynchronousTestCase):
             (True, False, "node-b.node.iop.internal", ["node-a.node.iop.internal"], 1),
         )
         self.assertEqual(nodes["node-b"]["state"], "disconnected")
+        self.assertIsNone(nodes["node-a"]["last_refusal"])
+        self.assertEqual(nodes["node-b"]["last_refusal"]["code"], "workload_identity")
+        self.assertEqual(nodes["node-b"]["last_refusal"]["reason"], b["reason"])
         text = json.dumps(snap)
         for marker in ("BEGIN", "PRIVATE", "KEY-----"):
             self.assertNotIn(marker, text)

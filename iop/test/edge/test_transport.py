@@ -41,8 +41,14 @@ class ScriptedNode(EnvelopeProtocol):
     def kinds(self) -> list[str | None]:
         return [e.WhichOneof("message") for e in self.received if not e.HasField("heartbeat")]
 
+    # What a managed node announces of its lease keys (None: a legacy node, announcing none).
+    lease_support: pb.LeaseSupport | None = None
+
     def register(self, node_id: str) -> None:
-        self.send_envelope(pb.Envelope(register_request=pb.RegisterRequest(token=TOKENS[node_id])))
+        request = pb.RegisterRequest(token=TOKENS[node_id])
+        if self.lease_support is not None:
+            request.lease_support.CopyFrom(self.lease_support)
+        self.send_envelope(pb.Envelope(register_request=request))
 
     def ready(self, node_id: str) -> None:
         self.send_envelope(pb.Envelope(node_ready_request=pb.NodeReadyRequest(node_id=node_id)))

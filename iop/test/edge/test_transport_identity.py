@@ -42,7 +42,7 @@ from iop.edge.transport import NodeConnection, NodeConnectionFactory
 from iop.security.keys import generate_issuer, generate_recipient, write_issuer, write_recipient
 from iop.security.tls import client_connection_creator, server_context_factory
 from iop.test.edge.fixtures import TOKENS, edge_config, provider
-from iop.test.edge.test_transport import ScriptedNode
+from iop.test.edge.test_transport import ScriptedNode as _ScriptedNode
 from iop.testing import pki
 from iop.wire import runtime_pb2 as pb
 
@@ -74,6 +74,14 @@ def _cert(name: str) -> x509.Certificate:
     return _certificates()[name]
 
 
+class ManagedNode(_ScriptedNode):
+    """A scripted node announcing lease keys, as a managed node does (no key check here)."""
+
+    lease_support: pb.LeaseSupport | None = pb.LeaseSupport(
+        recipient_key_id="r1", kem="x25519", issuer_key_id="i1"
+    )
+
+
 def _managed(config: EdgeConfig | None = None, **security: Any) -> EdgeConfig:
     return dataclasses.replace(
         config or edge_config(), security=EdgeSecurity(mode="managed", **security)
@@ -91,17 +99,17 @@ class _Connections:
 
     def connect(
         self, certificate: x509.Certificate | None
-    ) -> tuple[ScriptedNode, NodeConnection, iosim.IOPump]:
+    ) -> tuple[ManagedNode, NodeConnection, iosim.IOPump]:
         node, edge, pump = iosim.connectedServerAndClient(
             lambda: self.factory.buildProtocol(None),  # type: ignore[arg-type]
-            ScriptedNode,
+            ManagedNode,
             clock=self.clock,
         )
         self._presented[id(edge.transport)] = certificate
         return node, edge, pump
 
 
-def _response(node: ScriptedNode) -> pb.RegisterResponse:
+def _response(node: ManagedNode) -> pb.RegisterResponse:
     [response] = [e.register_response for e in node.received if e.HasField("register_response")]
     return response
 
@@ -121,13 +129,13 @@ class ManagedRegistrationTests(SynchronousTestCase):
 
     def register(
         self, certificate: x509.Certificate | None, node_id: str = "node-a"
-    ) -> tuple[ScriptedNode, iosim.IOPump]:
+    ) -> tuple[ManagedNode, iosim.IOPump]:
         node, _edge, pump = self.connections.connect(certificate)
         node.register(node_id)
         pump.flush()
         return node, pump
 
-    def assertRefused(self, node: ScriptedNode, *in_reason: str) -> pb.RegisterResponse:
+    def assertRefused(self, node: ManagedNode, *in_reason: str) -> pb.RegisterResponse:
         """Refused for identity, before anything was accepted or claimed; the socket closed."""
         self.assertEqual(node.kinds(), ["register_response"])
         response = _response(node)
@@ -352,7 +360,10 @@ class NothingDispatchedTests(SynchronousTestCase):
         clock = MemoryReactorClock()
         edge = EdgeService(_with_lease_keys(_pool_config(), self.mktemp()), clock)
         connections = _Connections(edge.node_factory, clock)
+        assert edge.credentials is not None
+        announced = edge.credentials.lease_support_for
         busy, _edge, busy_pump = connections.connect(_cert("node-b"))
+        busy.lease_support = announced("node-b")
         busy.register("node-b")
         busy_pump.flush()
         busy.ready("node-b")
@@ -363,6 +374,7 @@ class NothingDispatchedTests(SynchronousTestCase):
         self.assertEqual([p.node_id for p in placed], ["node-b"])
 
         impostor, _edge, pump = connections.connect(_cert("node-b"))
+        impostor.lease_support = announced("node-a")
         impostor.register("node-a")
         impostor.ready("node-a")
         pump.flush()
@@ -373,6 +385,7 @@ class NothingDispatchedTests(SynchronousTestCase):
         self.assertEqual(edge.snapshot()["nodes"][0]["identity"]["ok"], False)
 
         node, _edge, pump = connections.connect(_cert("node-a"))
+        node.lease_support = announced("node-a")
         node.register("node-a")
         pump.flush()
         node.ready("node-a")
@@ -400,7 +413,7 @@ def _dev_pki() -> dict[str, str]:
 class MutualTLSRegistrationTests(SynchronousTestCase):
     """The factory's default seam reads the certificate the TLS handshake verified."""
 
-    def connect(self, cert_of: str) -> tuple[ScriptedNode, NodeRegistry, iosim.IOPump]:
+    def connect(self, cert_of: str) -> tuple[ManagedNode, NodeRegistry, iosim.IOPump]:
         files = _dev_pki()
         clock = Clock()
         config = _managed()
@@ -415,7 +428,7 @@ class MutualTLSRegistrationTests(SynchronousTestCase):
             NodeConnectionFactory(registry, clock),
             clock=clock,
         )
-        node = ScriptedNode()
+        node = ManagedNode()
         nodes = TLSMemoryBIOFactory(
             client_connection_creator(
                 ClientTLS(
@@ -453,7 +466,7 @@ class MutualTLSRegistrationTests(SynchronousTestCase):
         self.assertEqual(registry.state("node-a"), "disconnected")
 
 
-def _one_protocol(protocol: ScriptedNode) -> Factory:
+def _one_protocol(protocol: ManagedNode) -> Factory:
     """A client factory handing out one given protocol."""
     factory = Factory()
     factory.protocol = lambda: protocol  # type: ignore[assignment]

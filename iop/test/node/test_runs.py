@@ -18,7 +18,7 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
-from zope.interface import implementer
+from zope.interface import alsoProvides, implementer
 
 from iop.node.adapters.registry import AdapterRegistry
 from iop.node.errors import RetryableError
@@ -35,6 +35,7 @@ from iop.runtime import (
     IOllamaAPI,
     IProvider,
     ISessionTerminator,
+    ITunnelProvider,
     RuntimeEvent,
     Usage,
 )
@@ -640,6 +641,40 @@ class AdmissionTests(RunManagerTestCase):
         [refusal] = self.events()
         self.assertEqual(refusal.error, "run request without a run_id")
         self.assertEqual(self.gpu.executions, [])
+
+
+class ManagedTests(RunManagerTestCase):
+    """A managed node never reaches an HTTP provider outside a leased tunnel."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        # ``gpu`` stands for an HTTP provider adapter: it serves provider tunnels.
+        alsoProvides(self.gpu, ITunnelProvider)
+        self.manager = RunManager(
+            self.registry, self.sent.append, self.store, self.clock, "n1", managed=True
+        )
+
+    def test_a_run_on_an_http_provider_is_refused(self) -> None:
+        self.submit(run_id="r1")
+        [refusal] = self.events()
+        self.assertEqual((refusal.sequence, refusal.type), (1, "error"))
+        self.assertTrue(refusal.error.startswith("lease_missing: "), refusal.error)
+        self.assertIn("'gpu'", refusal.error)
+        self.assertEqual(error_code(refusal.metadata), ErrorCode.LEASE_MISSING)
+        self.assertEqual(self.gpu.executions, [], "the provider is never called")
+        self.assertGateFree()
+        self.assertEqual(self.record("r1").status, RunStatus.ERROR)
+        self.assertEqual(self.manager.usage()["rejected"], 1)
+
+    def test_a_run_on_another_adapter_is_served(self) -> None:
+        self.submit(run_id="r2", adapter="agent")
+        self.assertEqual(len(self.agent.executions), 1)
+
+    def test_a_legacy_node_serves_both(self) -> None:
+        manager = RunManager(self.registry, self.sent.append, self.store, self.clock, "n1")
+        manager.submit(run_request(run_id="r3"))
+        self.assertEqual(len(self.gpu.executions), 1)
+        self.gpu.last.emit(RuntimeEvent.complete())
 
 
 class CancelTests(RunManagerTestCase):

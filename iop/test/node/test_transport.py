@@ -101,6 +101,8 @@ class HandshakeTests(TransportTestCase):
         self.assertEqual(register.register_request.token, TOKEN)
         self.assertEqual(register.register_request.node_version, __version__)
         self.assertEqual(register.register_request.hostname, "node-host")
+        # A legacy node announces no lease support.
+        self.assertFalse(register.register_request.HasField("lease_support"))
         self.assertNoResult(d)
 
         config = payload(adapter("gpu", "vllm", max_concurrency=3), adapter("", "ollama"))
@@ -152,12 +154,13 @@ class HandshakeTests(TransportTestCase):
 
     def test_rejectCodes(self) -> None:
         """
-        Unknown token and a refused client certificate are fatal; every other rejection is
-        retryable. Both abort first.
+        Unknown token, a refused client certificate and refused lease support are fatal; every
+        other rejection is retryable. Both abort first.
         """
         cases = [
             (pb.REGISTER_REJECT_UNKNOWN_TOKEN, FatalError),
             (pb.REGISTER_REJECT_WORKLOAD_IDENTITY, FatalError),
+            (pb.REGISTER_REJECT_LEASE_SUPPORT, FatalError),
             (pb.REGISTER_REJECT_DUPLICATE_CONNECTION, RetryableError),
             (pb.REGISTER_REJECT_CONFIG_PAYLOAD, RetryableError),
             (pb.REGISTER_REJECT_OTHER, RetryableError),
@@ -184,6 +187,20 @@ class HandshakeTests(TransportTestCase):
             self.assertEqual(kinds(self.sent(transport)), ["register_request"])
             self.loseConnection(protocol)
             self.assertIsNone(self.successResultOf(lost))
+
+    def test_a_managed_node_announces_its_lease_keys(self) -> None:
+        support = pb.LeaseSupport(recipient_key_id="rk", kem="x25519", issuer_key_id="ik")
+        factory = EdgeConnectionFactory(self.clock, hostname="node-host", lease_support=support)
+        protocol = factory.buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        d = protocol.handshake(TOKEN, self.clock, 10)
+        [register] = self.sent(transport)
+        self.assertEqual(register.register_request.lease_support, support)
+        self.deliver(rejected(pb.REGISTER_REJECT_LEASE_SUPPORT, "other issuer"), protocol)
+        failure = self.failureResultOf(d, FatalError)
+        self.assertIn("credential lease support", failure.getErrorMessage())
+        protocol.connectionLost(Failure(ConnectionDone()))
 
     def test_readyFalse(self) -> None:
         d = self.protocol.handshake(TOKEN, self.clock, 10)

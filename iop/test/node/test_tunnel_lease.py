@@ -10,10 +10,11 @@ and the node's startup loading of its lease keys.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, cast
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from treq.testing import StubTreq
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import LogLevel, formatEvent
@@ -30,9 +31,11 @@ from iop.config.model import (
 )
 from iop.edge.payload import _profile_message
 from iop.node import tap as node_tap
+from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.handlers import make_session_setup
 from iop.node.session import NodeSession
 from iop.node.tunnel import TunnelManager
+from iop.runtime import AdapterContext, TreqClient
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode, error_code
 from iop.security.keys import (
     KEM_MLKEM768_X25519,
@@ -53,7 +56,7 @@ from iop.security.lease import (
 from iop.test.node.test_runs import open_store
 from iop.test.node.test_tunnel import Hanging, Scripted, TunnelCase, chat
 from iop.wire import runtime_pb2 as pb
-from iop.wire.convert import runtime_profile
+from iop.wire.convert import adapter_spec, runtime_profile
 
 NODE = "node-a"
 LEASED = b"sk-leased-7d1f0a9b3c5e8f2a4b6c8d0e1f3a5b7c"
@@ -79,6 +82,9 @@ def binding(**changes: Any) -> pb.CredentialBinding:
         "credential_revision": 1,
         "route_revision": 1,
         "projection_generation": 4,
+        # The adapter instance TunnelCase configures ("up", base_url http://upstream.test/v1/).
+        "adapter": "up",
+        "upstream_origin": "http://upstream.test:80",
     }
     fields.update(changes)
     return pb.CredentialBinding(**fields)
@@ -338,6 +344,60 @@ class ManagedFailureTests(ManagedCase):
         error = self.assertFailed("lease_binding_mismatch", scripted)
         self.assertIn("adapter profile", error)
 
+    def test_a_lease_for_another_adapter_or_upstream(self) -> None:
+        """
+        The binding (lease and request agree) names another adapter instance or another
+        upstream origin than the adapter that would receive the request: refused, nothing sent.
+        """
+        cases: dict[str, dict[str, Any]] = {
+            "adapter": {"adapter": "other-adapter"},
+            "upstream origin": {"upstream_origin": "http://elsewhere.test:80"},
+            "port": {"upstream_origin": "http://upstream.test:8080"},
+            "scheme": {"upstream_origin": "https://upstream.test:443"},
+            "unbound adapter": {"adapter": ""},
+            "unbound origin": {"upstream_origin": ""},
+        }
+        for i, (name, bound) in enumerate(cases.items()):
+            scripted = self.managed()
+            run_id = f"t{i}"
+            self.leased(self.lease(**bound), binding(**bound), run_id=run_id)
+            error = self.assertFailed("lease_binding_mismatch", scripted, run_id)
+            field = "upstream origin" if "adapter" not in bound else "adapter"
+            self.assertIn(f"request's {field}", error, name)
+
+    def test_a_lease_for_the_adapter_behind_a_type_reference(self) -> None:
+        """The check is against the instance the request resolves to (``openai_compat``→up)."""
+        scripted = self.managed()
+        self.leased(adapter="openai_compat")
+        self.assertEqual(self.kinds(), ["start", "body+", "end"])
+        self.assertEqual(len(scripted.seen), 1)
+
+    def test_a_lease_for_one_adapter_replayed_into_another(self) -> None:
+        """Two adapters on one node, the same profile and target: A's lease does not open B."""
+        scripted = self.managed()
+        other = Scripted([b"{}"], content_type=b"application/json")
+        second = pb.AdapterConfig(
+            name="up-b",
+            type="openai_compat",
+            enabled=True,
+            base_url="http://upstream-b.test/v1",
+            max_concurrency=1,
+            profile=PROFILE,
+        )
+        ctx = AdapterContext(self.clock, cast(TreqClient, StubTreq(other)))
+        registry = AdapterRegistry(
+            [self.instance, AdapterInstance.from_spec(adapter_spec(second), ctx)]
+        )
+        self.tunnels = TunnelManager(
+            registry, self.sent.append, self.clock, node_id=NODE, leases=self.verifier
+        )
+        self.leased(adapter="up-b")  # a lease bound to "up", sent to "up-b"
+        error = self.assertFailed("lease_binding_mismatch", other)
+        self.assertIn("adapter, upstream origin", error)
+        self.assertEqual(scripted.seen, [])
+        # Refused before the lease was opened: no secret was ever handed out.
+        self.assertEqual(self.handed_out, [])
+
     def test_replayed(self) -> None:
         scripted = self.managed()
         lease = self.lease()
@@ -459,6 +519,21 @@ class SessionWiringTests(ManagedCase):
         self.session(NODE, keys).envelope_received(pb.Envelope(provider_tunnel_request=request))
         self.assertTrue(self.last("t2").error.startswith("lease_replayed: "))
         self.assertEqual(len(scripted.seen), 1)
+
+    def test_managed_session_refuses_runs_on_the_http_adapter(self) -> None:
+        """A normalized run carries no lease: the managed node does not call the upstream."""
+        scripted = self.managed()
+        keys = NodeLeaseKeys(recipient=RECIPIENT, issuer=ISSUER.public_key(), clock_skew_sec=5)
+        run = pb.RunRequest(run_id="r1", adapter="up", target="demo-model", input="hi")
+        self.session(NODE, keys).envelope_received(pb.Envelope(run_request=run))
+        self.http.flush()
+        self.clock.advance(0)
+        [event] = [e.run_event for e in self.sent if e.HasField("run_event")]
+        self.assertEqual((event.run_id, event.type), ("r1", "error"))
+        self.assertTrue(event.error.startswith("lease_missing: "), event.error)
+        self.assertEqual(error_code(event.metadata), ErrorCode.LEASE_MISSING)
+        self.assertEqual(scripted.seen, [])
+        self.assertEqual(self.instance.gate.in_use, 0)
 
     def test_session_node_id_is_the_recipient(self) -> None:
         self.managed()

@@ -40,9 +40,11 @@ from iop.security.lease import (
     LEASE_ERRORS,
     LeaseError,
     LeaseVerifier,
+    NodeLeaseKeys,
     ReplayCache,
     binding_info,
     issue_lease,
+    upstream_origin,
     zero,
 )
 from iop.wire import runtime_pb2 as pb
@@ -69,6 +71,8 @@ def binding(**changes: Any) -> pb.CredentialBinding:
         "credential_revision": 3,
         "route_revision": 7,
         "projection_generation": 11,
+        "adapter": "openai",
+        "upstream_origin": "https://api.example.net:443",
     }
     fields.update(changes)
     return pb.CredentialBinding(**fields)
@@ -436,7 +440,7 @@ class FailureTests(LeaseTestCase):
         h = Harness()
         lease = h.lease()
         descriptor = pb.CredentialBinding.DESCRIPTOR
-        self.assertEqual(len(descriptor.fields), 9)
+        self.assertEqual(len(descriptor.fields), 11)
         for field in descriptor.fields:
             if field.type == FieldDescriptor.TYPE_STRING:
                 other: Any = getattr(binding(), field.name) + "-x"
@@ -562,6 +566,40 @@ class ReplayTests(LeaseTestCase):
             ReplayCache(capacity=0)
 
 
+class UpstreamOriginTests(SynchronousTestCase):
+    def test_normalized(self) -> None:
+        for url, origin in [
+            ("https://api.openai.com/v1", "https://api.openai.com:443"),
+            ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
+            ("HTTP://Example.NET/", "http://example.net:80"),
+            ("https://user:pw@host.example:8443/x?q#f", "https://host.example:8443"),
+            ("http://[::1]:9000/v1", "http://[::1]:9000"),
+            ("  https://h.example  ", "https://h.example:443"),
+        ]:
+            self.assertEqual(upstream_origin(url), origin, url)
+
+    def test_same_host_other_port_or_scheme_differs(self) -> None:
+        self.assertNotEqual(upstream_origin("http://h:80/a"), upstream_origin("http://h:81/a"))
+        self.assertNotEqual(upstream_origin("http://h/a"), upstream_origin("https://h/a"))
+        self.assertEqual(upstream_origin("http://h/a"), upstream_origin("http://h:80/b"))
+
+    def test_refused(self) -> None:
+        for url in ["", "/v1", "ftp://h/", "http://", "http://h:99999/", "unix:upstream.sock"]:
+            with self.assertRaises(ValueError, msg=url):
+                upstream_origin(url)
+
+
+class AnnouncementTests(SynchronousTestCase):
+    def test_public_key_ids_only(self) -> None:
+        recipient = RECIPIENTS[KEM_X25519]
+        keys = NodeLeaseKeys(recipient=recipient, issuer=ISSUER.public_key(), clock_skew_sec=5)
+        support = keys.announcement()
+        self.assertEqual(
+            (support.recipient_key_id, support.kem, support.issuer_key_id),
+            (recipient.key_id, KEM_X25519, ISSUER.key_id),
+        )
+
+
 class BindingInfoTests(SynchronousTestCase):
     def test_covers_every_field(self) -> None:
         """BINDING_FIELDS names every field of the message, with its kind."""
@@ -586,11 +624,16 @@ class BindingInfoTests(SynchronousTestCase):
 
     def test_layout(self) -> None:
         info = binding_info(pb.CredentialBinding(principal="é", credential_revision=2**64 - 1))
-        self.assertTrue(info.startswith(b"iop-credential-binding-v1\0"))
-        rest = info[len(b"iop-credential-binding-v1\0") :]
+        self.assertTrue(info.startswith(b"iop-credential-binding-v2\0"))
+        rest = info[len(b"iop-credential-binding-v2\0") :]
         self.assertEqual(rest[:7], b"\x01\x00\x00\x00\x02\xc3\xa9")
         self.assertIn(b"\x07" + b"\xff" * 8, rest)
-        self.assertEqual(len(rest), 7 + 5 * 5 + 3 * 9)
+        self.assertEqual(len(rest), 7 + 7 * 5 + 3 * 9)
+
+    def test_adapter_and_origin_are_bound(self) -> None:
+        """The adapter instance and the upstream origin are in the seal's info, tagged 10, 11."""
+        info = binding_info(binding(adapter="a", upstream_origin="http://h:1"))
+        self.assertIn(b"\x0a\x00\x00\x00\x01a\x0b\x00\x00\x00\x0ahttp://h:1", info)
 
     def test_independent_of_unknown_fields(self) -> None:
         raw = binding().SerializeToString() + b"\x80\x01\x01"

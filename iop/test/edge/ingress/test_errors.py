@@ -10,6 +10,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.errors import (
     CredentialRefused,
+    LeaseRequired,
     Overloaded,
     QueueTimeout,
     TunnelFailed,
@@ -182,6 +183,18 @@ class MappingTests(SynchronousTestCase):
         refused = client_error(CredentialRefused("credential slot 'x' is disabled"))
         assert refused is not None
         self.assertEqual((refused.status, refused.code), (503, "credential_unavailable"))
+
+    def test_a_run_that_needs_a_lease(self) -> None:
+        """Managed mode: refused on the Edge (a client error), or by the node (its class)."""
+        required = client_error(LeaseRequired("managed mode: adapter 'a' needs a lease"))
+        assert required is not None
+        self.assertEqual((required.status, required.code), (400, "lease_required"))
+        event = RuntimeEvent.failed(
+            "lease_missing: this node runs in managed mode",
+            metadata={"error_code": ErrorCode.LEASE_MISSING.value},
+        )
+        refused = run_error(event)
+        self.assertEqual((refused.status, refused.code), (502, "lease_missing"))
 
     def test_error_bodies(self) -> None:
         e = ApiError(429, "slow down", code="overloaded", param="model")

@@ -28,6 +28,7 @@ from twisted.test import iosim
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import (
+    AdapterConfig,
     CredentialSlot,
     EdgeConfig,
     EdgeSecurity,
@@ -121,6 +122,7 @@ class Edge:
             EventBus(self.clock),
             self.clock,
             [self.pool],
+            lease_check=credentials.lease_support_problem if credentials is not None else None,
         )
         self.sent: list[pb.Envelope] = []
         send = lambda c, e: self.sent.append(e)  # noqa: E731
@@ -152,7 +154,9 @@ class Edge:
         self, node_id: str, certificate: Any = None, *, ready: bool = True
     ) -> pb.NodeConfigPayload:
         connection = FakeConnection()
-        outcome = self.registry.register(f"token-{node_id}", connection, certificate)
+        issuer = self.credentials
+        announced = issuer.lease_support_for(node_id) if issuer is not None else None
+        outcome = self.registry.register(f"token-{node_id}", connection, certificate, announced)
         assert isinstance(outcome, RegisterAccepted), outcome
         self.connections[node_id] = connection
         if ready:
@@ -596,9 +600,24 @@ class FailureTests(ApplyTestCase):
 SECRET = "sk-old-secret-0123456789"
 
 
+def _with_adapters(config: EdgeConfig) -> EdgeConfig:
+    """Each provider's adapter instance configured on its node (a lease binds the adapter)."""
+    nodes = tuple(
+        dataclasses.replace(
+            node,
+            adapters=tuple(
+                AdapterConfig(p.adapter_instance, "openai_compat", base_url="http://127.0.0.1:9/v1")
+                for p in node.providers
+            ),
+        )
+        for node in config.nodes
+    )
+    return dataclasses.replace(config, nodes=nodes)
+
+
 def managed(config: EdgeConfig, *, revision: int = 1, secret: str = SECRET) -> EdgeConfig:
     return dataclasses.replace(
-        with_provider(config, "p1", credential="main"),
+        with_provider(_with_adapters(config), "p1", credential="main"),
         security=EdgeSecurity(mode="managed", lease_ttl_sec=30.0),
         credentials=(CredentialSlot("main", Secret(secret), revision=revision),),
     )
