@@ -29,7 +29,8 @@ terminal finds the slot free.
 A request refused before execution (no run id, duplicate run id, unknown or disabled adapter, at
 capacity) gets a single ``error`` event with sequence 1; an at-capacity one carries
 ``metadata[error_code] = provider_at_capacity``. Admission, the active table, safe sending and
-connection loss are the shared :class:`~iop.node.work.WorkManager`'s.
+connection loss are the manager's :class:`~iop.node.admission.Admission` (the same object kind the
+tunnel manager holds); the manager gives it its own check and its own answer to a refusal.
 
 Managed mode (``managed=True``): a run on an HTTP provider adapter (one that serves provider
 tunnels: ``openai_compat``, ``vllm``) is refused before admission with ``lease_missing``. Such an
@@ -43,7 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -52,8 +52,8 @@ from twisted.python.failure import Failure
 
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
+from iop.node.admission import CONNECTION_LOST_REASON, Admission, Admitted, Nouns, Refusal
 from iop.node.store import RunStatus, RunStore
-from iop.node.work import CONNECTION_LOST_REASON, Refusal, WorkManager
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator, ITunnelProvider
@@ -143,7 +143,10 @@ class _Totals:
         self.cached_input_tokens += usage.cached_input_tokens or 0
 
 
-class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
+_RUN_NOUNS = Nouns(work="run", request="run request", active="run")
+
+
+class RunManager:
     """
     Runs the Edge's ``RunRequest``s of one session on the adapters of ``registry``.
 
@@ -152,13 +155,11 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     :param store: the local run store; its failures are logged there and never break a run.
     :param clock: time for run timeouts and event timestamps.
     :param node_id: for logs.
+    :param hold_deltas: join a reactor turn's text deltas into one event (:meth:`_relay`).
+    :param managed: managed mode: runs on HTTP provider adapters are refused (module doc).
     """
 
     log = Logger()
-    noun: ClassVar[str] = "run"
-    request_noun: ClassVar[str] = "run request"
-    active_noun: ClassVar[str] = "run"
-    lost_message: ClassVar[str] = "edge connection lost; cancelling {count} active run(s)"
 
     def __init__(
         self,
@@ -170,7 +171,10 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         hold_deltas: bool = True,
         managed: bool = False,
     ) -> None:
-        super().__init__(registry, send, clock, node_id)
+        self._registry = registry
+        self.clock = clock
+        self._node_id = node_id
+        self._admission: Admission[_Run] = Admission(registry, send, _RUN_NOUNS, node_id)
         self.managed = managed
         self._store = store
         self._totals = _Totals()
@@ -185,10 +189,19 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     def cancel_request_received(self, envelope: pb.Envelope) -> None:
         """The ``cancel_request`` handler: answers with a ``CancelResponse``."""
         self.cancel(envelope.cancel_request).addCallback(
-            lambda response: self._safe_send(pb.Envelope(cancel_response=response), "")
+            lambda response: self._admission.send(pb.Envelope(cancel_response=response), "")
         )
 
     # -- runs --------------------------------------------------------------------------------
+
+    def submit(self, request: pb.RunRequest) -> None:
+        """Admit and start one run, or refuse it with a single ``error`` event."""
+        admitted = self._admission.admit(request, self._check, self._refused)
+        if admitted is None:
+            return
+        run = self._open(request, admitted)
+        self._admission.enter(run)
+        self._start(run, request)
 
     def cancel(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
         """``CANCEL_RUN`` or ``TERMINATE_SESSION``; fires with the response (never fails)."""
@@ -198,7 +211,30 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
             return self._terminate_session(request)
         return succeed(self._cancel_response(request, False, f"unknown cancel kind {request.kind}"))
 
-    # -- admission (the shared skeleton's hooks) ---------------------------------------------
+    def is_active(self, run_id: str) -> bool:
+        """Whether ``run_id`` names an active run."""
+        return self._admission.is_active(run_id)
+
+    def active_count(self, adapter: str | None = None) -> int:
+        """Active runs, on ``adapter`` (an instance name) or on all adapters."""
+        return self._admission.active_count(adapter)
+
+    def connection_lost(self, reason: str = CONNECTION_LOST_REASON) -> None:
+        """
+        The session is gone: every active run ends cancelled, recorded but not sent (nothing
+        can be), and later requests are ignored.
+        """
+        runs = self._admission.close()
+        if runs:
+            self.log.warn(
+                "edge connection lost; cancelling {count} active run(s)",
+                count=len(runs),
+                node_id=self._node_id,
+            )
+        for run in runs:
+            self._finish(run, RuntimeEvent.cancelled(reason), cancel_provider=True, send=False)
+
+    # -- admission: the run's own check, item, start and refusal -----------------------------
 
     def _check(self, request: pb.RunRequest, instance: AdapterInstance) -> IProvider:
         provider = instance.provider
@@ -213,17 +249,15 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
             )
         return provider
 
-    def _open(
-        self, request: pb.RunRequest, instance: AdapterInstance, provider: IProvider, slot: Slot
-    ) -> _Run:
+    def _open(self, request: pb.RunRequest, admitted: Admitted[IProvider]) -> _Run:
         return _Run(
             run_id=request.run_id,
-            instance=instance,
-            provider=provider,
+            instance=admitted.instance,
+            provider=admitted.plan,
             target=request.target,
             session_id=request.session_id,
             background=request.background,
-            slot=slot,
+            slot=admitted.slot,
             started_at=self.clock.seconds(),
             timeout_sec=float(request.timeout_sec),
         )
@@ -277,7 +311,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
             session_id=request.session_id,
         )
         message = event_to_proto(event, request.run_id, 1, self._now_ms())
-        self._safe_send(pb.Envelope(run_event=message), request.run_id)
+        self._admission.send(pb.Envelope(run_event=message), request.run_id)
         if refusal.record:
             self._store.run_rejected(
                 request.run_id,
@@ -288,10 +322,6 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
                 background=request.background,
                 at=self.clock.seconds(),
             )
-
-    def _lose(self, run: _Run, reason: str) -> None:
-        # Its terminal can no longer be sent: recorded (cancelled, ``reason``) and counted only.
-        self._finish(run, RuntimeEvent.cancelled(reason), cancel_provider=True, send=False)
 
     # -- status ------------------------------------------------------------------------------
 
@@ -308,7 +338,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
                     "started_unix_ms": int(run.started_at * 1000),
                     "events": run.sequence,
                 }
-                for run in self._active.values()
+                for run in self._admission
             ]
         }
 
@@ -318,11 +348,11 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         (``error`` includes the ``rejected`` requests refused before execution), token sums.
         """
         by_adapter: dict[str, int] = {}
-        for run in self._active.values():
+        for run in self._admission:
             by_adapter[run.adapter] = by_adapter.get(run.adapter, 0) + 1
         totals = self._totals
         return {
-            "active_runs": len(self._active),
+            "active_runs": self._admission.active_count(),
             "active_by_adapter": by_adapter,
             "completed": totals.completed,
             "error": totals.error,
@@ -423,7 +453,10 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     def _send_event(self, run: _Run, event: RuntimeEvent) -> None:
         run.sequence += 1
         message = event_to_proto(event, run.run_id, run.sequence, self._now_ms())
-        self._safe_send(pb.Envelope(run_event=message), run.run_id)
+        self._admission.send(pb.Envelope(run_event=message), run.run_id)
+
+    def _now_ms(self) -> int:
+        return int(self.clock.seconds() * 1000)
 
     # -- internals: the one end of a run -----------------------------------------------------
 
@@ -444,8 +477,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
         run.finished = True
         if not run.ended_by:
             run.ended_by = "ended"
-        if self._active.get(run.run_id) is run:
-            del self._active[run.run_id]
+        self._admission.leave(run)
         if run.timer is not None:
             if run.timer.active():
                 run.timer.cancel()
@@ -581,7 +613,7 @@ class RunManager(WorkManager[pb.RunRequest, IProvider, _Run]):
     def _cancel_run(self, request: pb.CancelRequest) -> pb.CancelResponse:
         if not request.run_id:
             return self._cancel_response(request, False, "cancel without a run_id")
-        run = self._active.get(request.run_id)
+        run = self._admission.get(request.run_id)
         if run is None:
             return self._cancel_response(
                 request, False, f"no active run {request.run_id!r} on this node"
