@@ -24,7 +24,12 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from iop.config.edge import MAX_FRAME_BYTES_LIMIT, is_loopback_host, optional_file, required_file
+from iop.config.checks import (
+    MAX_FRAME_BYTES_LIMIT,
+    is_loopback_host,
+    optional_file,
+    required_file,
+)
 from iop.config.errors import (
     ROOT,
     ConfigError,

@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from iop.config.edge import ID_PATTERN
+from iop.config.checks import ID_PATTERN
 from iop.config.model import DEFAULT_TRUST_DOMAIN, EdgeSecurity
 
 PrivateKey = ec.EllipticCurvePrivateKey

@@ -1,7 +1,8 @@
 # -*- test-case-name: iop.test.config.test_cluster_section -*-
 """
-Tests for the ``cluster:`` section of edge.yaml (:mod:`iop.config.cluster`): the Redis address
-forms, the password's sources (never shown), the defaults and each field's path-named errors.
+Tests for the ``cluster:`` section of edge.yaml (:mod:`iop.config.edge.cluster`; the address
+forms are :mod:`iop.config.cluster`'s): the Redis address forms, the password's sources (never
+shown), the defaults and each field's path-named errors.
 """
 
 from __future__ import annotations
