@@ -15,9 +15,7 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 
-ADAPTER_TYPES = frozenset({"openai_compat", "vllm", "ollama", "cli"})
 PROVIDER_CATEGORIES = frozenset({"api", "cli", "local_inference"})
-PROFILE_DRIVERS = frozenset({"openai_chat", "openai_responses", "anthropic_messages"})
 
 DEFAULT_HEARTBEAT_INTERVAL_SEC = 2.0
 DEFAULT_HEARTBEAT_TIMEOUT_SEC = 5.0

@@ -77,6 +77,7 @@ from iop.edge.refresh.service import ConfigRefresher
 from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
+from iop.runtime.kinds import GENERATE_OPERATIONS
 
 
 def _json(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -154,8 +155,8 @@ _TUNNEL_FIELDS = {
 }
 # The wire carries these integers as uint32.
 _UINT32_MAX = 2**32 - 1
-# Operations whose request body carries ``stream``.
-_STREAMING_OPERATIONS = frozenset({"chat_completions", "responses", "messages"})
+# Operations whose request body carries ``stream``: the protocol drivers' generating operations.
+_STREAMING_OPERATIONS = GENERATE_OPERATIONS
 
 
 class AdminApp:

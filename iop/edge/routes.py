@@ -12,10 +12,11 @@ from __future__ import annotations
 from iop.config.model import AdapterConfig, EdgeConfig, ModelRoute, ProviderConfig
 from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.registry import NodeRegistry
+from iop.runtime.kinds import LEASED_KINDS, TUNNEL_KINDS
 
-#: The adapter types that take the raw provider tunnel (OpenAI-compatible HTTP providers). In
-#: managed mode these are reached only through a tunnel carrying a credential lease.
-TUNNEL_TYPES = frozenset({"openai_compat", "vllm"})
+#: The adapter types that take the raw provider tunnel (the provider kind table's tunnel kinds;
+#: kept for :mod:`iop.edge.gateway`, which reads it from here).
+TUNNEL_TYPES = TUNNEL_KINDS
 
 
 class RouteResolver:
@@ -50,7 +51,7 @@ class RouteResolver:
         node = self._config.node(node_id)
         adapters = node.adapters if node is not None else ()
         return next(
-            (a for a in adapters if ref in (a.name, a.type) and a.type in TUNNEL_TYPES), None
+            (a for a in adapters if ref in (a.name, a.type) and a.type in LEASED_KINDS), None
         )
 
     def route(self, model: str) -> ModelRoute | None:

@@ -110,7 +110,7 @@ class AdapterContext:
 
 class IProvider(Interface):
     name = Attribute("The adapter instance name (str).")
-    type = Attribute("The adapter type: openai_compat, vllm, ollama, cli (str).")
+    type = Attribute("The adapter type: a name in iop.runtime.kinds.PROVIDER_KINDS (str).")
 
     def capabilities() -> Capabilities:
         """What this instance can do; ``max_concurrency`` sizes its capacity gate."""

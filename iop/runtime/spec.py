@@ -45,7 +45,7 @@ class RuntimeProfile:
     """
 
     name: str
-    # openai_chat, openai_responses, anthropic_messages.
+    # A name in iop.runtime.kinds.PROTOCOL_DRIVERS: openai_chat, openai_responses, ...
     driver: str = ""
     # Named operations and their provider paths, e.g. chat_completions -> /chat/completions.
     operations: Mapping[str, str] = field(default_factory=dict)

@@ -15,8 +15,9 @@ from urllib.parse import urlsplit
 from iop.config.checks import HEADER_NAME
 from iop.config.edge.known import AdapterEntry
 from iop.config.errors import MISSING, Issues, Section, as_list, as_section, key_path
-from iop.config.model import ADAPTER_TYPES, AdapterConfig
+from iop.config.model import AdapterConfig
 from iop.config.secrets import resolve_references
+from iop.runtime.kinds import ADAPTER_KINDS
 
 __all__ = ["ADAPTER_OUTPUT_FORMATS", "adapters_list"]
 
@@ -49,8 +50,8 @@ def adapters_list(node: Section, node_id: str, *, environ: Mapping[str, str]) ->
             return [unreadable]
         for adapter_type, value in legacy.data.items():
             entry_path = legacy.path_of(adapter_type)
-            if adapter_type not in ADAPTER_TYPES:
-                shown = ", ".join(sorted(ADAPTER_TYPES))
+            if adapter_type not in ADAPTER_KINDS:
+                shown = ", ".join(sorted(ADAPTER_KINDS))
                 issues.add(entry_path, f"unknown adapter type {adapter_type!r} (one of: {shown})")
                 result.append(unreadable)
                 continue
@@ -78,7 +79,7 @@ def adapters_list(node: Section, node_id: str, *, environ: Mapping[str, str]) ->
             result.append(unreadable)
             continue
         before = len(issues)
-        type_ = entry_.choice("type", ADAPTER_TYPES, required=True)
+        type_ = entry_.choice("type", ADAPTER_KINDS, required=True)
         name = entry_.string("name", type_, nonempty=True)
         if name in names:
             issues.add(

@@ -59,7 +59,6 @@ from iop.config.edge.known import (
 )
 from iop.config.errors import Issues, Section
 from iop.config.model import (
-    ADAPTER_TYPES,
     AdapterConfig,
     ModelConfig,
     ModelRoute,
@@ -67,9 +66,9 @@ from iop.config.model import (
     ProviderConfig,
     ServerTLS,
 )
+from iop.runtime.kinds import ADAPTER_KINDS, LEASED_KINDS
 
 __all__ = [
-    "CREDENTIAL_ADAPTER_TYPES",
     "CREDENTIAL_HEADERS",
     "adapter_headers",
     "admin_auth",
@@ -87,9 +86,6 @@ __all__ = [
     "route_targets",
 ]
 
-# The adapters whose providers are raw tunnels: the only requests a lease can carry a
-# credential on (ollama and cli providers are normalized runs).
-CREDENTIAL_ADAPTER_TYPES = frozenset({"openai_compat", "vllm"})
 # Header names that carry a credential whatever the profiles say; in managed mode no adapter
 # may set them (nor any profile's auth_header): a node never holds a provider key.
 CREDENTIAL_HEADERS = frozenset(
@@ -215,7 +211,7 @@ def provider_adapter(
         resolved = _resolve_adapter(section, node_id, ref, adapters)
         if resolved is not None:
             instance = resolved.name
-            if explicit_type in ADAPTER_TYPES and explicit_type != resolved.type:
+            if explicit_type in ADAPTER_KINDS and explicit_type != resolved.type:
                 section.issues.add(
                     section.path_of("type"),
                     f"is {explicit_type!r} but adapter {resolved.name!r} is of type "
@@ -269,7 +265,7 @@ def _resolve_adapter(
     if any(not a.ok for a in adapters):
         # An entry with issues of its own may be the one meant; don't pile on.
         return None
-    if ref in ADAPTER_TYPES:
+    if ref in ADAPTER_KINDS:
         issues.add(path, f"no enabled adapter instance of type {ref!r} on node {node_id!r}")
     else:
         names = ", ".join(a.config.name for a in adapters) or "none"
@@ -285,8 +281,8 @@ def _infer_type(ref: str, adapters: list[AdapterEntry]) -> str:
     """Best-effort type of a disabled provider's adapter reference; ``""`` if unknown."""
     for adapter in adapters:
         if adapter.config.name == ref:
-            return adapter.config.type if adapter.config.type in ADAPTER_TYPES else ""
-    return ref if ref in ADAPTER_TYPES else ""
+            return adapter.config.type if adapter.config.type in ADAPTER_KINDS else ""
+    return ref if ref in ADAPTER_KINDS else ""
 
 
 def provider_profile(section: Section, profile: str, profiles: Profiles) -> None:
@@ -321,11 +317,11 @@ def provider_credential(
     if slot not in slots.names and slots.complete:
         defined = ", ".join(sorted(slots.names)) or "none"
         issues.add(path, f"unknown credential slot {slot!r} (credentials defines: {defined})")
-    if type_ and type_ not in CREDENTIAL_ADAPTER_TYPES:
+    if type_ and type_ not in LEASED_KINDS:
         issues.add(
             path,
             f"{type_} providers serve normalized runs, which carry no credential; only "
-            f"{' and '.join(sorted(CREDENTIAL_ADAPTER_TYPES))} providers (raw tunnels) do",
+            f"{' and '.join(sorted(LEASED_KINDS))} providers (raw tunnels) do",
         )
     if not profile:
         issues.add(

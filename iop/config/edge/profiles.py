@@ -10,7 +10,8 @@ from __future__ import annotations
 from iop.config.checks import HEADER_NAME
 from iop.config.edge.known import Profiles
 from iop.config.errors import Section, as_section
-from iop.config.model import PROFILE_DRIVERS, ProfileConfig
+from iop.config.model import ProfileConfig
+from iop.runtime.kinds import DRIVER_NAMES
 
 __all__ = ["PROFILE_CAPABILITIES", "PROFILE_EXTENSIONS", "profiles_section"]
 
@@ -43,7 +44,7 @@ def profiles_section(top: Section) -> Profiles:
                 )
             else:
                 seen[name] = path
-        driver = section.choice("driver", PROFILE_DRIVERS, required=True)
+        driver = section.choice("driver", DRIVER_NAMES, required=True)
         operations: list[tuple[str, str]] = []
         for op_path, op_name, op_value in section.string_map("operations"):
             if not op_value.startswith("/"):

@@ -21,7 +21,8 @@ from iop.config.edge.known import (
     Slots,
 )
 from iop.config.errors import Section, as_section
-from iop.config.model import ADAPTER_TYPES, PROVIDER_CATEGORIES, ProviderConfig
+from iop.config.model import PROVIDER_CATEGORIES, ProviderConfig
+from iop.runtime.kinds import ADAPTER_KINDS
 
 __all__ = ["providers_list"]
 
@@ -90,7 +91,7 @@ def _provider(
         )
     adapter_ref = section.string("adapter", required=True)
     category = section.choice("category", PROVIDER_CATEGORIES, required=True)
-    explicit_type = section.choice("type", ADAPTER_TYPES)
+    explicit_type = section.choice("type", ADAPTER_KINDS)
     models_before = len(issues)
     models = section.string_list("models", unique=True)
     if section.has("models"):

@@ -10,7 +10,9 @@ marked disabled and without a provider, so a run naming one gets a clear answer 
 "unknown adapter". A payload with a duplicate instance name, an unknown type, or an adapter
 whose factory cannot build it does not apply: :class:`AdapterApplyError`, naming the adapter.
 
-An enabled instance holds its :class:`~iop.runtime.IProvider`, built by the factory of its type:
+Which types exist is the provider kind table's (:data:`iop.runtime.kinds.PROVIDER_KINDS`); this
+registry maps each kind to its factory. An enabled instance holds its
+:class:`~iop.runtime.IProvider`, built by the factory of its type:
 ``iop.node.adapters.<type>.build(spec, ctx)``, imported only when a payload needs it. Its
 :class:`CapacityGate` is sized by the provider's ``capabilities().max_concurrency`` and is the one
 gate that normalized runs and provider tunnels of that instance share.
@@ -22,13 +24,13 @@ import importlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from iop.config.model import ADAPTER_TYPES
 from iop.node.adapters.capacity import CapacityGate
 from iop.runtime.interfaces import AdapterContext, AdapterFactory, IProvider
+from iop.runtime.kinds import ADAPTER_KINDS
 from iop.runtime.spec import AdapterSpec
 
-# One source of truth with the config loaders: openai_compat, vllm, ollama, cli.
-KNOWN_ADAPTER_TYPES = ADAPTER_TYPES
+# The provider kind table's adapter types, the ones the config loaders accept too.
+KNOWN_ADAPTER_TYPES = ADAPTER_KINDS
 
 # The package whose modules named after each adapter type expose ``build(spec, ctx)``.
 ADAPTER_PACKAGE = "iop.node.adapters"

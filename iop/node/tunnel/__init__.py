@@ -27,12 +27,10 @@ of its reactor turn.
 from iop.node.tunnel.frames import BODY_FRAME_BYTES, TunnelFrames
 from iop.node.tunnel.headers import filter_response_headers, upstream_request_headers
 from iop.node.tunnel.manager import TunnelManager
-from iop.node.tunnel.plan import DEFAULT_OPERATION_PATHS
 from iop.node.tunnel.usage import UsageObserver
 
 __all__ = [
     "BODY_FRAME_BYTES",
-    "DEFAULT_OPERATION_PATHS",
     "TunnelFrames",
     "TunnelManager",
     "UsageObserver",

@@ -2,37 +2,28 @@
 """
 What a provider tunnel request asks of its upstream, checked at admission: an HTTP provider
 adapter (:func:`tunnel_provider`), an allowed method and a provider path (:func:`plan_request`)
-— the operation's path from the adapter's profile (or :data:`DEFAULT_OPERATION_PATHS`), or a
-relative path the request names. Any "no" is a :class:`~iop.node.admission.Refusal`.
+— the operation's path from the adapter's profile (or its default path, from the protocol
+drivers of :mod:`iop.runtime.kinds`), or a relative path the request names. Any "no" is a
+:class:`~iop.node.admission.Refusal`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import NamedTuple
 
 from iop.node.adapters.registry import AdapterInstance
 from iop.node.admission import Refusal
 from iop.node.tunnel.headers import clean
 from iop.runtime.interfaces import ITunnelProvider
+from iop.runtime.kinds import TUNNEL_KINDS, default_operation_path
 from iop.wire import runtime_pb2 as pb
 
 __all__ = [
     "ALLOWED_METHODS",
-    "DEFAULT_OPERATION_PATHS",
     "TunnelPlan",
     "plan_request",
     "tunnel_provider",
 ]
-
-# Provider paths of the named operations, when the adapter's profile does not name them.
-DEFAULT_OPERATION_PATHS: Mapping[str, str] = {
-    "chat_completions": "/chat/completions",
-    "responses": "/responses",
-    "messages": "/messages",
-    "count_tokens": "/messages/count_tokens",
-    "models": "/models",
-}
 
 ALLOWED_METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 
@@ -51,7 +42,7 @@ def tunnel_provider(instance: AdapterInstance) -> ITunnelProvider:
     if provider is None:
         raise Refusal(
             f"adapter {instance.name!r} (type {instance.type}) cannot serve provider tunnels;"
-            " only HTTP providers (openai_compat, vllm) can"
+            f" only HTTP providers ({', '.join(sorted(TUNNEL_KINDS))}) can"
         )
     return provider
 
@@ -79,7 +70,7 @@ def _path(
     if operation:
         profile = provider.profile
         path = profile.operations.get(operation, "") if profile is not None else ""
-        path = path or DEFAULT_OPERATION_PATHS.get(operation, "")
+        path = path or default_operation_path(operation)
         if not path:
             return "", f"adapter {instance.name!r} has no path for operation {operation!r}"
         return (path if path.startswith("/") else "/" + path), ""

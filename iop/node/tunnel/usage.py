@@ -22,13 +22,15 @@ from twisted.web.iweb import IResponse
 from iop.formats.sse import DEFAULT_MAX_EVENT_BYTES, SSEError, SSEParser
 from iop.formats.usage import anthropic_usage, openai_chat_usage, openai_responses_usage
 from iop.runtime.events import Usage
+from iop.runtime.kinds import GENERATE_OPERATIONS
 
 __all__ = ["USAGE_JSON_LIMIT", "USAGE_OPERATIONS", "UsageObserver", "usage_observer"]
 
 # A non-streaming body larger than this is still passed through, but not parsed for usage.
 USAGE_JSON_LIMIT = 32 * 1024 * 1024
-# Operations whose answers report token usage (an empty operation: tell by the body's shape).
-USAGE_OPERATIONS = frozenset({"chat_completions", "responses", "messages", ""})
+# Operations whose answers report token usage: every protocol driver's generating operation (an
+# empty operation: tell by the body's shape).
+USAGE_OPERATIONS = GENERATE_OPERATIONS | {""}
 
 # An event that may report usage: a "usage" key whose value is an object (content deltas have
 # none, or ``"usage": null``).
