@@ -222,7 +222,8 @@ class ProviderPool:
             self.pump()
             return queued
         outcome = self._ask(model_id, prompt_tokens)
-        if isinstance(outcome, Deferred):
+        # (A lease at once is the common case: no ABC isinstance check for it.)
+        if type(outcome) is not Lease and isinstance(outcome, Deferred):
             return self._answer_later(model_id, prompt_tokens, outcome)
         return self._answer(model_id, prompt_tokens, outcome)
 

@@ -9,6 +9,7 @@ Edge's and the table's — comes back to zero.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,10 +18,14 @@ from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface.verify import verifyObject
 
+from iop.config.model import ClusterConfig
 from iop.edge.cluster.redis import reconnect_max_delay
+from iop.edge.cluster.service import build
 from iop.edge.cluster.table import RETRY_SEC, ClusterLeaseTable
 from iop.edge.errors import CapacityUnknown, Overloaded, QueueTimeout, Unavailable
+from iop.edge.leasetable import ILeaseTable
 from iop.edge.pool import Lease, ProviderPool
 from iop.test.edge.cluster.memtable import MemoryTable
 from iop.test.edge.test_pool import make_config, prov
@@ -341,6 +346,30 @@ class RenewalTests(SynchronousTestCase):
         self.assertEqual(view["providers"]["p0"], {"in_flight": 1, "long_in_flight": 0})
         a.table.stop()
         b.table.stop()
+
+
+class BuildTests(SynchronousTestCase):
+    """The cluster subsystem builds itself from edge.yaml; the tap only composes it."""
+
+    def test_no_cluster_section_builds_nothing(self) -> None:
+        config = make_config({"n1": [prov("p0")]}, {"m": ["p0"]})
+        self.assertIsNone(build(config, Clock()))
+
+    def test_the_service_carries_the_table_for_the_pool(self) -> None:
+        config = dataclasses.replace(
+            make_config({"n1": [prov("p0")], "n2": [prov("p1")]}, {"m": ["p0", "p1"]}),
+            cluster=ClusterConfig(redis="unix:///nonexistent/redis.sock", edge_id="e1"),
+        )
+        service = build(config, Clock())
+        assert service is not None
+        self.assertEqual(service.name, "cluster")
+        self.assertTrue(verifyObject(ILeaseTable, service.table))
+        pool = ProviderPool(config, Clock(), service.table)
+        pool.node_ready("n1", 1)
+        # Not started: nothing reaches Redis, and the pool fails closed.
+        self.failureResultOf(pool.acquire("m"), CapacityUnknown)
+        view = service.view()
+        self.assertEqual((view["edge_id"], view["redis"]), ("e1", "unreachable"))
 
 
 # Arbitrary interleavings: (edge index, action, argument).
