@@ -171,9 +171,10 @@ class WaitQueue(Generic[T]):
         self._waiters: dict[int, Waiter[T]] = {}
         self._per_model: dict[str, int] = {}
         self._seq = 0
-        # A pass waiting for a decision that answers later, and the pass asked for meanwhile.
+        # A pass waiting for a decision that answers later, and the pass asked for meanwhile
+        # (made when it starts: it sees the waiters queued until then).
         self._asking: _Pass[T] | None = None
-        self._again: _Pass[T] | None = None
+        self._again: tuple[Decide[T], Callable[[Waiter[T]], Hashable] | None] | None = None
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -223,11 +224,10 @@ class WaitQueue(Generic[T]):
         """
         if not self._waiters:
             return
-        run = _Pass(decide, group, iter(list(self._waiters.values())))
         if self._asking is not None:
-            self._again = run
+            self._again = (decide, group)
             return
-        self._go_on(run)
+        self._go_on(self._pass(decide, group))
 
     def holds(self, waiter: Waiter[T]) -> bool:
         """Whether ``waiter`` is still waiting (not served, failed, timed out or withdrawn)."""
@@ -258,7 +258,11 @@ class WaitQueue(Generic[T]):
             again, self._again = self._again, None
             if again is None:
                 return
-            run = again
+            run = self._pass(*again)
+
+    def _pass(self, decide: Decide[T], group: Callable[[Waiter[T]], Hashable] | None) -> _Pass[T]:
+        """A pass over the waiters as they are now, in arrival order."""
+        return _Pass(decide, group, iter(list(self._waiters.values())))
 
     def _wait(
         self,

@@ -181,6 +181,20 @@ class LaterDecisionTests(SynchronousTestCase):
         d.cancel()
         self.failureResultOf(d, CancelledError)
 
+    def test_the_pass_asked_for_meanwhile_sees_the_waiters_queued_since(self) -> None:
+        first = self.queue.enqueue("a", 0, 10)
+        self.queue.settle(self.later)
+        self.queue.settle(self.later)
+        second = self.queue.enqueue("b", 0, 10)
+        self.asked[0][1].callback(None)
+        self.assertEqual([seq for seq, _ in self.asked], [1, 1])
+        self.asked[1][1].callback(None)
+        self.assertEqual([seq for seq, _ in self.asked], [1, 1, 2])
+        self.asked[2][1].callback("lease-2")
+        self.assertEqual(self.successResultOf(second), "lease-2")
+        first.cancel()
+        self.failureResultOf(first, CancelledError)
+
     def test_decided_outcomes_are_delivered_before_waiting(self) -> None:
         first = self.queue.enqueue("a", 0, 10)
         second = self.queue.enqueue("a", 0, 10)
