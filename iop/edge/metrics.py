@@ -241,7 +241,8 @@ class StateCollector(Collector):
 
     @staticmethod
     def _cluster(view: dict[str, Any]) -> Iterator[Metric]:
-        """In a cluster: the view across Edges (:meth:`~iop.edge.cluster.pool.ClusterPool.view`)."""
+        """In a cluster: the view across Edges
+        (:meth:`~iop.edge.cluster.table.ClusterLeaseTable.view`)."""
         yield GaugeMetricFamily(
             "iop_cluster_redis_up",
             "1 when the cluster's Redis answered this Edge's last call, else 0 (grants refused).",

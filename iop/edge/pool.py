@@ -1,39 +1,41 @@
-# -*- test-case-name: iop.test.edge.test_pool,iop.test.edge.refresh.test_apply -*-
+# -*- test-case-name: iop.test.edge.test_pool,iop.test.edge.test_pool_properties -*-
 """
-The Edge provider pool: the ``models[]`` catalog, live candidates, selection and capacity leases.
+The Edge provider pool: the ``models[]`` catalog, live candidates, the wait queue, capacity
+leases and their counting — every slot granted by a lease table.
 
-:class:`ProviderPool` is the one public entry. It is pure logic (no I/O; time comes from the
-injected clock) and is driven synchronously by the node registry as an
-:class:`~iop.edge.interfaces.INodeLifecycleObserver`, by the dispatcher through :meth:`acquire` and
-:meth:`Lease.release`, and by config refresh through :meth:`ProviderPool.plan`,
-:meth:`~ProviderPool.switch` and :meth:`~ProviderPool.pump` (or the single toggle
-:meth:`ProviderPool.set_enabled`). Waiting is delegated to :mod:`iop.edge.queue`, whose
-docstring states the per-model-group queue limit and timeout rules.
+:class:`ProviderPool` is the one public entry. It is driven synchronously by the node registry
+as an :class:`~iop.edge.interfaces.INodeLifecycleObserver`, by the dispatcher through
+:meth:`acquire` and :meth:`Lease.release`, and by config refresh through
+:meth:`ProviderPool.plan`, :meth:`~ProviderPool.switch` and :meth:`~ProviderPool.pump` (or the
+single toggle :meth:`ProviderPool.set_enabled`); time comes from the injected clock. Waiting is
+delegated to :mod:`iop.edge.queue`, whose docstring states the per-model-group queue limit and
+timeout rules and the pump's mechanics.
+
+The table (:mod:`iop.edge.leasetable`)
+    Which live candidate gets a slot, if any, is the table's answer
+    (:class:`~iop.edge.leasetable.ILeaseTable`), and so is how long a granted slot stays its
+    holder's. An Edge alone has the :class:`~iop.edge.leasetable.InProcessTable` (the pool's
+    own occupancy, answering at once: pure logic, no I/O, no Deferred per grant); an Edge of a
+    cluster has :class:`~iop.edge.cluster.table.ClusterLeaseTable` (the shared table on Redis,
+    answering later). The selection rule and the long-context rule are stated in
+    :mod:`iop.edge.leasetable`. Everything below holds for both.
 
 Candidates
     A model key's candidates are its ``ModelProviderRef``\\ s whose provider is enabled and whose
     node's active generation is dispatch-ready ("live"). Leases are keyed by
-    ``node_id + provider_id``: every model key pointing at one provider shares its capacity.
-
-Long context
-    A request is long for provider P when ``P.long_context_threshold > 0`` and
-    ``prompt_tokens >= P.long_context_threshold`` (threshold 0 = never long). A long request holds
-    one normal slot *and* one long slot. ``long_capacity`` caps concurrent long requests on P;
-    ``long_capacity == 0`` means there is no separate long cap and only ``capacity`` applies.
-    P has room for a request when ``in_flight < capacity`` and (the request is not long, or
-    ``long_capacity == 0``, or ``long_in_flight < long_capacity``).
-
-Selection
-    Among live candidates with room: the lowest ``in_flight``; ties → the lower ``priority``
-    number; ties → round-robin per model key, rotating through the tied candidates in config order
-    starting after the one this key chose last (so repeated acquire/release cycles alternate
-    between equals).
+    ``node_id + provider_id``: every model key pointing at one provider shares its capacity. A
+    long request holds one normal slot *and* one long slot.
 
 Queue
     No candidate with room → the request waits (FIFO across all model groups). Releases, node
-    ready and enabling a provider pump the waiters in arrival order. No live candidate at all →
+    ready and enabling a provider pump the waiters in arrival order (and, with a shared table,
+    whatever the table says may have freed a slot elsewhere; a new request then also queues
+    behind the waiters of its model key instead of overtaking them). No live candidate at all →
     ``Unavailable`` at once, also for waiters when a fence or a disable removes their last live
-    candidate (not at queue timeout).
+    candidate (not at queue timeout). A table answering later is asked one waiter at a time;
+    its grant for a provider whose node went away (or came back as a new generation) or left
+    the model meanwhile is returned and the table asked again (at most
+    :data:`MAX_STALE_GRANTS` times).
 
 Live reconfiguration
     A refreshed config's catalog is prepared first (:meth:`ProviderPool.plan`: same nodes and
@@ -49,9 +51,9 @@ Live reconfiguration
 
 Generations
     Only the node's active generation's fence changes anything: its leases are returned exactly
-    once, its providers go offline, every waiter is re-evaluated. A new ready generation starts
-    with zero occupancy. Stale callbacks (an old generation's ready or fence) and the release of a
-    lease whose generation was fenced change nothing.
+    once (to the table too), its providers go offline, every waiter is re-evaluated. A new
+    ready generation starts with zero occupancy. Stale callbacks (an old generation's ready or
+    fence) and the release of a lease whose generation was fenced change nothing.
 
 Counting (:meth:`ProviderPool.stats`)
     Per provider: leases granted, and leases returned, each exactly once, either ``released``
@@ -59,23 +61,41 @@ Counting (:meth:`ProviderPool.stats`)
     of such a lease counts nothing). So grants minus releases is the provider's held leases at any
     moment. Per model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and
     how many of them waited in the queue; a request for an unknown model id counts nowhere (its
-    id is the client's, not the config's). Plain ints, read by the metrics at scrape time.
+    id is the client's, not the config's). Plain ints, read by the metrics at scrape time. In a
+    cluster these are this Edge's own leases and waiters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from iop.config.model import EdgeConfig, ModelProviderRef, ProviderConfig
-from iop.edge.errors import Overloaded, PoolError, QueueTimeout, Unavailable, UnknownModel
+from iop.config.model import EdgeConfig, ProviderConfig
+from iop.edge.errors import (
+    Overloaded,
+    PoolError,
+    QueueTimeout,
+    Unavailable,
+    UnknownModel,
+)
 from iop.edge.interfaces import INodeLifecycleObserver
+from iop.edge.leasetable import (
+    Candidate,
+    Granted,
+    ILeaseTable,
+    InProcessTable,
+    IWaiters,
+    Lease,
+    ProviderState,
+    is_long,
+)
 from iop.edge.queue import (
     QUEUE_OUTCOMES,
     QueueStats,
@@ -85,182 +105,17 @@ from iop.edge.queue import (
     queue_timeout,
 )
 
-_log = Logger()
+# Grants a table answered late for a provider whose node went away meanwhile, before the
+# request is left waiting (for the next pump).
+MAX_STALE_GRANTS = 3
 
-# ---------------------------------------------------------------------------------------------
-# Leases
-
-
-@dataclass
-class _LeaseState:
-    released: bool = False
-    fenced: bool = False
-    lost: bool = False
-    on_lost: list[Callable[[], object]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, eq=False)
-class Lease:
-    """
-    One held slot (or, for a long request, one normal plus one long slot) on
-    ``node_id + provider_id`` in connection generation ``generation``.
-
-    :meth:`release` is idempotent: only the first call frees the slot(s) and pumps the queue. If
-    the generation was fenced first, the fence already returned the slot(s) and release changes
-    nothing. Identity is the object: two leases are never equal.
-    """
-
-    provider_id: str
-    node_id: str
-    generation: int
-    # The adapter instance on the node (``ProviderConfig.adapter_instance``).
-    adapter: str
-    # The served target for this model key (``ModelProviderRef.target``).
-    target: str
-    model_id: str
-    provider_type: str
-    category: str
-    usage_attribution: str
-    long: bool
-    _on_release: Callable[[Lease], None] = field(repr=False)
-    _state: _LeaseState = field(default_factory=_LeaseState, repr=False)
-    # In a cluster: the lease's id in the shared lease table ("" for an Edge alone).
-    lease_id: str = ""
-
-    @property
-    def released(self) -> bool:
-        """``release()`` has been called."""
-        return self._state.released
-
-    @property
-    def fenced(self) -> bool:
-        """The node's generation was fenced while this lease was held (slot already returned)."""
-        return self._state.fenced
-
-    @property
-    def lost(self) -> bool:
-        """The pool could no longer vouch for this lease's slot (see :meth:`when_lost`)."""
-        return self._state.lost
-
-    def when_lost(self, callback: Callable[[], object]) -> None:
-        """
-        Call ``callback`` if the pool loses this lease's slot while it is held: in a cluster,
-        when its renewal could not be confirmed before it would expire (the holder must end
-        its work: the slot is free for others). At once if already lost; never for an Edge
-        alone.
-        """
-        if self._state.lost:
-            callback()
-        elif not self._state.released:
-            self._state.on_lost.append(callback)
-
-    def release(self) -> None:
-        if self._state.released:
-            return
-        self._state.released = True
-        self._state.on_lost.clear()
-        self._on_release(self)
-
-    def lose(self) -> None:
-        """The pool's side of :meth:`when_lost`: run the callbacks once."""
-        if self._state.lost or self._state.released:
-            return
-        self._state.lost = True
-        callbacks, self._state.on_lost = self._state.on_lost, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                _log.failure("a lost lease's callback failed")
-
-
-# ---------------------------------------------------------------------------------------------
-# Catalog and live state
-
-
-def is_long(provider: ProviderConfig, prompt_tokens: int) -> bool:
-    """Whether a request of ``prompt_tokens`` is long-context for ``provider``."""
-    threshold = provider.long_context_threshold
-    return threshold > 0 and prompt_tokens >= threshold
-
-
-class _Resource:
-    """Live state of one configured provider: enabled toggle, active generation, leases."""
-
-    def __init__(self, node_id: str, config: ProviderConfig) -> None:
-        self.node_id = node_id
-        self.config = config
-        self.enabled = config.enabled
-        self.generation: int | None = None
-        self.leases: set[Lease] = set()
-        self.long_in_flight = 0
-        # Model keys that list this provider.
-        self.models: set[str] = set()
-        # Leases granted; returned by their holder; returned by a fence.
-        self.grants = 0
-        self.released = 0
-        self.fenced = 0
-
-    @property
-    def provider_id(self) -> str:
-        return self.config.id
-
-    @property
-    def in_flight(self) -> int:
-        return len(self.leases)
-
-    @property
-    def live(self) -> bool:
-        return self.enabled and self.generation is not None
-
-    def is_long(self, prompt_tokens: int) -> bool:
-        return is_long(self.config, prompt_tokens)
-
-    def has_room(self, long: bool) -> bool:
-        if self.in_flight >= self.config.capacity:
-            return False
-        cap = self.config.long_capacity
-        return not long or cap == 0 or self.long_in_flight < cap
-
-    def hold(self, lease: Lease) -> None:
-        self.grants += 1
-        self.leases.add(lease)
-        if lease.long:
-            self.long_in_flight += 1
-
-    def drop(self, lease: Lease) -> bool:
-        """Free ``lease``'s slot(s) if it still holds them; whether it did."""
-        if lease not in self.leases:
-            return False
-        self.leases.remove(lease)
-        self.released += 1
-        if lease.long:
-            self.long_in_flight -= 1
-        return True
-
-    def fence(self) -> int:
-        """Go offline, returning every held lease exactly once; how many."""
-        returned = len(self.leases)
-        self.fenced += returned
-        for lease in self.leases:
-            lease._state.fenced = True
-        self.leases.clear()
-        self.long_in_flight = 0
-        self.generation = None
-        return returned
-
-
-@dataclass(frozen=True)
-class _Candidate:
-    ref: ModelProviderRef
-    resource: _Resource
-    # Position in the model key's provider list (config order), for round-robin.
-    index: int
+# What a grant comes to: a lease, an error, or None (every live candidate full).
+Outcome = Lease | BaseException | None
 
 
 @dataclass
 class _NodeState:
-    resources: list[_Resource]
+    resources: list[ProviderState]
     active: int | None = None
     # The highest generation this node has been made ready with; older readies are stale.
     seen: int = 0
@@ -270,39 +125,14 @@ class _NodeState:
 class PoolPlan:
     """
     A catalog the pool switches to in one step (:meth:`ProviderPool.switch`): per provider id
-    its config, enabled toggle and the model keys listing it; per model key its candidates and
-    round-robin position. Built by :meth:`ProviderPool.plan`; only valid for that pool.
+    its config, enabled toggle and the model keys listing it; per model key its candidates.
+    Built by :meth:`ProviderPool.plan`; only valid for that pool.
     """
 
     configs: Mapping[str, ProviderConfig]
     enabled: Mapping[str, bool]
     memberships: Mapping[str, frozenset[str]]
-    models: Mapping[str, tuple[_Candidate, ...]]
-    rr: Mapping[str, int]
-
-
-def _order(candidates: Sequence[_Candidate]) -> tuple[str, ...]:
-    return tuple(c.ref.provider_id for c in candidates)
-
-
-def select(
-    candidates: Sequence[_Candidate], prompt_tokens: int, start: int, size: int
-) -> _Candidate | None:
-    """
-    The candidate to lease, or None when none has room: lowest ``in_flight``, then lower
-    ``priority``, then the first in config order at or after position ``start`` (cyclically over
-    ``size`` positions).
-    """
-    best: _Candidate | None = None
-    best_key: tuple[int, int, int] | None = None
-    for c in candidates:
-        res = c.resource
-        if not res.has_room(res.is_long(prompt_tokens)):
-            continue
-        key = (res.in_flight, res.config.priority, (c.index - start) % size)
-        if best_key is None or key < best_key:
-            best, best_key = c, key
-    return best
+    models: Mapping[str, tuple[Candidate, ...]]
 
 
 LEASE_RELEASE_OUTCOMES = ("released", "fenced")
@@ -334,27 +164,29 @@ _ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
 # The pool
 
 
-@implementer(INodeLifecycleObserver)
+@implementer(INodeLifecycleObserver, IWaiters)
 class ProviderPool:
     """
-    Provider selection, capacity leases and the wait queue for ``models[]``. See the module
+    Provider selection, capacity leases and the wait queue for ``models[]``, every slot granted
+    by ``table`` (default: :class:`~iop.edge.leasetable.InProcessTable`). See the module
     docstring for the rules.
     """
 
     log = Logger()
 
-    def __init__(self, config: EdgeConfig, clock: IReactorTime) -> None:
+    def __init__(
+        self, config: EdgeConfig, clock: IReactorTime, table: ILeaseTable | None = None
+    ) -> None:
         self._clock = clock
-        self._resources: dict[str, _Resource] = {}
+        self._table: ILeaseTable = table if table is not None else InProcessTable()
+        self._resources: dict[str, ProviderState] = {}
         self._nodes: dict[str, _NodeState] = {}
         for node in config.nodes:
-            resources = [_Resource(node.id, p) for p in node.providers]
+            resources = [ProviderState(node.id, p) for p in node.providers]
             self._nodes[node.id] = _NodeState(resources)
             for res in resources:
                 self._resources[res.provider_id] = res
-        self._models: dict[str, tuple[_Candidate, ...]] = {}
-        # Per model key: the config position where the next round-robin tie-break starts.
-        self._rr: dict[str, int] = {}
+        self._models: dict[str, tuple[Candidate, ...]] = {}
         self._queue_stats = QueueStats()
         self._queue: WaitQueue[Lease] = WaitQueue(
             clock,
@@ -364,6 +196,7 @@ class ProviderPool:
             stats=self._queue_stats,
         )
         self.switch(self.plan(config))
+        self._table.attach(self)
 
     # -- acquire -----------------------------------------------------------------------------
 
@@ -371,26 +204,75 @@ class ProviderPool:
         """
         A lease on a provider of ``model_id``: at once when a live candidate has room, else after
         waiting in the queue. Fails with :class:`UnknownModel`, :class:`Unavailable`,
-        :class:`Overloaded` or :class:`QueueTimeout`. Cancelling the Deferred while it waits
+        :class:`Overloaded`, :class:`QueueTimeout` or (a cluster's table unreachable)
+        :class:`~iop.edge.errors.CapacityUnknown`. Cancelling the Deferred while it waits
         withdraws the request.
         """
         candidates = self._models.get(model_id)
         if candidates is None:
             return fail(UnknownModel(model_id))
-        outcome = self._decide(model_id, prompt_tokens)
-        if isinstance(outcome, Lease):
-            self._queue_stats.count(model_id, "served")
-            return succeed(outcome)
-        if outcome is not None:
+        if (
+            self._table.shared
+            and self._queue.waiting(model_id)
+            and any(c.state.live for c in candidates)
+        ):
+            # Behind this pool's earlier waiters of the model (FIFO): a slot the shared table
+            # has free may not have been offered to them yet.
+            queued = self._enqueue(model_id, prompt_tokens)
+            self.pump()
+            return queued
+        outcome = self._ask(model_id, prompt_tokens)
+        # (A lease at once is the common case: no ABC isinstance check for it.)
+        if type(outcome) is not Lease and isinstance(outcome, Deferred):
+            return self._answer_later(model_id, prompt_tokens, outcome)
+        return self._answer(model_id, prompt_tokens, outcome)
+
+    def _answer(self, model_id: str, prompt_tokens: int, outcome: Outcome) -> Deferred[Lease]:
+        """A new request's answer: its lease or error, or a place in the queue."""
+        if outcome is None:
+            return self._enqueue(model_id, prompt_tokens)
+        if isinstance(outcome, BaseException):
             self._queue_stats.count(model_id, _outcome_name(outcome))
-            self.log.info("no live provider for model {model_id}", model_id=model_id)
+            if isinstance(outcome, Unavailable):
+                self.log.info("no live provider for model {model_id}", model_id=model_id)
             return fail(outcome)
-        return self._enqueue(model_id, prompt_tokens)
+        self._queue_stats.count(model_id, "served")
+        return succeed(outcome)
+
+    def _answer_later(
+        self, model_id: str, prompt_tokens: int, pending: Deferred[Outcome]
+    ) -> Deferred[Lease]:
+        """A new request's answer once the table's is in; cancelling it meanwhile withdraws
+        the request (a lease granted after that goes back)."""
+        withdrawn = False
+        waiting: Deferred[Lease] | None = None
+
+        def cancel(_: Deferred[Lease]) -> None:
+            nonlocal withdrawn
+            if waiting is not None:
+                waiting.cancel()
+            elif not withdrawn:
+                withdrawn = True
+                self._queue_stats.count(model_id, "withdrawn")
+
+        result: Deferred[Lease] = Deferred(cancel)
+
+        def answered(outcome: Outcome) -> None:
+            nonlocal waiting
+            if withdrawn:
+                if isinstance(outcome, Lease):
+                    outcome.release()
+                return
+            waiting = self._answer(model_id, prompt_tokens, outcome)
+            waiting.chainDeferred(result)
+
+        pending.addCallback(answered)
+        return result
 
     def _enqueue(self, model_id: str, prompt_tokens: int) -> Deferred[Lease]:
         """Wait in the queue, or ``Overloaded`` when the model group's queue is full."""
         candidates = self._models.get(model_id, ())
-        enabled = [c.resource.config for c in candidates if c.resource.enabled]
+        enabled = [c.state.config for c in candidates if c.state.enabled]
         limit = queue_limit(enabled)
         if self._queue.waiting(model_id) >= limit:
             self.log.warn(
@@ -429,7 +311,7 @@ class ProviderPool:
             node_id=node_id,
             generation=generation,
         )
-        self._pump()
+        self.pump()
 
     def node_fenced(self, node_id: str, generation: int) -> None:
         node = self._nodes.get(node_id)
@@ -441,7 +323,7 @@ class ProviderPool:
             )
             return
         self._fence_node(node_id, node)
-        self._pump()
+        self.pump()
 
     def set_enabled(self, provider_id: str, enabled: bool) -> None:
         """
@@ -461,7 +343,7 @@ class ProviderPool:
             node_id=res.node_id,
             state="enabled" if enabled else "disabled",
         )
-        self._pump()
+        self.pump()
 
     # -- live reconfiguration (config refresh) ---------------------------------------------
 
@@ -488,10 +370,10 @@ class ProviderPool:
                     f"candidate {sorted(p.id for p in nodes[node_id].providers)}"
                 )
             configs.update(candidate)
-        models: dict[str, tuple[_Candidate, ...]] = {}
+        models: dict[str, tuple[Candidate, ...]] = {}
         memberships: dict[str, set[str]] = {pid: set() for pid in configs}
         for model in config.models:
-            candidates: list[_Candidate] = []
+            candidates: list[Candidate] = []
             for ref in model.providers:
                 found = self._resources.get(ref.provider_id)
                 if found is None or found.provider_id in {c.ref.provider_id for c in candidates}:
@@ -501,21 +383,14 @@ class ProviderPool:
                         provider_id=ref.provider_id,
                     )
                     continue
-                candidates.append(_Candidate(ref, found, len(candidates)))
+                candidates.append(Candidate(ref, found, len(candidates)))
                 memberships[found.provider_id].add(model.id)
             models[model.id] = tuple(candidates)
-        # Round-robin positions survive only where the candidate order is unchanged.
-        rr = {
-            model_id: start
-            for model_id, start in self._rr.items()
-            if model_id in models and _order(models[model_id]) == _order(self._models[model_id])
-        }
         return PoolPlan(
             configs=configs,
             enabled={pid: c.enabled for pid, c in configs.items()},
             memberships={pid: frozenset(m) for pid, m in memberships.items()},
             models=models,
-            rr=rr,
         )
 
     def switch(self, plan: PoolPlan) -> PoolPlan:
@@ -530,23 +405,26 @@ class ProviderPool:
             enabled={pid: res.enabled for pid, res in self._resources.items()},
             memberships={pid: frozenset(res.models) for pid, res in self._resources.items()},
             models=dict(self._models),
-            rr=dict(self._rr),
         )
         for pid, res in self._resources.items():
             res.config = plan.configs[pid]
             res.enabled = plan.enabled[pid]
             res.models = set(plan.memberships[pid])
         self._models = dict(plan.models)
-        self._rr = dict(plan.rr)
         return undo
 
     def pump(self) -> None:
         """
         Re-evaluate every waiter now, in arrival order: granted where a live candidate has
         room, ``Unavailable`` where the model has no live candidate left (a provider disabled or
-        taken out of the model's list, the model removed), still waiting otherwise.
+        taken out of the model's list, the model removed), still waiting otherwise. Also what
+        the table calls when a slot may have come back outside this pool.
         """
-        self._pump()
+        self._queue.settle(self._decide, self._shape)
+
+    def waiting(self) -> dict[str, int]:
+        """How many requests wait per model key now."""
+        return self._queue.by_model()
 
     # -- observation -------------------------------------------------------------------------
 
@@ -633,22 +511,80 @@ class ProviderPool:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _decide(self, model_id: str, prompt_tokens: int) -> Lease | PoolError | None:
-        """A lease when a live candidate has room, ``Unavailable`` when none is live, else None."""
+    def _decide(self, waiter: Waiter[Lease]) -> Outcome | Deferred[Outcome]:
+        return self._ask(waiter.model_id, waiter.prompt_tokens)
+
+    def _shape(self, waiter: Waiter[Lease]) -> tuple[str, tuple[bool, ...]]:
+        """A waiter's model key and which of its candidates it would take a long slot on:
+        waiters of one shape find room or not alike."""
+        return (
+            waiter.model_id,
+            tuple(
+                c.state.is_long(waiter.prompt_tokens) for c in self._models.get(waiter.model_id, ())
+            ),
+        )
+
+    def _ask(
+        self, model_id: str, prompt_tokens: int, tries: int = MAX_STALE_GRANTS
+    ) -> Outcome | Deferred[Outcome]:
+        """
+        Ask the table for a slot: a lease, ``None`` when every live candidate is full,
+        ``Unavailable`` when none is live; at once, or later as a Deferred (which never fails:
+        an error is its result).
+        """
         candidates = self._models.get(model_id, ())
-        live = [c for c in candidates if c.resource.live]
+        live = [c for c in candidates if c.state.live]
         if not live:
             return Unavailable(model_id)
-        chosen = select(live, prompt_tokens, self._rr.get(model_id, 0), len(candidates))
-        if chosen is None:
+        granted = self._table.grant(model_id, live, candidates, prompt_tokens)
+        if granted is None:
             return None
-        self._rr[model_id] = (chosen.index + 1) % len(candidates)
-        return self._grant(model_id, chosen, prompt_tokens)
+        if type(granted) is Granted:  # at once (an ABC's isinstance costs more)
+            return self._lease(model_id, granted, prompt_tokens)
+        assert isinstance(granted, Deferred)
+        generations = {c.provider_id: c.state.generation for c in live}
+        answer = granted.addCallback(
+            self._granted_later, model_id, prompt_tokens, generations, tries
+        ).addErrback(self._grant_failed)
+        # A Deferred returned by a callback is chained: its result is the answer's.
+        return cast("Deferred[Outcome]", answer)
 
-    def _grant(
-        self, model_id: str, chosen: _Candidate, prompt_tokens: int, lease_id: str = ""
-    ) -> Lease:
-        res = chosen.resource
+    def _granted_later(
+        self,
+        granted: Granted | None,
+        model_id: str,
+        prompt_tokens: int,
+        generations: Mapping[str, int | None],
+        tries: int,
+    ) -> Outcome | Deferred[Outcome]:
+        """The table's late answer: a lease, unless the chosen provider's node went away (or
+        came back as a new generation) or left the model meanwhile — then the slot goes back and
+        the table is asked again."""
+        if granted is None:
+            return None
+        chosen = granted.candidate
+        state = chosen.state
+        if (
+            state.live
+            and state.generation == generations[chosen.provider_id]
+            and chosen in self._models.get(model_id, ())
+        ):
+            return self._lease(model_id, granted, prompt_tokens)
+        self._table.release(granted.lease_id)
+        if tries > 1:
+            return self._ask(model_id, prompt_tokens, tries - 1)
+        return None
+
+    def _grant_failed(self, failure: Failure) -> BaseException:
+        if not failure.check(PoolError):
+            self.log.failure("pool: a grant failed", failure)
+        error = failure.value
+        assert error is not None
+        return error
+
+    def _lease(self, model_id: str, granted: Granted, prompt_tokens: int) -> Lease:
+        chosen = granted.candidate
+        res = chosen.state
         assert res.generation is not None
         lease = Lease(
             provider_id=res.provider_id,
@@ -662,30 +598,32 @@ class ProviderPool:
             usage_attribution=res.config.usage_attribution,
             long=res.is_long(prompt_tokens),
             _on_release=self._release,
-            lease_id=lease_id,
+            lease_id=granted.lease_id,
         )
         res.hold(lease)
+        self._table.hold(granted, lease)
         return lease
 
     def _release(self, lease: Lease) -> None:
         res = self._resources[lease.provider_id]
         if not res.drop(lease):
             return
-        self._pump()
+        # The table sees this return before the pump's next grant.
+        self._table.release(lease.lease_id)
+        self.pump()
 
     def _fence_node(self, node_id: str, node: _NodeState) -> None:
         generation = node.active
         node.active = None
-        returned = sum(res.fence() for res in node.resources)
+        returned = [lease for res in node.resources for lease in res.fence()]
         self.log.info(
             "node {node_id} generation {generation} fenced: {returned} leases returned",
             node_id=node_id,
             generation=generation,
-            returned=returned,
+            returned=len(returned),
         )
-
-    def _pump(self) -> None:
-        self._queue.settle(lambda w: self._decide(w.model_id, w.prompt_tokens))
+        for lease in returned:
+            self._table.release(lease.lease_id)
 
     def _expired(self, waiter: Waiter[Lease]) -> BaseException:
         self.log.info(
@@ -707,6 +645,7 @@ def _outcome_name(error: BaseException) -> str:
 
 __all__ = [
     "LEASE_RELEASE_OUTCOMES",
+    "MAX_STALE_GRANTS",
     "Lease",
     "PoolPlan",
     "PoolStats",

@@ -25,10 +25,19 @@ Pump
 ----
 :meth:`WaitQueue.settle` makes one pass over every waiter in arrival order (FIFO across all model
 groups). A waiter the decision leaves waiting is skipped, so a later waiter for other providers may
-proceed. All decisions of a pass are made, and the queue updated, before any outcome is delivered:
-no caller code runs inside a pass, so a callback that releases, acquires or cancels re-entrantly
-sees a settled queue. A decided outcome whose Deferred has meanwhile been cancelled is handed to
-``discard`` (the pool releases the lease), so a granted lease never leaks.
+proceed; with a ``group`` function, a waiter whose group a decision of this pass found full is
+skipped without asking (one question per group and pass, not one per waiter). All decisions of a
+pass are made, and the queue updated, before any outcome is delivered: no caller code runs inside
+a pass, so a callback that releases, acquires or cancels re-entrantly sees a settled queue. A
+decided outcome whose Deferred has meanwhile been cancelled is handed to ``discard`` (the pool
+releases the lease), so a granted lease never leaks.
+
+A decision may also answer later (a Deferred: a lease table on another server). The pass then
+delivers what it has decided so far and waits for that answer before it asks about the next
+waiter: one question at a time, in arrival order. A ``settle`` meanwhile asks for one more pass
+after this one instead of starting its own. A waiter that leaves (cancelled, timed out) while
+its answer is awaited gets nothing; a lease answered for it is discarded. A decision that
+answers at once — every decision of the in-process table — costs no Deferred.
 
 Counting
 --------
@@ -42,14 +51,18 @@ decision names). ``entered`` counts the requests that waited. Plain ints, read b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from iop.config.model import ProviderConfig
+
+_log = Logger()
 
 DEFAULT_MAX_QUEUE = 100
 DEFAULT_QUEUE_TIMEOUT_SEC = 60.0
@@ -111,6 +124,25 @@ class Waiter(Generic[T]):
     timer: IDelayedCall | None = field(default=None, repr=False)
 
 
+# What a pump's decision gives a waiter: a result, an error, or None (keep waiting); at once or,
+# as a Deferred, later.
+Decide: TypeAlias = Callable[
+    [Waiter[T]], T | BaseException | Deferred[T | BaseException | None] | None
+]
+
+
+@dataclass(eq=False)
+class _Pass(Generic[T]):
+    """One pump pass: what it asks, the waiters it has still to look at, the groups it found
+    full, and what it has decided and not yet delivered."""
+
+    decide: Decide[T]
+    group: Callable[[Waiter[T]], Hashable] | None
+    waiters: Iterator[Waiter[T]]
+    full: set[Hashable] = field(default_factory=set)
+    decided: list[tuple[Waiter[T], T | BaseException]] = field(default_factory=list)
+
+
 class WaitQueue(Generic[T]):
     """
     Pending acquires in arrival order, each with its own timeout timer and a cancellable Deferred.
@@ -139,6 +171,10 @@ class WaitQueue(Generic[T]):
         self._waiters: dict[int, Waiter[T]] = {}
         self._per_model: dict[str, int] = {}
         self._seq = 0
+        # A pass waiting for a decision that answers later, and the pass asked for meanwhile
+        # (made when it starts: it sees the waiters queued until then).
+        self._asking: _Pass[T] | None = None
+        self._again: tuple[Decide[T], Callable[[Waiter[T]], Hashable] | None] | None = None
 
     def __len__(self) -> int:
         return len(self._waiters)
@@ -150,6 +186,10 @@ class WaitQueue(Generic[T]):
     def waiting(self, model_id: str) -> int:
         """How many waiters the model group ``model_id`` has."""
         return self._per_model.get(model_id, 0)
+
+    def by_model(self) -> dict[str, int]:
+        """How many waiters each model group has now (groups without any left out)."""
+        return dict(self._per_model)
 
     def enqueue(self, model_id: str, prompt_tokens: int, timeout: float) -> Deferred[T]:
         """
@@ -173,36 +213,108 @@ class WaitQueue(Generic[T]):
         waiter.timer = self._clock.callLater(timeout, self._expire, seq)
         return d
 
-    def settle(self, decide: Callable[[Waiter[T]], T | BaseException | None]) -> None:
+    def settle(
+        self, decide: Decide[T], group: Callable[[Waiter[T]], Hashable] | None = None
+    ) -> None:
         """
         The pump: one FIFO pass asking ``decide`` about every waiter (``None`` = keep waiting),
-        then deliver every decided outcome.
+        then deliver every decided outcome. ``group(waiter)``: waiters of one group that a
+        decision of this pass found full are skipped. While a pass waits for a decision that
+        answers later, this only asks for another pass after it.
         """
-        decided: list[tuple[Waiter[T], T | BaseException]] = []
-        for waiter in list(self._waiters.values()):
-            outcome = decide(waiter)
-            if outcome is None:
-                continue
-            self._remove(waiter)
-            decided.append((waiter, outcome))
-        for waiter, outcome in decided:
-            self._deliver(waiter, outcome)
+        if not self._waiters:
+            return
+        if self._asking is not None:
+            self._again = (decide, group)
+            return
+        self._go_on(self._pass(decide, group))
 
     def holds(self, waiter: Waiter[T]) -> bool:
         """Whether ``waiter`` is still waiting (not served, failed, timed out or withdrawn)."""
         return self._waiters.get(waiter.seq) is waiter
 
-    def decide(self, waiter: Waiter[T], outcome: T | BaseException) -> None:
+    # -- the pass ----------------------------------------------------------------------------
+
+    def _go_on(self, run: _Pass[T]) -> None:
+        """Go on with ``run`` (and the passes asked for meanwhile) until done or until a
+        decision answers later."""
+        while True:
+            for waiter in run.waiters:
+                if not self.holds(waiter):
+                    continue
+                # A waiter's group matters once the pass has found one full.
+                key = run.group(waiter) if run.full and run.group is not None else None
+                if key is not None and key in run.full:
+                    continue
+                decision = run.decide(waiter)
+                if isinstance(decision, Deferred):
+                    answered, outcome = self._wait(run, waiter, decision)
+                    if not answered:
+                        return
+                else:
+                    outcome = decision
+                self._take(run, waiter, outcome)
+            self._deliver_decided(run)
+            again, self._again = self._again, None
+            if again is None:
+                return
+            run = self._pass(*again)
+
+    def _pass(self, decide: Decide[T], group: Callable[[Waiter[T]], Hashable] | None) -> _Pass[T]:
+        """A pass over the waiters as they are now, in arrival order."""
+        return _Pass(decide, group, iter(list(self._waiters.values())))
+
+    def _wait(
+        self,
+        run: _Pass[T],
+        waiter: Waiter[T],
+        pending: Deferred[T | BaseException | None],
+    ) -> tuple[bool, T | BaseException | None]:
         """
-        Deliver an outcome decided for one waiter outside :meth:`settle` (a pump that asks
-        asynchronously). A waiter no longer waiting cannot take it: a result is discarded.
+        ``(True, answer)`` if ``pending`` has its answer already; else ``(False, None)``, after
+        delivering what ``run`` has decided so far: the answer then goes on with the pass.
         """
+        now: list[T | BaseException | None] = []
+        later = False
+
+        def answered(result: T | BaseException | Failure | None) -> None:
+            outcome = result.value if isinstance(result, Failure) else result
+            if not later:
+                now.append(outcome)
+                return
+            self._asking = None
+            try:
+                self._take(run, waiter, outcome)
+                self._go_on(run)
+            except Exception:
+                _log.failure("the queue's pump failed")
+
+        pending.addBoth(answered)
+        if now:
+            return True, now[0]
+        later = True
+        self._asking = run
+        self._deliver_decided(run)
+        return False, None
+
+    def _take(self, run: _Pass[T], waiter: Waiter[T], outcome: T | BaseException | None) -> None:
+        """Note ``outcome`` for ``waiter``: its group full, or decided (delivered at the end of
+        the pass); a waiter gone while its answer was awaited cannot take it."""
+        if outcome is None:
+            if run.group is not None:
+                run.full.add(run.group(waiter))
+            return
         if not self.holds(waiter):
             if not isinstance(outcome, BaseException):
                 self._discard(outcome)
             return
         self._remove(waiter)
-        self._deliver(waiter, outcome)
+        run.decided.append((waiter, outcome))
+
+    def _deliver_decided(self, run: _Pass[T]) -> None:
+        decided, run.decided = run.decided, []
+        for waiter, outcome in decided:
+            self._deliver(waiter, outcome)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -246,6 +358,7 @@ __all__ = [
     "DEFAULT_MAX_QUEUE",
     "DEFAULT_QUEUE_TIMEOUT_SEC",
     "QUEUE_OUTCOMES",
+    "Decide",
     "QueueStats",
     "WaitQueue",
     "Waiter",

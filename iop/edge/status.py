@@ -16,7 +16,7 @@ or null.
 
 In a cluster (``cluster:`` in edge.yaml) each provider's counters are this Edge's own leases
 and waiters, and ``cluster`` is the view across Edges
-(:meth:`~iop.edge.cluster.pool.ClusterPool.view`): Redis reachable or not, every Edge's
+(:meth:`~iop.edge.cluster.table.ClusterLeaseTable.view`): Redis reachable or not, every Edge's
 waiters, the leases held per provider over every Edge.
 """
 

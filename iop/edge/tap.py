@@ -44,9 +44,7 @@ from iop.config.model import EdgeConfig
 from iop.edge.accesslog import AccessLog
 from iop.edge.admin import AdminApp
 from iop.edge.admin_auth import protect
-from iop.edge.cluster.pool import ClusterPool
-from iop.edge.cluster.redis import prepare
-from iop.edge.cluster.service import ClusterService
+from iop.edge.cluster import service as cluster
 from iop.edge.commands import NodeCommander
 from iop.edge.console import ConsoleEvents, public_shell
 from iop.edge.credentials import CredentialIssuer
@@ -55,6 +53,7 @@ from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress.app import ClientApp
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
+from iop.edge.leasetable import InProcessTable
 from iop.edge.metrics import EdgeMetrics
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
@@ -94,24 +93,13 @@ class EdgeService(MultiService):
         self._clock = reactor
         self.bus = EventBus(reactor)
         # The provider pool observes node readiness first: fencing returns leases before the
-        # dispatchers end that node's runs and tunnels. In a cluster its leases are shared
-        # with the other Edges through Redis.
-        self.cluster: ClusterService | None = None
-        self.pool: ProviderPool
-        if config.cluster is None:
-            self.pool = ProviderPool(config, reactor)
-        else:
-            redis = prepare(config.cluster, reactor)
-            cluster_pool = ClusterPool(
-                config,
-                reactor,
-                redis.leases,
-                edge_id=config.cluster.edge_id,
-                lease_ttl_sec=config.cluster.lease_ttl_sec,
-            )
-            self.pool = cluster_pool
-            self.cluster = ClusterService(config.cluster, cluster_pool, redis, reactor)
-            self.cluster.setName("cluster")
+        # dispatchers end that node's runs and tunnels. In a cluster its slots come from the
+        # lease table the Edges share through Redis; alone, from its own.
+        self.cluster = cluster.build(config, reactor)
+        self.pool = ProviderPool(
+            config, reactor, self.cluster.table if self.cluster is not None else InProcessTable()
+        )
+        if self.cluster is not None:
             self.cluster.setServiceParent(self)
         # Managed mode: provider credentials leave the Edge only sealed in per-request leases;
         # a registering node must announce the lease keys this issuer seals to and signs for.
@@ -218,8 +206,8 @@ class EdgeService(MultiService):
         self.config = config
 
     def snapshot(self) -> dict[str, Any]:
-        cluster = self.pool.view() if isinstance(self.pool, ClusterPool) else None
-        return snapshot(self.config, self.registry, self.pool, cluster=cluster)
+        view = self.cluster.view() if self.cluster is not None else None
+        return snapshot(self.config, self.registry, self.pool, cluster=view)
 
 
 class AdminSite(Site):

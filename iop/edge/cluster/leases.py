@@ -8,7 +8,7 @@ over the whole candidate set and one round trip. It has no view of nodes or sess
 (an Edge's pool) passes the candidates it sees live, with their configured capacities (the
 Edges of a cluster share their config).
 
-Selection (the in-process pool's rule, :func:`iop.edge.pool.select`)
+Selection (the in-process table's rule, :func:`iop.edge.leasetable.select`)
     Among the candidates with room (``in_flight < capacity``, and for a long request
     ``long_capacity == 0`` or ``long_in_flight < long_capacity``): the lowest ``in_flight``
     counted over every Edge; ties → the lower ``priority`` number; ties → round-robin per model

@@ -1,9 +1,13 @@
 # -*- test-case-name: tests.test_cluster_edges -*-
 """
-The cluster's part of an Edge's service tree: at start it connects to the cluster's Redis (the
-lease connection, then the wake-up subscription on a connection of its own) and starts the
-pool's periodic work (lease renewal, waiter re-tries, the cluster view); at stop it ends both.
-Nothing waits for Redis: until it answers, grants fail with ``cluster_unavailable``.
+The cluster's part of an Edge: :func:`build` makes it from ``edge.yaml`` — the connection to the
+cluster's Redis, the lease table the Edge's pool grants from, and the service that runs them —
+so the Edge's composition root only hands the table to its pool and the service to its tree.
+
+At start the service connects to the cluster's Redis (the lease connection, then the wake-up
+subscription on a connection of its own) and starts the table's periodic work (lease renewal,
+waiter re-tries, the cluster view); at stop it ends both. Nothing waits for Redis: until it
+answers, grants fail with ``cluster_unavailable``.
 """
 
 from __future__ import annotations
@@ -13,40 +17,71 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 
-from iop.config.model import ClusterConfig
-from iop.edge.cluster.pool import ClusterPool
-from iop.edge.cluster.redis import RedisConnection, WakeSubscription, subscribe
+from iop.config.model import ClusterConfig, EdgeConfig
+from iop.edge.cluster.redis import RedisConnection, WakeSubscription, prepare, subscribe
+from iop.edge.cluster.table import ClusterLeaseTable
 
-__all__ = ["ClusterService"]
+__all__ = ["ClusterService", "build"]
+
+
+def build(config: EdgeConfig, reactor: Any) -> ClusterService | None:
+    """
+    The cluster's service for ``config`` (named ``cluster``; its :attr:`~ClusterService.table`
+    is the lease table for the Edge's pool), built and not started; ``None`` without a
+    ``cluster:`` section.
+    """
+    if config.cluster is None:
+        return None
+    connection = prepare(config.cluster, reactor)
+    table = ClusterLeaseTable(
+        connection.leases,
+        reactor,
+        edge_id=config.cluster.edge_id,
+        lease_ttl_sec=config.cluster.lease_ttl_sec,
+        provider_ids=[p.id for node in config.nodes for p in node.providers],
+    )
+    service = ClusterService(config.cluster, table, connection, reactor)
+    service.setName("cluster")
+    return service
 
 
 class ClusterService(Service):
-    """Runs ``pool``'s cluster side over ``connection`` (built, not started)."""
+    """Runs ``table``'s cluster side over ``connection`` (built, not started)."""
 
     def __init__(
-        self, config: ClusterConfig, pool: ClusterPool, connection: RedisConnection, reactor: Any
+        self,
+        config: ClusterConfig,
+        table: ClusterLeaseTable,
+        connection: RedisConnection,
+        reactor: Any,
     ) -> None:
         self._config = config
-        self._pool = pool
+        #: The lease table the Edge's pool grants from.
+        self.table = table
         self._connection = connection
         self._reactor = reactor
         self._wakeups: WakeSubscription | None = None
 
+    def view(self) -> dict[str, Any]:
+        """The cluster seen from this Edge, for ``/status``
+        (:meth:`~iop.edge.cluster.table.ClusterLeaseTable.view`)."""
+        return self.table.view()
+
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        self._connection.when_each_connected(self._pool.reconnected)
+        self._connection.when_each_connected(self.table.reconnected)
         self._connection.start()
         self._wakeups = subscribe(
             self._config,
             self._reactor,
             self._connection.leases.wake_channel,
-            self._pool.wake,
+            self.table.wake,
         )
-        self._pool.start()
+        self.table.start()
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()  # type: ignore[no-untyped-call]
-        self._pool.stop()
+        self.table.stop()
         closing = [self._connection.close()]
         if self._wakeups is not None:
             closing.append(self._wakeups.close())

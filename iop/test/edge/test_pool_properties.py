@@ -3,6 +3,10 @@ The provider pool as a state machine: random submits, releases (some repeated), 
 clock advances, disconnects, reconnects, stale callbacks and enable toggles, with the pool's
 invariants checked after every step and full convergence checked at teardown. The pool's
 counters (:meth:`ProviderPool.stats`) are checked against what the requests saw at every step.
+
+The same machine runs on both lease tables: the in-process one, and the cluster's
+(:class:`~iop.edge.cluster.table.ClusterLeaseTable`) over an in-memory shared store answering at
+once — where the store's own counts must also match the pool's and come back to zero.
 """
 
 from __future__ import annotations
@@ -24,9 +28,12 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import EdgeConfig
+from iop.edge.cluster.table import ClusterLeaseTable
 from iop.edge.errors import Overloaded, QueueTimeout, Unavailable
 from iop.edge.pool import Lease, ProviderPool, is_long
 from iop.test import examples
+from iop.test.edge.cluster.memtable import MemoryTable
 from iop.test.edge.test_pool import make_config, prov
 
 NODES = {
@@ -84,10 +91,15 @@ class Held:
 
 
 class PoolMachine(RuleBasedStateMachine):
+    """The pool with the in-process lease table."""
+
+    def make_pool(self, config: EdgeConfig, clock: Clock) -> ProviderPool:
+        return ProviderPool(config, clock)
+
     @initialize()
     def setup(self) -> None:
         self.clock = Clock()
-        self.pool = ProviderPool(make_config(NODES, MODELS), self.clock)
+        self.pool = self.make_pool(make_config(NODES, MODELS), self.clock)
         self.generation = 0
         self.active: dict[str, int] = {}
         self.history: dict[str, list[int]] = {n: [] for n in NODES}
@@ -328,13 +340,49 @@ class PoolMachine(RuleBasedStateMachine):
         assert sum(stats.queue_outcomes.values()) == len(self.requests)
 
 
+class ClusterPoolMachine(PoolMachine):
+    """The pool with the cluster's lease table, its shared store answering at once (one Edge;
+    leases never expire within a run: nothing renews them here)."""
+
+    def make_pool(self, config: EdgeConfig, clock: Clock) -> ProviderPool:
+        self.store = MemoryTable(clock)
+        table = ClusterLeaseTable(
+            self.store,
+            clock,
+            edge_id="edge-a",
+            lease_ttl_sec=10**7,
+            provider_ids=list(PROVIDERS),
+        )
+        return ProviderPool(config, clock, table)
+
+    @invariant()
+    def shared_store_counts_what_the_pool_holds(self) -> None:
+        if not hasattr(self, "store"):
+            return
+        providers = self.pool.snapshot()["providers"]
+        for pid, state in providers.items():
+            held = (self.store.in_flight(pid), self.store.long_in_flight(pid))
+            assert held == (state["in_flight"], state["long_in_flight"]), (pid, held, state)
+
+    def teardown(self) -> None:
+        super().teardown()
+        if hasattr(self, "store"):
+            assert self.store.leases == {}, self.store.leases
+
+
 class PoolStateMachineTests(SynchronousTestCase):
     def test_pool_state_machine(self) -> None:
+        self.run_machine(PoolMachine)
+
+    def test_pool_state_machine_on_the_cluster_table(self) -> None:
+        self.run_machine(ClusterPoolMachine)
+
+    def run_machine(self, machine: type[PoolMachine]) -> None:
         # Derandomized and without an example database: the same ~2 s of exploration on every
         # run, so the suite stays deterministic. Explore more locally: HYPOTHESIS_PROFILE=explore
         # (ten times the examples) and dropping derandomize.
         run_state_machine_as_test(
-            PoolMachine,
+            machine,
             settings=settings(
                 max_examples=examples(40),
                 stateful_step_count=50,

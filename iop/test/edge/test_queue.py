@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -121,6 +121,110 @@ class WaitQueueTests(SynchronousTestCase):
         self.queue.settle(lambda w: ValueError("no"))
         self.failureResultOf(d2, CancelledError)
         self.assertEqual(self.discarded, [])
+
+
+class LaterDecisionTests(SynchronousTestCase):
+    """A pump whose decisions answer later (a table on another server): one question at a
+    time in arrival order, what was decided delivered before waiting, one pass more for a
+    settle meanwhile, and nothing for a waiter gone while its answer was awaited."""
+
+    def setUp(self) -> None:
+        self.clock = Clock()
+        self.discarded: list[str] = []
+        self.queue: WaitQueue[str] = WaitQueue(
+            self.clock,
+            expired=lambda w: TimeoutError(w.model_id),
+            discard=self.discarded.append,
+        )
+        self.asked: list[tuple[int, Deferred[str | BaseException | None]]] = []
+
+    def later(self, waiter: Any) -> Deferred[str | BaseException | None]:
+        d: Deferred[str | BaseException | None] = Deferred()
+        self.asked.append((waiter.seq, d))
+        return d
+
+    def test_one_question_at_a_time_in_arrival_order(self) -> None:
+        ds = [self.queue.enqueue("a", 0, 10) for _ in range(3)]
+        seen = [outcome_of(d) for d in ds]  # type: ignore[arg-type]
+        self.queue.settle(self.later)
+        self.assertEqual([seq for seq, _ in self.asked], [1])
+        self.asked[0][1].callback("lease-1")
+        self.assertEqual(seen[0], ["lease-1"])
+        self.assertEqual([seq for seq, _ in self.asked], [1, 2])
+        self.asked[1][1].callback(None)  # full: waiter 3 is asked too (no group given)
+        self.asked[2][1].errback(ValueError("no"))
+        self.assertEqual((seen[1], type(seen[2][0])), ([], ValueError))
+        self.assertEqual(len(self.queue), 1)
+        ds[1].cancel()
+
+    def test_a_full_group_is_asked_once_per_pass(self) -> None:
+        ds = [self.queue.enqueue(m, 0, 10) for m in ["a", "a", "b"]]
+        self.queue.settle(self.later, group=lambda w: w.model_id)
+        self.asked[0][1].callback(None)  # group "a" is full: the second "a" is not asked
+        self.assertEqual([seq for seq, _ in self.asked], [1, 3])
+        self.asked[1][1].callback("lease-3")
+        self.assertEqual(self.successResultOf(ds[2]), "lease-3")
+        for d in ds[:2]:
+            d.cancel()
+            self.failureResultOf(d, CancelledError)
+
+    def test_a_settle_meanwhile_asks_for_one_more_pass(self) -> None:
+        d = self.queue.enqueue("a", 0, 10)
+        self.queue.settle(self.later)
+        self.queue.settle(self.later)
+        self.queue.settle(self.later)
+        self.assertEqual(len(self.asked), 1)
+        self.asked[0][1].callback(None)
+        self.assertEqual(len(self.asked), 2)  # the one pass asked for meanwhile
+        self.asked[1][1].callback(None)
+        self.assertEqual(len(self.asked), 2)
+        d.cancel()
+        self.failureResultOf(d, CancelledError)
+
+    def test_the_pass_asked_for_meanwhile_sees_the_waiters_queued_since(self) -> None:
+        first = self.queue.enqueue("a", 0, 10)
+        self.queue.settle(self.later)
+        self.queue.settle(self.later)
+        second = self.queue.enqueue("b", 0, 10)
+        self.asked[0][1].callback(None)
+        self.assertEqual([seq for seq, _ in self.asked], [1, 1])
+        self.asked[1][1].callback(None)
+        self.assertEqual([seq for seq, _ in self.asked], [1, 1, 2])
+        self.asked[2][1].callback("lease-2")
+        self.assertEqual(self.successResultOf(second), "lease-2")
+        first.cancel()
+        self.failureResultOf(first, CancelledError)
+
+    def test_decided_outcomes_are_delivered_before_waiting(self) -> None:
+        first = self.queue.enqueue("a", 0, 10)
+        second = self.queue.enqueue("a", 0, 10)
+
+        def decide(waiter: Any) -> str | Deferred[str | BaseException | None]:
+            return "now" if waiter.seq == 1 else self.later(waiter)
+
+        self.queue.settle(decide)
+        self.assertEqual(self.successResultOf(first), "now")
+        self.assertNoResult(second)
+        self.asked[0][1].callback("later")
+        self.assertEqual(self.successResultOf(second), "later")
+
+    def test_a_result_for_a_waiter_gone_meanwhile_is_discarded(self) -> None:
+        gone = self.queue.enqueue("a", 0, 10)
+        timed_out = self.queue.enqueue("b", 0, 1)
+        self.queue.settle(self.later)
+        gone.cancel()
+        self.failureResultOf(gone, CancelledError)
+        self.asked[0][1].callback("lease-1")
+        self.clock.advance(1)
+        self.failureResultOf(timed_out, TimeoutError)
+        self.asked[1][1].callback("lease-2")
+        self.assertEqual(self.discarded, ["lease-1", "lease-2"])
+        self.assertEqual(self.queue.stats.outcomes, {("a", "withdrawn"): 1, ("b", "timeout"): 1})
+
+    def test_an_answer_already_there_costs_no_wait(self) -> None:
+        ds = [self.queue.enqueue("a", 0, 10) for _ in range(200)]
+        self.queue.settle(lambda w: succeed(f"lease-{w.seq}"))
+        self.assertEqual([self.successResultOf(d) for d in ds][-1], "lease-200")
 
 
 class PoolQueueTests(PoolTestCase):

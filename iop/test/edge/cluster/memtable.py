@@ -1,7 +1,8 @@
 """
-An in-memory stand-in for the cluster's lease table (the Redis scripts' rules, on a
-``task.Clock``), for the cluster pool's unit tests. Answers at once, or — while ``held`` — only
-when the test calls :meth:`MemoryTable.answer`, so tests can act between a call and its reply.
+An in-memory stand-in for the cluster's shared lease store (the Redis scripts' rules, on a
+``task.Clock``), for the unit tests of the cluster's lease table and the pool over it. Answers
+at once, or — while ``held`` — only when the test calls :meth:`MemoryTable.answer`, so tests
+can act between a call and its reply.
 ``down`` makes every call fail with ClusterUnavailable. The scripts themselves are tested
 against a real redis-server (tests/test_cluster_leases.py).
 """
