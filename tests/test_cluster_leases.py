@@ -498,6 +498,40 @@ async def test_redis_hung_times_out(edges: Connect, redis_server: RedisServer) -
 
 
 @pytest_twisted.ensureDeferred
+async def test_calls_run_after_their_edge_gave_up_change_nothing(
+    edges: Connect, redis_server: RedisServer
+) -> None:
+    """
+    A hung Redis runs what it was sent once it answers again. An acquire and a renewal its Edge
+    gave up on (timed out) then grant and extend nothing: they carry a deadline in Redis's
+    time. (Before, the acquire granted a lease no Edge held, its slot blocked for a TTL.)
+    """
+    conn = await edges(timeout=0.5)
+    store = conn.leases
+    await store.view("edge-a", {}, ["p"], 5000)  # the clocks' offset, measured
+    assert store.offset_ms is not None and abs(store.offset_ms) < 1000
+    held = await store.acquire("m", cands(("p", 2, 0)), "edge-a", 5000)
+    assert held is not None
+    taken = time.monotonic()
+    redis_server.pause()
+    try:
+        for call in (
+            store.acquire("m", cands(("p", 2, 0)), "edge-a", 60_000),
+            store.renew([held.lease_id], 60_000),
+        ):
+            assert isinstance(await within(2.0, call), ClusterUnavailable)
+        await sleep(0.5)  # past the calls' deadline
+    finally:
+        redis_server.resume()
+    assert await served_again(store) < 3.0
+    # Only the lease taken before the hang (no grant from the late acquire)...
+    assert await store.in_flight(["p"]) == {"p": (1, 0)}
+    # ...expiring at its own TTL (the late renewal did not extend it to 60 s).
+    await sleep(max(0.0, 5.3 - (time.monotonic() - taken)))
+    assert await store.in_flight(["p"]) == {"p": (0, 0)}
+
+
+@pytest_twisted.ensureDeferred
 async def test_wrong_password_is_unavailable(redis_server: RedisServer) -> None:
     config = ClusterConfig(
         redis=f"unix://{redis_server.socket}", edge_id="edge-a", password=Secret("wrong")

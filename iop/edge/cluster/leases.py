@@ -34,8 +34,14 @@ Redis
 Failure
     Every Redis problem is :class:`~iop.edge.cluster.errors.ClusterUnavailable`, at once when no
     connection is up and after at most ``timeout`` seconds otherwise: the caller refuses the
-    request (fail closed). A script Redis has forgotten (``SCRIPT FLUSH``, a restart, a
-    failover) is loaded again and the call retried once.
+    request (fail closed). A hung Redis runs the calls it was sent once it answers again, long
+    after their Edge gave up on them: an acquire then would grant a lease nobody holds (its
+    slot blocked for a TTL), a renewal would extend one its Edge already ended. So acquire and
+    renew carry a *deadline* in Redis's time — when the Edge stops waiting, from the offset
+    between the two clocks that every view call measures (:attr:`RedisLeaseStore.offset_ms`) —
+    and a call run after it changes nothing. Until a first view has answered, calls carry none.
+    A script Redis has forgotten (``SCRIPT FLUSH``, a restart, a failover) is loaded again and
+    the call retried once.
 """
 
 from __future__ import annotations
@@ -68,6 +74,11 @@ __all__ = [
 _WORD = re.compile(r"\S+\Z")
 # How long one operation may wait for Redis before the request is refused.
 DEFAULT_TIMEOUT_SEC = 2.0
+# A call's deadline in Redis, as a share of the timeout: inside the connection's own reply
+# timeout (0.8 of it), with room for the clock offset's error.
+DEADLINE_SHARE = 0.7
+# A view whose round trip took longer than this says too little about the clocks' offset.
+OFFSET_MAX_RTT_MS = 200.0
 
 
 class RedisClient(Protocol):
@@ -159,6 +170,9 @@ class RedisLeaseStore:
         self._tag = "{" + key_prefix + "}"
         # Since the last answer, operations have failed (logged once).
         self._failing = False
+        #: Redis's clock minus this Edge's, in ms (from the last view answered quickly);
+        #: ``None`` until one has.
+        self.offset_ms: float | None = None
         #: The last acquire found the table recovering (granting nothing).
         self.recovering = False
 
@@ -210,12 +224,29 @@ class RedisLeaseStore:
                 f"{candidate.priority} {position} {1 if long else 0}"
             )
         keys = [self._key("seq")]
-        args = [self._key(""), edge_id, ttl_ms, ring, model_key, "\n".join(lines)]
+        args = [
+            self._key(""),
+            edge_id,
+            ttl_ms,
+            ring,
+            model_key,
+            "\n".join(lines),
+            self._deadline(),
+        ]
         d = self._run(ACQUIRE, keys, args)
         d.addCallback(self._granted)
         return d
 
+    def _deadline(self) -> int:
+        """When Redis should no longer run a call sent now (ms, its clock); 0: unknown."""
+        if self.offset_ms is None:
+            return 0
+        local_ms = self._clock.seconds() * 1000
+        return int(local_ms + self.offset_ms + self._timeout * 1000 * DEADLINE_SHARE)
+
     def _granted(self, reply: Any) -> Grant | None:
+        if reply == -2:
+            raise ClusterUnavailable("the cluster's Redis ran the acquire after its deadline")
         if isinstance(reply, int) and reply < 0:
             if not self.recovering:
                 self.recovering = True
@@ -255,11 +286,17 @@ class RedisLeaseStore:
             lines.append(f"{lease_id} {provider} {1 if long else 0}")
         keys = [self._lease(i) for i in ids]
         epoch = self._key("epoch") if owners is not None else ""
-        args = [self._held(""), self._long(""), ttl_ms, epoch, edge_id, "\n".join(lines)]
+        args = [
+            self._held(""),
+            self._long(""),
+            ttl_ms,
+            epoch,
+            edge_id,
+            "\n".join(lines),
+            self._deadline(),
+        ]
         d = self._run(RENEW, keys, args)
-        d.addCallback(
-            lambda flags: frozenset(i for i, ok in zip(ids, flags, strict=True) if int(ok))
-        )
+        d.addCallback(_renewed, ids)
         return d
 
     @property
@@ -308,9 +345,19 @@ class RedisLeaseStore:
         ids = list(dict.fromkeys(provider_ids))
         keys = [self._key("edges")]
         args = [self._key(""), edge_id, lifetime_ms, json.dumps(dict(queued)), *ids]
+        sent = self._clock.seconds()
         d = self._run(VIEW, keys, args)
         d.addCallback(_view, ids)
+        d.addCallback(self._timed, sent)
         return d
+
+    def _timed(self, view: ClusterView, sent: float) -> ClusterView:
+        """Note the clocks' offset from a view that answered quickly."""
+        received = self._clock.seconds()
+        rtt_ms = (received - sent) * 1000
+        if rtt_ms <= OFFSET_MAX_RTT_MS:
+            self.offset_ms = view.now_ms - (sent + received) * 500
+        return view
 
     # -- transport -----------------------------------------------------------------------------
 
@@ -382,6 +429,12 @@ def _grant(reply: Any) -> Grant | None:
         long=bool(int(long)),
         expires_at_ms=int(expires),
     )
+
+
+def _renewed(flags: Any, ids: list[str]) -> frozenset[str]:
+    if flags == -2:
+        raise ClusterUnavailable("the cluster's Redis ran the renewal after its deadline")
+    return frozenset(i for i, ok in zip(ids, flags, strict=True) if int(ok))
 
 
 def _view(reply: Any, provider_ids: list[str]) -> ClusterView:

@@ -83,18 +83,35 @@ local function recovering(key, ttl)
 end
 """
 
+# A call its Edge has given up on (it timed out waiting: Redis hung, and runs the call only
+# once it answers again) grants and renews nothing: ``deadline`` (ms of server time, from the
+# Edge's estimate of the offset between its clock and Redis's; "0" or absent: none) is when the
+# Edge stops waiting. Without it a hang left grants no Edge held, blocking their slots a TTL.
+_LATE = """
+local function late(deadline)
+  deadline = tonumber(deadline or '0') or 0
+  return deadline > 0 and now > deadline
+end
+"""
+
 # KEYS: seq (declared for routing: every other key shares its hash tag, so its slot).
 # ARGV: key prefix ("{P}:"), edge_id, ttl_ms, ring size, model key, then the candidates packed
 #       in one string (one argument costs the client more than the server's parsing): a line
-#       each, "provider_id capacity long_capacity priority position long(0/1)".
-# Returns nil (every candidate full), -1 (the table is recovering: nothing is granted) or one
-# string "provider_id lease_id long(0/1) expires_at_ms".
+#       each, "provider_id capacity long_capacity priority position long(0/1)", then the
+#       deadline (ms, server time; "0": none).
+# Returns nil (every candidate full), -1 (the table is recovering: nothing is granted), -2 (run
+# after its deadline: nothing is granted) or one string "provider_id lease_id long(0/1)
+# expires_at_ms".
 ACQUIRE = Script(
     "acquire",
     _NOW
     + _RECOVERING
+    + _LATE
     + """
 local prefix, edge, ttl, ring = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if late(ARGV[7]) then
+  return -2
+end
 if recovering(prefix .. 'epoch', ttl) then
   return -1
 end
@@ -167,13 +184,18 @@ return returned
 
 # KEYS: the leases' keys. ARGV: held key prefix, long key prefix, ttl_ms, the epoch key ("":
 # never re-assert), the renewing Edge's id, then one line per lease (in KEYS' order) packed in
-# one string: "lease_id provider_id long(0/1)". Returns one 0/1 per lease: 1 when it is held
-# and now expires ttl_ms from now — still held, or (while the table recovers) re-asserted.
+# one string: "lease_id provider_id long(0/1)", then the deadline (ms, server time; "0": none).
+# Returns one 0/1 per lease: 1 when it is held and now expires ttl_ms from now — still held,
+# or (while the table recovers) re-asserted; or -2 (run after its deadline: nothing renewed).
 RENEW = Script(
     "renew",
     _NOW
     + _RECOVERING
+    + _LATE
     + """
+if late(ARGV[7]) then
+  return -2
+end
 local ttl = tonumber(ARGV[3])
 local expires = now + ttl
 local reassert = ARGV[4] ~= '' and recovering(ARGV[4], ttl)
