@@ -51,7 +51,6 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 
 from iop.config.model import ClientAPIConfig, ModelConfig, ProfileConfig
-from iop.edge.gateway import Placement
 from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.bridge import (
     IMAGES_ANY,
@@ -102,6 +101,7 @@ from iop.edge.ingress.relay import (
 )
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
+from iop.edge.placement import Placement
 from iop.runtime.events import RuntimeEvent
 
 __all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicSurface"]
@@ -189,13 +189,16 @@ class AnthropicSurface:
 
     def _tunnel(
         self,
+        exchange: Exchange,
         placement: Placement,
         operation: str,
         payload: dict[str, Any],
         stream: bool,
         headers: list[tuple[str, str]],
     ) -> TunnelSource:
-        return open_tunnel(self._gateway, placement, operation, payload, stream, headers)
+        return open_tunnel(
+            self._gateway, placement, operation, payload, stream, headers, exchange.work_ended
+        )
 
     # -- messages ----------------------------------------------------------------------------
 
@@ -254,7 +257,12 @@ class AnthropicSurface:
                 exchange,
                 PassThrough(),
                 self._tunnel(
-                    placement, "messages", payload, stream, self._native_headers(exchange, stream)
+                    exchange,
+                    placement,
+                    "messages",
+                    payload,
+                    stream,
+                    self._native_headers(exchange, stream),
                 ),
             )
         allowed = thinking_allowed(placement.profile)
@@ -292,7 +300,9 @@ class AnthropicSurface:
             return await relay(
                 exchange,
                 tunnel_transform,
-                self._tunnel(placement, "chat_completions", chat, stream, self._headers(stream)),
+                self._tunnel(
+                    exchange, placement, "chat_completions", chat, stream, self._headers(stream)
+                ),
             )
         if stream:
             converter = RunEventsToMessages(model=model, thinking_allowed=show)
@@ -319,6 +329,7 @@ class AnthropicSurface:
                 placement,
                 input=json_bytes(chat).decode(),
                 collect=isinstance(run_transform, RunCollect),
+                ended=exchange.work_ended,
                 max_tokens=int(chat.get("max_tokens") or 0),
                 thinking_token_budget=_thinking_budget(body, policy),
             ),
@@ -355,7 +366,12 @@ class AnthropicSurface:
                 exchange,
                 PassThrough(),
                 self._tunnel(
-                    placement, "count_tokens", payload, False, self._native_headers(exchange, False)
+                    exchange,
+                    placement,
+                    "count_tokens",
+                    payload,
+                    False,
+                    self._native_headers(exchange, False),
                 ),
             )
 

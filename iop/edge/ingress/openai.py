@@ -57,7 +57,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.config.model import ClientAPIConfig, ProfileConfig
-from iop.edge.gateway import Placement
 from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
@@ -101,6 +100,7 @@ from iop.edge.ingress.tools import (
     tool_call_marker_state,
 )
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
+from iop.edge.placement import Placement
 from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
@@ -580,6 +580,7 @@ class OpenAISurface:
                 placement,
                 input=json_bytes(payload).decode(),
                 collect=isinstance(transform, RunCollect),
+                ended=exchange.work_ended,
                 max_tokens=limit,
                 thinking_token_budget=thinking,
             ),
@@ -600,7 +601,9 @@ class OpenAISurface:
         return await relay(
             exchange,
             PassThrough(),
-            open_tunnel(self._gateway, placement, operation, payload, stream, headers),
+            open_tunnel(
+                self._gateway, placement, operation, payload, stream, headers, exchange.work_ended
+            ),
         )
 
     # -- responses ---------------------------------------------------------------------------
@@ -700,6 +703,7 @@ class OpenAISurface:
                         ("content-type", "application/json"),
                         ("accept", "text/event-stream" if stream else "application/json"),
                     ],
+                    exchange.work_ended,
                 ),
             )
         chunker = RunEventsToChunks(
@@ -747,6 +751,7 @@ class OpenAISurface:
                 placement,
                 input=json_bytes(bridged.chat).decode(),
                 collect=isinstance(run_transform, RunCollect),
+                ended=exchange.work_ended,
                 max_tokens=limit or 0,
                 thinking_token_budget=thinking,
             ),
