@@ -50,38 +50,23 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.iweb import IRequest
 
-from iop.config.model import ClientAPIConfig, ProfileConfig
-from iop.edge.ingress.auth import authenticate, authorize
+from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
     json_bytes,
     optional_bool,
     positive_int,
-    read_json,
     render_json,
     required_model,
 )
+from iop.edge.ingress.pipeline import Call, Work
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
-from iop.edge.ingress.relay import (
-    ChatStream,
-    Collect,
-    Exchange,
-    Gateway,
-    PassThrough,
-    RunCollect,
-    RunStream,
-    open_run,
-    open_tunnel,
-    relay,
-    with_placement,
-)
+from iop.edge.ingress.relay import ChatStream, Collect, PassThrough, RunCollect, RunStream
 from iop.edge.ingress.responses import (
     ChatToResponses,
     RunEventsToResponses,
@@ -91,6 +76,7 @@ from iop.edge.ingress.responses import (
     responses_to_chat,
 )
 from iop.edge.ingress.responses import Event as ResponsesEvent
+from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.tools import (
     MARKER_MATCH,
@@ -100,13 +86,14 @@ from iop.edge.ingress.tools import (
     tool_call_marker_state,
 )
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
-from iop.edge.placement import Placement
 from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
 __all__ = [
     "DRIVER_RESPONSES",
-    "OpenAISurface",
+    "ChatCodec",
+    "OpenAICatalog",
+    "ResponsesCodec",
     "RunEventsToChunks",
     "check_chat",
     "check_responses",
@@ -440,58 +427,37 @@ def _stream_options(body: dict[str, Any]) -> bool:
     return include is True
 
 
-class OpenAISurface:
-    """The OpenAI-compatible routes' logic (Klein routing lives in :mod:`.app`)."""
+class OpenAICatalog:
+    """``GET /v1/models`` in the OpenAI list shape."""
 
-    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
-        self._gateway = gateway
-        self._config = config
-        self._clock = clock
+    def __init__(self, clock: IReactorTime) -> None:
         self._created = int(clock.seconds())
 
-    # -- catalog -----------------------------------------------------------------------------
-
-    def visible_models(self, request: IRequest) -> list[str]:
-        """The catalog as the caller's key sees it (authenticating the request)."""
-        key = authenticate(request, self._config)
-        return [m for m in self._gateway.model_ids() if key is None or key.allows(m)]
-
-    def _model_entry(self, model_id: str) -> dict[str, Any]:
+    def entry(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self._created, "owned_by": OWNER}
 
-    async def models(self, exchange: Exchange) -> bytes:
-        ids = self.visible_models(exchange.request)
-        return render_json(
-            exchange.request, {"object": "list", "data": [self._model_entry(m) for m in ids]}
-        )
+    def listing(self, ids: list[str]) -> dict[str, Any]:
+        return {"object": "list", "data": [self.entry(m) for m in ids]}
 
-    async def model(self, exchange: Exchange, model_id: str) -> bytes:
-        key = authenticate(exchange.request, self._config)
-        authorize(key, model_id)
-        self._require(model_id)
-        return render_json(exchange.request, self._model_entry(model_id))
 
-    def _require(self, model: str) -> None:
-        if model not in self._gateway.model_ids():
-            raise ApiError(404, f"model {model!r} does not exist", code="model_not_found")
+def _tunnel_headers(stream: bool) -> list[tuple[str, str]]:
+    return [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream" if stream else "application/json"),
+    ]
 
-    def _check_candidates(
-        self, model: str, check: Callable[[ProfileConfig | None], object]
-    ) -> None:
-        for profile in self._gateway.candidate_profiles(model):
-            try:
-                check(profile)
-            except Unsupported as e:
-                raise unsupported(e.message) from None
 
-    # -- chat completions --------------------------------------------------------------------
+class ChatCodec:
+    """``POST /v1/chat/completions``: native over a chat tunnel, converted from a run."""
 
-    async def chat_completions(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+    needs_candidates = False
+
+    def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
+        self._gateway = gateway
+        self._clock = clock
+
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
         stream = optional_bool(body, "stream")
         include_usage = _stream_options(body)
         check_openai_chat(body)
@@ -499,35 +465,33 @@ class OpenAISurface:
             chat = chat_input_from(body)
         except InputError as e:
             raise bad_request(str(e), param="messages") from None
-        tools = bool(chat.tools)
         limits = {
             name: positive_int(body, name) for name in ("max_tokens", "max_completion_tokens")
         }
-        self._require(model)
-        self._check_candidates(
-            model, lambda profile: check_chat(profile, stream=stream, tools=tools)
+        return Call(
+            model,
+            body,
+            stream=stream,
+            tools=bool(chat.tools),
+            prompt_tokens=estimate_prompt_tokens_openai(body),
+            facts={"limits": limits, "include_usage": include_usage},
         )
 
-        async def answer(placement: Placement) -> bytes:
-            return await self._chat(exchange, placement, body, limits, stream, include_usage, tools)
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        return call
 
-        return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
-        )
+    def local(self, call: Call, policy: ModelConfig | None) -> None:
+        return None
 
-    async def _chat(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        body: dict[str, Any],
-        limits: dict[str, int | None],
-        stream: bool,
-        include_usage: bool,
-        tools: bool,
-    ) -> bytes:
+    def serves(self, profile: ProfileConfig | None, call: Call) -> None:
+        check_chat(profile, stream=call.stream, tools=call.tools)
+
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        body, stream = call.body, call.stream
         model = placement.model
         try:
-            check_chat(placement.profile, stream=stream, tools=tools)
+            check_chat(placement.profile, stream=stream, tools=call.tools)
             if placement.wire == "run" and body.get("n") not in (None, 1):
                 raise Unsupported("'n' other than 1 is not supported by this model's provider")
         except Unsupported as e:
@@ -535,6 +499,7 @@ class OpenAISurface:
         policy = self._gateway.model(model)
         payload = dict(body)
         payload["model"] = placement.target
+        limits: dict[str, int | None] = call.facts["limits"]
         present = {name: value for name, value in limits.items() if value is not None}
         for name, value in present.items():
             payload[name] = max_tokens_for(value, policy)
@@ -543,13 +508,16 @@ class OpenAISurface:
             if default is not None:
                 payload["max_tokens"] = default
         if placement.wire == "tunnel":
-            return await self._tunnel(exchange, placement, "chat_completions", payload, stream)
+            return await work.relay(
+                PassThrough(),
+                work.tunnel("chat_completions", payload, stream, _tunnel_headers(stream)),
+            )
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
         thinking = 0 if body.get("reasoning_effort") == "none" else thinking_budget_for(policy)
         converter = RunEventsToChunks(
             model=model,
-            include_usage=stream and include_usage,
-            hold_back=stream and tools,
+            include_usage=stream and bool(call.facts["include_usage"]),
+            hold_back=stream and call.tools,
             created=int(self._clock.seconds()),
         )
         if stream:
@@ -569,91 +537,79 @@ class OpenAISurface:
                     raise ApiError(502, "the run ended without a result", code="upstream_error")
                 if terminal.type != EventType.COMPLETE:
                     raise run_error(terminal)
-                return render_json(exchange.request, converter.completion())
+                return render_json(work.request, converter.completion())
 
             transform = RunCollect(complete)
-        return await relay(
-            exchange,
+        return await work.relay(
             transform,
-            open_run(
-                self._gateway,
-                placement,
+            work.run(
                 input=json_bytes(payload).decode(),
                 collect=isinstance(transform, RunCollect),
-                ended=exchange.work_ended,
                 max_tokens=limit,
                 thinking_token_budget=thinking,
             ),
         )
 
-    async def _tunnel(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        operation: str,
-        payload: dict[str, Any],
-        stream: bool,
-    ) -> bytes:
-        headers = [
-            ("content-type", "application/json"),
-            ("accept", "text/event-stream" if stream else "application/json"),
-        ]
-        return await relay(
-            exchange,
-            PassThrough(),
-            open_tunnel(
-                self._gateway, placement, operation, payload, stream, headers, exchange.work_ended
-            ),
-        )
 
-    # -- responses ---------------------------------------------------------------------------
+class ResponsesCodec:
+    """``POST /v1/responses``: native over an ``openai_responses`` tunnel, else bridged."""
 
-    async def responses(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+    needs_candidates = False
+
+    def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
+        self._gateway = gateway
+        self._clock = clock
+
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
         stream = optional_bool(body, "stream")
         inputs = body.get("input")
         if inputs is not None and not isinstance(inputs, str | list):
             raise bad_request("'input' must be a string or a list of items", param="input")
         requested = positive_int(body, "max_output_tokens")
         check_openai_responses(body)
-        tools = bool(body.get("tools"))
-        self._require(model)
-        self._check_candidates(
-            model, lambda profile: check_responses(profile, stream=stream, tools=tools)
+        return Call(
+            model,
+            body,
+            stream=stream,
+            tools=bool(body.get("tools")),
+            prompt_tokens=estimate_prompt_tokens_openai(body),
+            facts={"max_output_tokens": requested},
         )
 
-        async def answer(placement: Placement) -> bytes:
-            try:
-                route = check_responses(placement.profile, stream=stream, tools=tools)
-                if route == Route.NATIVE and placement.wire != "tunnel":
-                    raise Unsupported("the native Responses API is served only through a tunnel")
-            except Unsupported as e:
-                raise unsupported(e.message) from None
-            limit = max_tokens_for(requested, self._gateway.model(model))
-            if route == Route.NATIVE:
-                payload = dict(body)
-                payload["model"] = placement.target
-                if limit is not None:
-                    payload["max_output_tokens"] = limit
-                return await self._tunnel(exchange, placement, "responses", payload, stream)
-            return await self._bridged_responses(exchange, placement, body, limit, stream)
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        return call
 
-        return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
-        )
+    def local(self, call: Call, policy: ModelConfig | None) -> None:
+        return None
 
-    async def _bridged_responses(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        body: dict[str, Any],
-        limit: int | None,
-        stream: bool,
+    def serves(self, profile: ProfileConfig | None, call: Call) -> Route:
+        return check_responses(profile, stream=call.stream, tools=call.tools)
+
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        body, stream = call.body, call.stream
+        try:
+            route = check_responses(placement.profile, stream=stream, tools=call.tools)
+            if route == Route.NATIVE and placement.wire != "tunnel":
+                raise Unsupported("the native Responses API is served only through a tunnel")
+        except Unsupported as e:
+            raise unsupported(e.message) from None
+        limit = max_tokens_for(call.facts["max_output_tokens"], self._gateway.model(call.model))
+        if route == Route.NATIVE:
+            payload = dict(body)
+            payload["model"] = placement.target
+            if limit is not None:
+                payload["max_output_tokens"] = limit
+            return await work.relay(
+                PassThrough(), work.tunnel("responses", payload, stream, _tunnel_headers(stream))
+            )
+        return await self._bridged(work, body, limit, stream)
+
+    async def _bridged(
+        self, work: Work, body: dict[str, Any], limit: int | None, stream: bool
     ) -> bytes:
+        placement = work.placement
         model = placement.model
         run = placement.wire == "run"
         allowed = not run and thinking_allowed(placement.profile)
@@ -679,7 +635,7 @@ class OpenAISurface:
                             502, "the provider's answer is not JSON", code="upstream_error"
                         )
                     return render_json(
-                        exchange.request,
+                        work.request,
                         chat_completion_to_response(
                             completion,
                             model=model,
@@ -690,21 +646,9 @@ class OpenAISurface:
                     )
 
                 tunnel_transform = Collect(whole)
-            return await relay(
-                exchange,
+            return await work.relay(
                 tunnel_transform,
-                open_tunnel(
-                    self._gateway,
-                    placement,
-                    "chat_completions",
-                    bridged.chat,
-                    stream,
-                    [
-                        ("content-type", "application/json"),
-                        ("accept", "text/event-stream" if stream else "application/json"),
-                    ],
-                    exchange.work_ended,
-                ),
+                work.tunnel("chat_completions", bridged.chat, stream, _tunnel_headers(stream)),
             )
         chunker = RunEventsToChunks(
             model=model,
@@ -730,7 +674,7 @@ class OpenAISurface:
                 if terminal.type != EventType.COMPLETE:
                     raise run_error(terminal)
                 return render_json(
-                    exchange.request,
+                    work.request,
                     chat_completion_to_response(
                         chunker.completion(),
                         model=model,
@@ -743,15 +687,11 @@ class OpenAISurface:
             run_transform = RunCollect(complete)
         policy = self._gateway.model(model)
         thinking = 0 if bridged.effort == "none" else thinking_budget_for(policy)
-        return await relay(
-            exchange,
+        return await work.relay(
             run_transform,
-            open_run(
-                self._gateway,
-                placement,
+            work.run(
                 input=json_bytes(bridged.chat).decode(),
                 collect=isinstance(run_transform, RunCollect),
-                ended=exchange.work_ended,
                 max_tokens=limit or 0,
                 thinking_token_budget=thinking,
             ),

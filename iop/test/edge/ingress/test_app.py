@@ -95,10 +95,10 @@ class DirectRouteTests(IngressCase):
         self.assertOpenAIError(d, 405, "no route for GET /v1/chat/completions")
 
     def test_an_unexpected_failure_is_a_500_in_the_surface_shape(self) -> None:
-        async def broken(exchange: Any) -> bytes:
+        def broken(body: Any) -> Any:
             raise RuntimeError("a bug")
 
-        self.edge.app._direct[b"/v1/chat/completions"] = ("openai", "chat", broken)
+        self.patch(self.edge.app.chat, "decode", broken)
         self.assertOpenAIError(self.edge.post("/v1/chat/completions", CHAT), 500, "internal error")
         self.flushLoggedErrors(RuntimeError)
 
