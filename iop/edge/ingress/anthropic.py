@@ -17,7 +17,8 @@ The Anthropic-compatible client surface.
   back with that status in the Anthropic error shape.
 - **bridge** on a run provider (Ollama, CLI agents): the converted chat request is the run input;
   :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
-  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer.
+  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
+  through the Messages encoder).
 
 Thinking blocks reach the client only when the profile allows them over the bridge
 (:func:`~iop.edge.ingress.profiles.thinking_allowed`) and the request asked for thinking. A
@@ -76,7 +77,7 @@ from iop.edge.ingress.http import (
     render_json,
     required_model,
 )
-from iop.edge.ingress.pipeline import Call, Work
+from iop.edge.ingress.pipeline import Call, Work, json_headers
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import (
     Route,
@@ -85,7 +86,7 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import ChatStream, Collect, PassThrough, RunCollect, RunStream
+from iop.edge.ingress.relay import ChatStream, PassThrough
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
@@ -134,15 +135,8 @@ class AnthropicCatalog:
         }
 
 
-def _headers(stream: bool) -> list[tuple[str, str]]:
-    return [
-        ("content-type", "application/json"),
-        ("accept", "text/event-stream" if stream else "application/json"),
-    ]
-
-
 def _native_headers(request: IRequest, stream: bool) -> list[tuple[str, str]]:
-    headers = _headers(stream)
+    headers = json_headers(stream)
     version = header(request, "anthropic-version") or DEFAULT_ANTHROPIC_VERSION
     headers.append(("anthropic-version", version))
     beta = header(request, "anthropic-beta")
@@ -221,54 +215,42 @@ class MessagesCodec:
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
         if placement.wire == "tunnel":
-            if stream:
-                tunnel_transform: ChatStream[Event] | Collect = bridge_stream(model, show)
-            else:
 
-                def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                    if not _is_success(status):
-                        raise upstream_error(status, data)
-                    try:
-                        completion = json.loads(data)
-                        message = chat_completion_to_message(
-                            completion, model=model, thinking_allowed=show
-                        )
-                    except (ValueError, UpstreamError) as e:
-                        text = e.message if isinstance(e, UpstreamError) else "not JSON"
-                        raise ApiError(
-                            502, f"the provider's answer could not be converted: {text}"
-                        ) from None
-                    return render_json(work.request, message)
-
-                tunnel_transform = Collect(convert)
-            return await work.relay(
-                tunnel_transform, work.tunnel("chat_completions", chat, stream, _headers(stream))
-            )
-        if stream:
-            converter = RunEventsToMessages(model=model, thinking_allowed=show)
-
-            def feed(event: RuntimeEvent) -> bytes:
-                return _sse(converter.feed(event))
-
-            run_transform: RunStream | RunCollect = RunStream(feed)
-        else:
-
-            def whole(events: list[RuntimeEvent]) -> bytes:
+            def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+                if not _is_success(status):
+                    raise upstream_error(status, data)
                 try:
-                    message = run_events_to_message(events, model=model, thinking_allowed=show)
-                except UpstreamError as e:
-                    raise ApiError(502, e.message, code="upstream_error") from None
+                    completion = json.loads(data)
+                    message = chat_completion_to_message(
+                        completion, model=model, thinking_allowed=show
+                    )
+                except (ValueError, UpstreamError) as e:
+                    text = e.message if isinstance(e, UpstreamError) else "not JSON"
+                    raise ApiError(
+                        502, f"the provider's answer could not be converted: {text}"
+                    ) from None
                 return render_json(work.request, message)
 
-            run_transform = RunCollect(whole)
-        return await work.relay(
-            run_transform,
-            work.run(
-                input=json_bytes(chat).decode(),
-                collect=isinstance(run_transform, RunCollect),
-                max_tokens=int(chat.get("max_tokens") or 0),
-                thinking_token_budget=_thinking_budget(body, policy),
-            ),
+            return await work.relay_chat(stream, lambda: bridge_stream(model, show), convert, chat)
+        converter = RunEventsToMessages(model=model, thinking_allowed=show)
+
+        def feed(event: RuntimeEvent) -> bytes:
+            return _sse(converter.feed(event))
+
+        def whole(events: list[RuntimeEvent]) -> bytes:
+            try:
+                message = run_events_to_message(events, model=model, thinking_allowed=show)
+            except UpstreamError as e:
+                raise ApiError(502, e.message, code="upstream_error") from None
+            return render_json(work.request, message)
+
+        return await work.relay_run(
+            stream,
+            feed,
+            whole,
+            input=json_bytes(chat).decode(),
+            max_tokens=int(chat.get("max_tokens") or 0),
+            thinking_token_budget=_thinking_budget(body, policy),
         )
 
 

@@ -29,7 +29,7 @@ Which codec serves which path is the route table in :mod:`.app`, declared once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,9 +40,19 @@ from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.errors import ApiError, unsupported
 from iop.edge.ingress.http import read_json, render_json
 from iop.edge.ingress.profiles import Unsupported
-from iop.edge.ingress.relay import Exchange, Transform, relay, with_placement
+from iop.edge.ingress.relay import (
+    ChatStream,
+    Collect,
+    Exchange,
+    RunCollect,
+    RunStream,
+    Transform,
+    relay,
+    with_placement,
+)
 from iop.edge.ingress.sources import (
     Gateway,
+    HeaderList,
     RunSource,
     Source,
     TunnelSource,
@@ -50,8 +60,17 @@ from iop.edge.ingress.sources import (
     open_tunnel,
 )
 from iop.edge.placement import Placement
+from iop.runtime.events import RuntimeEvent
 
-__all__ = ["Call", "Catalog", "Codec", "Pipeline", "Work"]
+__all__ = ["Call", "Catalog", "Codec", "Pipeline", "Work", "json_headers"]
+
+
+def json_headers(stream: bool) -> list[tuple[str, str]]:
+    """The request headers of a JSON body whose answer streams (SSE) or not."""
+    return [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream" if stream else "application/json"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,40 @@ class Work:
             collect=collect,
             ended=self.exchange.work_ended,
             **options,
+        )
+
+    async def relay_run(
+        self,
+        stream: bool,
+        feed: Callable[[RuntimeEvent], bytes],
+        whole: Callable[[list[RuntimeEvent]], bytes],
+        *,
+        input: str,
+        **options: int,
+    ) -> bytes:
+        """
+        Submit the run and answer it through the surface's encoders: streamed (each event
+        through ``feed``, the response started by the first), or whole (``whole`` of all the
+        events once the run ended; the adapter is told it may answer at once).
+        """
+        transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
+        return await self.relay(transform, self.run(input=input, collect=not stream, **options))
+
+    async def relay_chat(
+        self,
+        stream: bool,
+        streamed: Callable[[], ChatStream[Any]],
+        whole: Callable[[int, HeaderList, bytes], bytes],
+        chat: dict[str, Any],
+    ) -> bytes:
+        """
+        Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
+        surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
+        body (``whole(status, headers, body)``).
+        """
+        transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
+        return await self.relay(
+            transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
         )
 
     async def relay(
