@@ -131,15 +131,17 @@ class ClientApp:
             r.path.encode(): r for r in self.routes if r.method == "POST" and r.exact
         }
 
+    # The serving functions return the pipeline's coroutine itself: no coroutine of their own.
+
     def _generate(self, codec: Codec) -> Serve:
-        async def serve(exchange: Exchange, arguments: dict[str, str]) -> bytes:
-            return await self.pipeline.generate(exchange, codec)
+        def serve(exchange: Exchange, arguments: dict[str, str]) -> Awaitable[bytes]:
+            return self.pipeline.generate(exchange, codec)
 
         return serve
 
-    async def _models(self, exchange: Exchange, arguments: dict[str, str]) -> bytes:
+    def _models(self, exchange: Exchange, arguments: dict[str, str]) -> Awaitable[bytes]:
         catalog = self._catalogs[surface_of(exchange.request)]
-        return await self.pipeline.models(exchange, catalog, arguments.get("model_id"))
+        return self.pipeline.models(exchange, catalog, arguments.get("model_id"))
 
     def _routed(self, route: Route) -> Callable[..., Awaitable[bytes]]:
         async def routed(request: IRequest, **arguments: str) -> bytes:

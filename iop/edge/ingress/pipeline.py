@@ -29,7 +29,7 @@ Which codec serves which path is the route table in :mod:`.app`, declared once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,7 +124,7 @@ class Work:
             **options,
         )
 
-    async def relay_run(
+    def relay_run(
         self,
         stream: bool,
         feed: Callable[[RuntimeEvent], bytes],
@@ -132,36 +132,37 @@ class Work:
         *,
         input: str,
         **options: int,
-    ) -> bytes:
+    ) -> Coroutine[Any, Any, bytes]:
         """
         Submit the run and answer it through the surface's encoders: streamed (each event
         through ``feed``, the response started by the first), or whole (``whole`` of all the
         events once the run ended; the adapter is told it may answer at once).
         """
         transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
-        return await self.relay(transform, self.run(input=input, collect=not stream, **options))
+        return self.relay(transform, self.run(input=input, collect=not stream, **options))
 
-    async def relay_chat(
+    def relay_chat(
         self,
         stream: bool,
         streamed: Callable[[], ChatStream[Any]],
         whole: Callable[[int, HeaderList, bytes], bytes],
         chat: dict[str, Any],
-    ) -> bytes:
+    ) -> Coroutine[Any, Any, bytes]:
         """
         Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
         surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
         body (``whole(status, headers, body)``).
         """
         transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
-        return await self.relay(
+        return self.relay(
             transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
         )
 
-    async def relay(
+    def relay(
         self, transform: Transform[Any, Any, Any], source: Source[Any, Any, Any]
-    ) -> bytes:
-        return await relay(self.exchange, transform, source)
+    ) -> Coroutine[Any, Any, bytes]:
+        """:func:`~.relay.relay` for this request (its coroutine itself: no extra frame)."""
+        return relay(self.exchange, transform, source)
 
 
 class Codec(Protocol):
