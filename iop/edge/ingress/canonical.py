@@ -39,8 +39,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from iop.edge.ingress.tools import (
     MARKER_MATCH,
@@ -102,9 +101,8 @@ class Kind(enum.Enum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One canonical answer event (module docstring)."""
+class Event(NamedTuple):
+    """One canonical answer event (module docstring); a tuple: cheap to make, per delta."""
 
     kind: Kind
     text: str = ""
@@ -132,6 +130,7 @@ class RunDecoder:
         self._locked = False
         # All text sent, when nothing is held back (a fallback reply is parsed out of it).
         self._text = ""
+        self._started = False
         self.terminal: RuntimeEvent | None = None
 
     @property
@@ -142,22 +141,30 @@ class RunDecoder:
         out: list[Event] = []
         if self.terminal is not None:
             return out
-        if event.type == EventType.START:
-            out.append(START)
-        elif event.type == EventType.DELTA:
-            out.append(START)
+        kind = event.type
+        if kind == EventType.DELTA:
+            if not self._started:
+                self._start(out)
             self._delta(event.delta, out)
-        elif event.type == EventType.REASONING_DELTA:
+        elif kind == EventType.START:
+            self._start(out)
+        elif kind == EventType.REASONING_DELTA:
             if self._release_on_reasoning and event.delta and not self._locked:
                 self._release(out)
             out.append(Event(Kind.REASONING, event.delta))
-        elif event.type == EventType.COMPLETE:
+        elif kind == EventType.COMPLETE:
             self.terminal = event
             self._complete(event, out)
         else:
             self.terminal = event
             out.append(Event(Kind.FAILED, terminal=event))
         return out
+
+    def _start(self, out: list[Event]) -> None:
+        # Every encoder's start is idempotent: one START is enough.
+        if not self._started:
+            self._started = True
+            out.append(START)
 
     def _emit(self, text: str, out: list[Event]) -> None:
         if text:
@@ -194,7 +201,7 @@ class RunDecoder:
             return
 
     def _complete(self, event: RuntimeEvent, out: list[Event]) -> None:
-        out.append(START)
+        self._start(out)
         metadata = event.metadata
         calls: list[Any] = []
         raw = metadata.get("openai_tool_calls")
