@@ -50,7 +50,7 @@ from iop.edge.ingress.record import Publish, RequestRecord
 from iop.edge.ingress.relay import Exchange
 from iop.edge.ingress.sources import Gateway
 
-__all__ = ["ClientApp", "Route"]
+__all__ = ["ApiRoute", "ClientApp"]
 
 # Serves one routed request: the exchange and the path's arguments (``model_id``).
 Serve = Callable[[Exchange, dict[str, str]], Awaitable[bytes]]
@@ -65,7 +65,7 @@ def surface_of(request: IRequest) -> str:
 
 
 @dataclass(frozen=True)
-class Route:
+class ApiRoute:
     """One client API route: where, which surface's shape (None: by the request), what."""
 
     method: str
@@ -106,13 +106,13 @@ class ClientApp:
             ANTHROPIC: AnthropicCatalog(gateway, clock),
         }
         # The route table: declared once, for the router and the fast path alike.
-        self.routes: tuple[Route, ...] = (
-            Route("GET", "/v1/models", None, "models", self._models),
-            Route("GET", "/v1/models/<path:model_id>", None, "models", self._models),
-            Route("POST", "/v1/chat/completions", OPENAI, "chat", self._generate(self.chat)),
-            Route("POST", "/v1/responses", OPENAI, "responses", self._generate(self.responses)),
-            Route("POST", "/v1/messages", ANTHROPIC, "messages", self._generate(self.messages)),
-            Route(
+        self.routes: tuple[ApiRoute, ...] = (
+            ApiRoute("GET", "/v1/models", None, "models", self._models),
+            ApiRoute("GET", "/v1/models/<path:model_id>", None, "models", self._models),
+            ApiRoute("POST", "/v1/chat/completions", OPENAI, "chat", self._generate(self.chat)),
+            ApiRoute("POST", "/v1/responses", OPENAI, "responses", self._generate(self.responses)),
+            ApiRoute("POST", "/v1/messages", ANTHROPIC, "messages", self._generate(self.messages)),
+            ApiRoute(
                 "POST",
                 "/v1/messages/count_tokens",
                 ANTHROPIC,
@@ -127,7 +127,7 @@ class ClientApp:
             )
         self.app.handle_errors(Exception)(self.error)
         # The fast path: the generation routes (POST, exact paths) by path bytes (:meth:`direct`).
-        self._direct: dict[bytes, Route] = {
+        self._direct: dict[bytes, ApiRoute] = {
             r.path.encode(): r for r in self.routes if r.method == "POST" and r.exact
         }
 
@@ -143,7 +143,7 @@ class ClientApp:
         catalog = self._catalogs[surface_of(exchange.request)]
         return self.pipeline.models(exchange, catalog, arguments.get("model_id"))
 
-    def _routed(self, route: Route) -> Callable[..., Awaitable[bytes]]:
+    def _routed(self, route: ApiRoute) -> Callable[..., Awaitable[bytes]]:
         async def routed(request: IRequest, **arguments: str) -> bytes:
             return await self._guard(request, route, arguments)
 
@@ -155,7 +155,7 @@ class ClientApp:
         return RequestRecord(request, surface, operation, self._clock, self._publish)
 
     async def _guard(
-        self, request: IRequest, route: Route, arguments: dict[str, str] | None = None
+        self, request: IRequest, route: ApiRoute, arguments: dict[str, str] | None = None
     ) -> bytes:
         surface = route.surface or surface_of(request)
         record = self._record(request, surface, route.operation)
@@ -166,7 +166,7 @@ class ClientApp:
                 record.handler_done()
 
     async def _handle(
-        self, exchange: Exchange, surface: str, route: Route, arguments: dict[str, str]
+        self, exchange: Exchange, surface: str, route: ApiRoute, arguments: dict[str, str]
     ) -> bytes:
         request = exchange.request
         try:
