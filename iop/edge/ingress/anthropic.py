@@ -77,7 +77,7 @@ from iop.edge.ingress.http import (
     render_json,
     required_model,
 )
-from iop.edge.ingress.pipeline import Call, Work, json_headers
+from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import (
     Route,
@@ -86,7 +86,7 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import ChatStream, PassThrough
+from iop.edge.ingress.relay import ChatStream, PassThrough, Work, json_headers
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages

@@ -67,10 +67,10 @@ from iop.edge.ingress.http import (
     render_json,
     required_model,
 )
-from iop.edge.ingress.pipeline import Call, Work, json_headers
+from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
-from iop.edge.ingress.relay import PassThrough
+from iop.edge.ingress.relay import PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
     ChatToResponses,
     RunEventsToResponses,

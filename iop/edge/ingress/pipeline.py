@@ -19,9 +19,9 @@ Generation routes (:meth:`Pipeline.generate`)::
    before any provider is chosen: the pool picks by load, never by capability), then the
    gateway's :class:`~iop.edge.placement.Placement`, made for the principal
    (:func:`~.relay.with_placement`: queued if need be, released exactly once).
-5. **answer** — the codec, given the placement (:class:`Work`), decides native or bridged from
-   the provider's profile, opens a source (a tunnel or a run, :mod:`.sources`) and relays it
-   through its encoder (:func:`~.relay.relay`).
+5. **answer** — the codec, given the placement (:class:`~.relay.Work`), decides native or
+   bridged from the provider's profile, opens a source (a tunnel or a run, :mod:`.sources`)
+   and relays it through its encoder (:func:`~.relay.relay`).
 
 The catalog routes (:meth:`Pipeline.models`) run authenticate, then admit for one model.
 Which codec serves which path is the route table in :mod:`.app`, declared once.
@@ -29,7 +29,7 @@ Which codec serves which path is the route table in :mod:`.app`, declared once.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -40,37 +40,11 @@ from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.errors import ApiError, unsupported
 from iop.edge.ingress.http import read_json, render_json
 from iop.edge.ingress.profiles import Unsupported
-from iop.edge.ingress.relay import (
-    ChatStream,
-    Collect,
-    Exchange,
-    RunCollect,
-    RunStream,
-    Transform,
-    relay,
-    with_placement,
-)
-from iop.edge.ingress.sources import (
-    Gateway,
-    HeaderList,
-    RunSource,
-    Source,
-    TunnelSource,
-    open_run,
-    open_tunnel,
-)
+from iop.edge.ingress.relay import Exchange, Work, with_placement
+from iop.edge.ingress.sources import Gateway
 from iop.edge.placement import Placement
-from iop.runtime.events import RuntimeEvent
 
-__all__ = ["Call", "Catalog", "Codec", "Pipeline", "Work", "json_headers"]
-
-
-def json_headers(stream: bool) -> list[tuple[str, str]]:
-    """The request headers of a JSON body whose answer streams (SSE) or not."""
-    return [
-        ("content-type", "application/json"),
-        ("accept", "text/event-stream" if stream else "application/json"),
-    ]
+__all__ = ["Call", "Catalog", "Codec", "Pipeline"]
 
 
 @dataclass(frozen=True)
@@ -86,83 +60,6 @@ class Call:
     prompt_tokens: int = 0
     # The surface's own decoded facts (say, Chat's requested limits, include_usage).
     facts: Mapping[str, Any] = field(default_factory=dict)
-
-
-class Work:
-    """A placed call's way to the node: open a source (reporting to the request's record) and
-    relay it to the client through an encoder."""
-
-    def __init__(self, gateway: Gateway, exchange: Exchange, placement: Placement) -> None:
-        self.gateway = gateway
-        self.exchange = exchange
-        self.placement = placement
-
-    @property
-    def request(self) -> IRequest:
-        return self.exchange.request
-
-    def tunnel(
-        self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
-    ) -> TunnelSource:
-        return open_tunnel(
-            self.gateway,
-            self.placement,
-            operation,
-            payload,
-            stream,
-            headers,
-            self.exchange.work_ended,
-        )
-
-    def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
-        return open_run(
-            self.gateway,
-            self.placement,
-            input=input,
-            collect=collect,
-            ended=self.exchange.work_ended,
-            **options,
-        )
-
-    def relay_run(
-        self,
-        stream: bool,
-        feed: Callable[[RuntimeEvent], bytes],
-        whole: Callable[[list[RuntimeEvent]], bytes],
-        *,
-        input: str,
-        **options: int,
-    ) -> Coroutine[Any, Any, bytes]:
-        """
-        Submit the run and answer it through the surface's encoders: streamed (each event
-        through ``feed``, the response started by the first), or whole (``whole`` of all the
-        events once the run ended; the adapter is told it may answer at once).
-        """
-        transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
-        return self.relay(transform, self.run(input=input, collect=not stream, **options))
-
-    def relay_chat(
-        self,
-        stream: bool,
-        streamed: Callable[[], ChatStream[Any]],
-        whole: Callable[[int, HeaderList, bytes], bytes],
-        chat: dict[str, Any],
-    ) -> Coroutine[Any, Any, bytes]:
-        """
-        Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
-        surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
-        body (``whole(status, headers, body)``).
-        """
-        transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
-        return self.relay(
-            transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
-        )
-
-    def relay(
-        self, transform: Transform[Any, Any, Any], source: Source[Any, Any, Any]
-    ) -> Coroutine[Any, Any, bytes]:
-        """:func:`~.relay.relay` for this request (its coroutine itself: no extra frame)."""
-        return relay(self.exchange, transform, source)
 
 
 class Codec(Protocol):

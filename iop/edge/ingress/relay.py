@@ -32,7 +32,7 @@ stream is defined where it is used.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -78,7 +78,9 @@ __all__ = [
     "RunStream",
     "Stop",
     "TunnelSource",
+    "Work",
     "await_placement",
+    "json_headers",
     "open_run",
     "open_tunnel",
     "relay",
@@ -379,6 +381,94 @@ async def relay(
             # before whoever holds its placement releases it.
             source.abandon("the request ended")
             await source.done()
+
+
+# -- a placed call's work ---------------------------------------------------------------------
+
+
+def json_headers(stream: bool) -> list[tuple[str, str]]:
+    """The request headers of a JSON body whose answer streams (SSE) or not."""
+    return [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream" if stream else "application/json"),
+    ]
+
+
+class Work:
+    """A placed call's way to the node: open a source (reporting to the request's record) and
+    relay it to the client through an encoder."""
+
+    def __init__(self, gateway: Gateway, exchange: Exchange, placement: Placement) -> None:
+        self.gateway = gateway
+        self.exchange = exchange
+        self.placement = placement
+
+    @property
+    def request(self) -> IRequest:
+        return self.exchange.request
+
+    def tunnel(
+        self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
+    ) -> TunnelSource:
+        return open_tunnel(
+            self.gateway,
+            self.placement,
+            operation,
+            payload,
+            stream,
+            headers,
+            self.exchange.work_ended,
+        )
+
+    def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
+        return open_run(
+            self.gateway,
+            self.placement,
+            input=input,
+            collect=collect,
+            ended=self.exchange.work_ended,
+            **options,
+        )
+
+    def relay_run(
+        self,
+        stream: bool,
+        feed: Callable[[RuntimeEvent], bytes],
+        whole: Callable[[list[RuntimeEvent]], bytes],
+        *,
+        input: str,
+        **options: int,
+    ) -> Coroutine[Any, Any, bytes]:
+        """
+        Submit the run and answer it through the surface's encoders: streamed (each event
+        through ``feed``, the response started by the first), or whole (``whole`` of all the
+        events once the run ended; the adapter is told it may answer at once).
+        """
+        transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
+        return self.relay(transform, self.run(input=input, collect=not stream, **options))
+
+    def relay_chat(
+        self,
+        stream: bool,
+        streamed: Callable[[], ChatStream[Any]],
+        whole: Callable[[int, HeaderList, bytes], bytes],
+        chat: dict[str, Any],
+    ) -> Coroutine[Any, Any, bytes]:
+        """
+        Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
+        surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
+        body (``whole(status, headers, body)``).
+        """
+        transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
+        return self.relay(
+            transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
+        )
+
+    def relay(
+        self, transform: Transform[Any, Any, Any], source: Source[Any, Any, Any]
+    ) -> Coroutine[Any, Any, bytes]:
+        """:func:`~.relay.relay` for this request (its coroutine itself: no extra frame)."""
+        return relay(self.exchange, transform, source)
 
 
 # -- transforms --------------------------------------------------------------------------------
