@@ -37,12 +37,12 @@ open or verify its leases is refused before it is ready, rather than failing eve
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from twisted.internet.interfaces import IReactorTime
 
 from iop.config.model import AdapterConfig, CredentialSlot, EdgeConfig, ProviderConfig
 from iop.edge.errors import CredentialRefused
+from iop.edge.placement import Placement
 from iop.security.keys import (
     IssuerSigningKey,
     KeyFileError,
@@ -52,9 +52,6 @@ from iop.security.keys import (
 )
 from iop.security.lease import issue_lease, upstream_origin
 from iop.wire import runtime_pb2 as pb
-
-if TYPE_CHECKING:
-    from iop.edge.gateway import Placement
 
 __all__ = ["CredentialIssuer", "Sealed"]
 

@@ -4,74 +4,35 @@ The Edge service the client surfaces call: model id → a placement → a run or
 
 ``place(model)`` resolves the model: a ``models[]`` key goes through the provider pool (a
 capacity lease, queueing when every candidate is busy); an ``openai.model_routes[]`` id goes
-straight to its adapter on its node (or the single ready node). The result, :class:`Placement`,
-keeps Edge-locally what was really chosen — provider id, served target, node id, usage
-attribution — and which wire the provider needs: OpenAI-compatible providers (``openai_compat``,
-``vllm``) take the raw provider tunnel, everything else a normalized ``RunRequest``. The choice
-comes from the selected provider, never from the client.
+straight to its adapter on its node (or the single ready node). The result,
+:class:`~iop.edge.placement.Placement` (frozen, built once with the principal it was placed
+for), keeps Edge-locally what was really chosen — provider id, served target, node id, usage
+attribution — and which wire the provider needs: OpenAI-compatible providers
+(``openai_compat``, ``vllm``) take the raw provider tunnel, everything else a normalized
+``RunRequest``. The choice comes from the selected provider, never from the client.
 
 The gateway never releases a lease: whoever placed the request releases it once, when it is
 done with it (:func:`iop.edge.ingress.relay.with_placement`; :meth:`Placement.release` is
-idempotent). :meth:`EdgeGateway.run` and :meth:`EdgeGateway.tunnel` note on the placement how
-its work ended and what it used (:attr:`Placement.outcome`, :attr:`Placement.usage`); the
-request's record (:mod:`iop.edge.ingress.record`) reports it.
+idempotent). Nor does it note how the work ended: :meth:`EdgeGateway.run` and
+:meth:`EdgeGateway.tunnel` return the handle, and whoever consumes it (the client surfaces'
+sources, :mod:`iop.edge.ingress.sources`) reports the outcome and usage to the request's record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.python.failure import Failure
 
 from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.errors import UnknownModel
+from iop.edge.placement import TUNNEL_TYPES, Placement
 from iop.edge.pool import Lease, ProviderPool
-from iop.edge.routes import TUNNEL_TYPES, RouteResolver
+from iop.edge.routes import RouteResolver
 from iop.edge.runs import RunDispatcher, RunHandle
-from iop.edge.tunnel import TunnelDispatcher, TunnelOutcome, TunnelStream
-from iop.runtime.events import RuntimeEvent, Usage
-
-
-@dataclass
-class Placement:
-    """What the Edge chose for one request. Edge-local: none of it goes on the wire as such."""
-
-    model: str
-    node_id: str
-    adapter: str
-    target: str
-    provider_type: str
-    provider_id: str | None = None
-    profile: ProfileConfig | None = None
-    usage_attribution: str = ""
-    policy: ModelConfig | None = None
-    lease: Lease | None = field(default=None, repr=False)
-    # Who asked: the client key's name ("" with auth off); bound into managed credential leases.
-    principal: str = ""
-    # How the work ended (set once it has): complete, error or cancelled, and the usage the
-    # provider reported (None when it reported none). Read by the request's record.
-    outcome: str = ""
-    usage: Usage | None = None
-
-    @property
-    def wire(self) -> str:
-        """``tunnel`` for OpenAI-compatible providers, ``run`` for the rest."""
-        return "tunnel" if self.provider_type in TUNNEL_TYPES else "run"
-
-    def release(self) -> None:
-        """Give back the capacity lease (idempotent; nothing for direct routes)."""
-        if self.lease is not None:
-            self.lease.release()
-
-    def ended(self, outcome: str, usage: Usage | None) -> None:
-        """The work ended: how, and what it used (the first report wins)."""
-        if not self.outcome:
-            self.outcome = outcome
-            self.usage = usage
+from iop.edge.tunnel import TunnelDispatcher, TunnelStream
 
 
 class EdgeGateway:
@@ -141,16 +102,19 @@ class EdgeGateway:
 
     # -- placement ---------------------------------------------------------------------------
 
-    def place(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Placement]:
+    def place(
+        self, model_id: str, *, prompt_tokens: int = 0, principal: str = ""
+    ) -> Deferred[Placement]:
         """
-        Choose where ``model_id`` runs. Fails with the pool's errors (``UnknownModel``,
+        Choose where ``model_id`` runs, for ``principal`` (the client key's name; "" with auth
+        off or for the admin API). Fails with the pool's errors (``UnknownModel``,
         ``Unavailable``, ``Overloaded``, ``QueueTimeout``) or the dispatcher's (``NoRoute``,
         ``NodeUnavailable``). Cancelling the Deferred while queued withdraws the request.
         """
         if model_id in self._models:
             policy = self._models[model_id]
             return self._pool.acquire(model_id, prompt_tokens=prompt_tokens).addCallback(
-                self._from_lease, policy
+                self._from_lease, policy, principal
             )
         route = self._resolver.route(model_id)
         if route is None:
@@ -168,10 +132,11 @@ class EdgeGateway:
                 provider_id=provider[1].id if provider else None,
                 profile=self._profiles.get(provider[1].profile) if provider else None,
                 usage_attribution=provider[1].usage_attribution if provider else "",
+                principal=principal,
             )
         )
 
-    def _from_lease(self, lease: Lease, policy: ModelConfig) -> Placement:
+    def _from_lease(self, lease: Lease, policy: ModelConfig, principal: str) -> Placement:
         _, provider = self._providers[lease.provider_id]
         return Placement(
             model=policy.id,
@@ -184,26 +149,20 @@ class EdgeGateway:
             usage_attribution=lease.usage_attribution,
             policy=policy,
             lease=lease,
+            principal=principal,
         )
 
     # -- execution ---------------------------------------------------------------------------
 
     def run(self, placement: Placement, *, input: str, **options: Any) -> RunHandle:
-        """Send a normalized run for ``placement``; its end is reported."""
-        handle = self._runs.submit_run(
+        """Send a normalized run for ``placement``."""
+        return self._runs.submit_run(
             adapter=placement.adapter,
             target=placement.target,
             input=input,
             node_id=placement.node_id,
             **options,
         )
-
-        def finished(terminal: RuntimeEvent) -> RuntimeEvent:
-            placement.ended(terminal.type.value, terminal.usage)
-            return terminal
-
-        handle.when_done().addCallback(finished)
-        return handle
 
     def tunnel(
         self,
@@ -217,14 +176,14 @@ class EdgeGateway:
         timeout_sec: int = 0,
     ) -> TunnelStream:
         """
-        Open the raw provider tunnel for ``placement``; its end is reported. In managed mode
+        Open the raw provider tunnel for ``placement``. In managed mode
         the request carries a credential lease: bound (and validated) here, sealed (validated
         again) by the dispatcher immediately before it sends; :class:`CredentialRefused` when
         the binding does not hold — never a fallback to another provider.
         """
         issuer = self._credentials
         seal = issuer.sealer(placement) if issuer is not None else None
-        tunnel = self._tunnels.open(
+        return self._tunnels.open(
             placement.node_id,
             adapter=placement.adapter,
             target=placement.target,
@@ -237,21 +196,6 @@ class EdgeGateway:
             profile=placement.profile.name if placement.profile else "",
             seal=seal,
         )
-
-        def finished(outcome: TunnelOutcome) -> TunnelOutcome:
-            if outcome.ok:
-                placement.ended("complete", outcome.usage)
-            else:
-                cancelled = tunnel.cancel_reason is not None
-                placement.ended("cancelled" if cancelled else "error", outcome.usage)
-            return outcome
-
-        def failed(failure: Failure) -> Failure:
-            placement.ended("error", None)
-            return failure
-
-        tunnel.when_done().addCallbacks(finished, failed)
-        return tunnel
 
 
 __all__ = ["TUNNEL_TYPES", "EdgeGateway", "Placement"]

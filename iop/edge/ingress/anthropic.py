@@ -17,7 +17,8 @@ The Anthropic-compatible client surface.
   back with that status in the Anthropic error shape.
 - **bridge** on a run provider (Ollama, CLI agents): the converted chat request is the run input;
   :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
-  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer.
+  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
+  through the Messages encoder).
 
 Thinking blocks reach the client only when the profile allows them over the bridge
 (:func:`~iop.edge.ingress.profiles.thinking_allowed`) and the request asked for thinking. A
@@ -38,21 +39,20 @@ provider. Otherwise every candidate must be an ``anthropic_messages`` provider w
 tunneled (operation ``count_tokens``); else 400 ``unsupported``.
 
 ``GET /v1/models`` asked with an ``anthropic-version`` header (as the Anthropic SDK does) gets
-the Anthropic list shape (:meth:`AnthropicSurface.models`).
+the Anthropic list shape (:class:`AnthropicCatalog`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IRequest
 
-from iop.config.model import ClientAPIConfig, ModelConfig, ProfileConfig
-from iop.edge.gateway import Placement
-from iop.edge.ingress.auth import authenticate, authorize
+from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress.bridge import (
     IMAGES_ANY,
     IMAGES_BASE64,
@@ -74,10 +74,10 @@ from iop.edge.ingress.http import (
     json_bytes,
     optional_bool,
     positive_int,
-    read_json,
     render_json,
     required_model,
 )
+from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import (
     Route,
@@ -86,25 +86,19 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import (
-    ChatStream,
-    Collect,
-    Exchange,
-    Gateway,
-    PassThrough,
-    RunCollect,
-    RunStream,
-    TunnelSource,
-    open_run,
-    open_tunnel,
-    relay,
-    with_placement,
-)
+from iop.edge.ingress.relay import ChatStream, PassThrough, Work, json_headers
+from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
+from iop.edge.placement import Placement
 from iop.runtime.events import RuntimeEvent
 
-__all__ = ["DEFAULT_ANTHROPIC_VERSION", "AnthropicSurface"]
+__all__ = [
+    "DEFAULT_ANTHROPIC_VERSION",
+    "AnthropicCatalog",
+    "CountTokensCodec",
+    "MessagesCodec",
+]
 
 DEFAULT_ANTHROPIC_VERSION = "2023-06-01"
 
@@ -113,20 +107,16 @@ def _is_success(status: int) -> bool:
     return 200 <= status < 300
 
 
-class AnthropicSurface:
-    """The Anthropic-compatible routes' logic (Klein routing lives in :mod:`.app`)."""
+class AnthropicCatalog:
+    """``GET /v1/models`` asked with ``anthropic-version``: the Anthropic list shape."""
 
-    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
+    def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
         self._gateway = gateway
-        self._config = config
-        self._clock = clock
         self._created = datetime.fromtimestamp(int(clock.seconds()), UTC).strftime(
             "%Y-%m-%dT%H:%M:%SZ"
         )
 
-    # -- catalog -----------------------------------------------------------------------------
-
-    def _model_entry(self, model_id: str) -> dict[str, Any]:
+    def entry(self, model_id: str) -> dict[str, Any]:
         config = self._gateway.model(model_id)
         display = config.display_name if config is not None and config.display_name else model_id
         return {
@@ -136,113 +126,72 @@ class AnthropicSurface:
             "created_at": self._created,
         }
 
-    async def models(self, exchange: Exchange) -> bytes:
-        key = authenticate(exchange.request, self._config)
-        ids = [m for m in self._gateway.model_ids() if key is None or key.allows(m)]
-        return render_json(
-            exchange.request,
-            {
-                "data": [self._model_entry(m) for m in ids],
-                "has_more": False,
-                "first_id": ids[0] if ids else None,
-                "last_id": ids[-1] if ids else None,
-            },
-        )
+    def listing(self, ids: list[str]) -> dict[str, Any]:
+        return {
+            "data": [self.entry(m) for m in ids],
+            "has_more": False,
+            "first_id": ids[0] if ids else None,
+            "last_id": ids[-1] if ids else None,
+        }
 
-    async def model(self, exchange: Exchange, model_id: str) -> bytes:
-        key = authenticate(exchange.request, self._config)
-        authorize(key, model_id)
-        self._require(model_id)
-        return render_json(exchange.request, self._model_entry(model_id))
 
-    def _require(self, model: str) -> None:
-        if model not in self._gateway.model_ids():
-            raise ApiError(404, f"model {model!r} does not exist", code="model_not_found")
+def _native_headers(request: IRequest, stream: bool) -> list[tuple[str, str]]:
+    headers = json_headers(stream)
+    version = header(request, "anthropic-version") or DEFAULT_ANTHROPIC_VERSION
+    headers.append(("anthropic-version", version))
+    beta = header(request, "anthropic-beta")
+    if beta:
+        headers.append(("anthropic-beta", beta))
+    return headers
 
-    def _check_candidates(
-        self, model: str, check: Callable[[ProfileConfig | None], object]
-    ) -> None:
-        profiles = self._gateway.candidate_profiles(model)
-        if not profiles:
-            raise unsupported(f"model {model!r} has no provider that can serve this request")
-        for profile in profiles:
-            try:
-                check(profile)
-            except Unsupported as e:
-                raise unsupported(e.message) from None
 
-    @staticmethod
-    def _headers(stream: bool) -> list[tuple[str, str]]:
-        return [
-            ("content-type", "application/json"),
-            ("accept", "text/event-stream" if stream else "application/json"),
-        ]
+def _messages_list(body: dict[str, Any]) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' is required and must be a non-empty list")
 
-    def _native_headers(self, exchange: Exchange, stream: bool) -> list[tuple[str, str]]:
-        headers = self._headers(stream)
-        version = header(exchange.request, "anthropic-version") or DEFAULT_ANTHROPIC_VERSION
-        headers.append(("anthropic-version", version))
-        beta = header(exchange.request, "anthropic-beta")
-        if beta:
-            headers.append(("anthropic-beta", beta))
-        return headers
 
-    def _tunnel(
-        self,
-        placement: Placement,
-        operation: str,
-        payload: dict[str, Any],
-        stream: bool,
-        headers: list[tuple[str, str]],
-    ) -> TunnelSource:
-        return open_tunnel(self._gateway, placement, operation, payload, stream, headers)
+class MessagesCodec:
+    """``POST /v1/messages``: native over an ``anthropic_messages`` tunnel, else bridged."""
 
-    # -- messages ----------------------------------------------------------------------------
+    needs_candidates = True
 
-    async def messages(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
         stream = optional_bool(body, "stream")
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' is required and must be a non-empty list")
+        _messages_list(body)
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be a list")
-        has_tools = bool(tools)
         check_anthropic_messages(body)
-        self._require(model)
-        policy = self._gateway.model(model)
-        limit = max_tokens_for(positive_int(body, "max_tokens"), policy)
+        return Call(model, body, stream=stream, tools=bool(tools))
+
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        limit = max_tokens_for(positive_int(call.body, "max_tokens"), policy)
         if limit is None:
             raise bad_request("'max_tokens' is required")
-        body = {**body, "max_tokens": limit}
-        self._check_candidates(
-            model, lambda profile: check_messages(profile, stream=stream, tools=has_tools)
+        body = {**call.body, "max_tokens": limit}
+        # The policy the body was shaped by stays the request's, also while it waits in the pool.
+        return replace(
+            call,
+            body=body,
+            prompt_tokens=estimate_prompt_tokens_messages(body),
+            facts={"policy": policy},
         )
 
-        async def answer(placement: Placement) -> bytes:
-            return await self._messages(exchange, placement, body, policy, stream, has_tools)
+    def local(self, call: Call, policy: ModelConfig | None) -> None:
+        return None
 
-        return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_messages(body), answer, key
-        )
+    def serves(self, profile: ProfileConfig | None, call: Call) -> Route:
+        return check_messages(profile, stream=call.stream, tools=call.tools)
 
-    async def _messages(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        body: dict[str, Any],
-        policy: ModelConfig | None,
-        stream: bool,
-        has_tools: bool,
-    ) -> bytes:
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        body, stream = call.body, call.stream
+        policy: ModelConfig | None = call.facts["policy"]
         model = placement.model
         try:
-            route = check_messages(placement.profile, stream=stream, tools=has_tools)
+            route = check_messages(placement.profile, stream=stream, tools=call.tools)
             if route == Route.NATIVE and placement.wire != "tunnel":
                 raise Unsupported("native Anthropic Messages are served only through a tunnel")
         except Unsupported as e:
@@ -250,12 +199,9 @@ class AnthropicSurface:
         if route == Route.NATIVE:
             payload = dict(body)
             payload["model"] = placement.target
-            return await relay(
-                exchange,
+            return await work.relay(
                 PassThrough(),
-                self._tunnel(
-                    placement, "messages", payload, stream, self._native_headers(exchange, stream)
-                ),
+                work.tunnel("messages", payload, stream, _native_headers(work.request, stream)),
             )
         allowed = thinking_allowed(placement.profile)
         try:
@@ -269,97 +215,81 @@ class AnthropicSurface:
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
         if placement.wire == "tunnel":
-            if stream:
-                tunnel_transform: ChatStream[Event] | Collect = bridge_stream(model, show)
-            else:
 
-                def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                    if not _is_success(status):
-                        raise upstream_error(status, data)
-                    try:
-                        completion = json.loads(data)
-                        message = chat_completion_to_message(
-                            completion, model=model, thinking_allowed=show
-                        )
-                    except (ValueError, UpstreamError) as e:
-                        text = e.message if isinstance(e, UpstreamError) else "not JSON"
-                        raise ApiError(
-                            502, f"the provider's answer could not be converted: {text}"
-                        ) from None
-                    return render_json(exchange.request, message)
-
-                tunnel_transform = Collect(convert)
-            return await relay(
-                exchange,
-                tunnel_transform,
-                self._tunnel(placement, "chat_completions", chat, stream, self._headers(stream)),
-            )
-        if stream:
-            converter = RunEventsToMessages(model=model, thinking_allowed=show)
-
-            def feed(event: RuntimeEvent) -> bytes:
-                return _sse(converter.feed(event))
-
-            run_transform: RunStream | RunCollect = RunStream(feed)
-        else:
-
-            def whole(events: list[RuntimeEvent]) -> bytes:
+            def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+                if not _is_success(status):
+                    raise upstream_error(status, data)
                 try:
-                    message = run_events_to_message(events, model=model, thinking_allowed=show)
-                except UpstreamError as e:
-                    raise ApiError(502, e.message, code="upstream_error") from None
-                return render_json(exchange.request, message)
+                    completion = json.loads(data)
+                    message = chat_completion_to_message(
+                        completion, model=model, thinking_allowed=show
+                    )
+                except (ValueError, UpstreamError) as e:
+                    text = e.message if isinstance(e, UpstreamError) else "not JSON"
+                    raise ApiError(
+                        502, f"the provider's answer could not be converted: {text}"
+                    ) from None
+                return render_json(work.request, message)
 
-            run_transform = RunCollect(whole)
-        return await relay(
-            exchange,
-            run_transform,
-            open_run(
-                self._gateway,
-                placement,
-                input=json_bytes(chat).decode(),
-                collect=isinstance(run_transform, RunCollect),
-                max_tokens=int(chat.get("max_tokens") or 0),
-                thinking_token_budget=_thinking_budget(body, policy),
-            ),
+            return await work.relay_chat(stream, lambda: bridge_stream(model, show), convert, chat)
+        converter = RunEventsToMessages(model=model, thinking_allowed=show)
+
+        def feed(event: RuntimeEvent) -> bytes:
+            return _sse(converter.feed(event))
+
+        def whole(events: list[RuntimeEvent]) -> bytes:
+            try:
+                message = run_events_to_message(events, model=model, thinking_allowed=show)
+            except UpstreamError as e:
+                raise ApiError(502, e.message, code="upstream_error") from None
+            return render_json(work.request, message)
+
+        return await work.relay_run(
+            stream,
+            feed,
+            whole,
+            input=json_bytes(chat).decode(),
+            max_tokens=int(chat.get("max_tokens") or 0),
+            thinking_token_budget=_thinking_budget(body, policy),
         )
 
-    # -- count_tokens ------------------------------------------------------------------------
 
-    async def count_tokens(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+class CountTokensCodec:
+    """``POST /v1/messages/count_tokens``: counted locally, or tunneled to a native provider."""
+
+    needs_candidates = True
+
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' is required and must be a non-empty list")
+        _messages_list(body)
         check_anthropic_count_tokens(body)
-        self._require(model)
-        policy = self._gateway.model(model)
+        return Call(model, body)
+
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        return call
+
+    def local(self, call: Call, policy: ModelConfig | None) -> dict[str, Any] | None:
         if policy is not None and policy.token_counter:
-            return render_json(request, {"input_tokens": count_tokens(body)})
-        self._check_candidates(model, check_count_tokens)
+            return {"input_tokens": count_tokens(call.body)}
+        return None
 
-        async def answer(placement: Placement) -> bytes:
-            try:
-                check_count_tokens(placement.profile)
-                if placement.wire != "tunnel":
-                    raise Unsupported("count_tokens is served only through a provider tunnel")
-            except Unsupported as e:
-                raise unsupported(e.message) from None
-            payload = dict(body)
-            payload["model"] = placement.target
-            return await relay(
-                exchange,
-                PassThrough(),
-                self._tunnel(
-                    placement, "count_tokens", payload, False, self._native_headers(exchange, False)
-                ),
-            )
+    def serves(self, profile: ProfileConfig | None, call: Call) -> Route:
+        return check_count_tokens(profile)
 
-        return await with_placement(self._gateway, exchange, model, 0, answer, key)
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        try:
+            check_count_tokens(placement.profile)
+            if placement.wire != "tunnel":
+                raise Unsupported("count_tokens is served only through a provider tunnel")
+        except Unsupported as e:
+            raise unsupported(e.message) from None
+        payload = dict(call.body)
+        payload["model"] = placement.target
+        return await work.relay(
+            PassThrough(),
+            work.tunnel("count_tokens", payload, False, _native_headers(work.request, False)),
+        )
 
 
 def _images_for(placement: Placement) -> str:

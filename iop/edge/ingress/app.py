@@ -2,14 +2,18 @@
 """
 The client listener's Klein app: the OpenAI- and Anthropic-compatible surfaces on one port.
 
+The route table (:attr:`ClientApp.routes`) names each route once — method, path, surface,
+operation, and what serves it — and is both the Klein router's rules and the exact-path fast
+path (:meth:`ClientApp.direct`). Every route runs :class:`~.pipeline.Pipeline`'s stages:
+
 =====================================  =========================================================
 ``GET /v1/models``                      the catalog (OpenAI list; Anthropic list when the
                                         request carries ``anthropic-version``)
 ``GET /v1/models/{id}``                 one model, same rule
-``POST /v1/chat/completions``           :mod:`.openai`
-``POST /v1/responses``                  :mod:`.openai`
-``POST /v1/messages``                   :mod:`.anthropic`
-``POST /v1/messages/count_tokens``      :mod:`.anthropic`
+``POST /v1/chat/completions``           :class:`.openai.ChatCodec`
+``POST /v1/responses``                  :class:`.openai.ResponsesCodec`
+``POST /v1/messages``                   :class:`.anthropic.MessagesCodec`
+``POST /v1/messages/count_tokens``      :class:`.anthropic.CountTokensCodec`
 ``OPTIONS`` any of these                CORS preflight, with ``openai.cors`` only (:mod:`.cors`)
 =====================================  =========================================================
 
@@ -22,6 +26,7 @@ stream has started, the connection is cut).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from klein import Klein
@@ -35,17 +40,20 @@ from twisted.web.server import NOT_DONE_YET
 
 from iop.config.model import ClientAPIConfig
 from iop.edge.descriptors import ClientCaps
-from iop.edge.ingress.anthropic import AnthropicSurface
+from iop.edge.ingress.anthropic import AnthropicCatalog, CountTokensCodec, MessagesCodec
 from iop.edge.ingress.cors import CorsPolicy, CorsResource
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, bad_request
 from iop.edge.ingress.http import ClientSite, header, render_error
-from iop.edge.ingress.openai import OpenAISurface
+from iop.edge.ingress.openai import ChatCodec, OpenAICatalog, ResponsesCodec
+from iop.edge.ingress.pipeline import Catalog, Codec, Pipeline
 from iop.edge.ingress.record import Publish, RequestRecord
-from iop.edge.ingress.relay import Exchange, Gateway
+from iop.edge.ingress.relay import Exchange
+from iop.edge.ingress.sources import Gateway
 
-__all__ = ["ClientApp"]
+__all__ = ["ApiRoute", "ClientApp"]
 
-Handler = Callable[[Exchange], Awaitable[bytes]]
+# Serves one routed request: the exchange and the path's arguments (``model_id``).
+Serve = Callable[[Exchange, dict[str, str]], Awaitable[bytes]]
 
 
 def surface_of(request: IRequest) -> str:
@@ -56,10 +64,25 @@ def surface_of(request: IRequest) -> str:
     return OPENAI
 
 
+@dataclass(frozen=True)
+class ApiRoute:
+    """One client API route: where, which surface's shape (None: by the request), what."""
+
+    method: str
+    path: str
+    surface: str | None
+    operation: str
+    serve: Serve
+
+    @property
+    def exact(self) -> bool:
+        """A path without arguments: found by its bytes alone (the fast path)."""
+        return "<" not in self.path
+
+
 class ClientApp:
     """The client HTTP API; :meth:`site` is what the ``openai.listen`` endpoint serves."""
 
-    app = Klein()
     log = Logger()
 
     def __init__(
@@ -73,19 +96,58 @@ class ClientApp:
         self._clock = clock
         # Each finished request's record goes here (the Edge's event bus); None: not recorded.
         self._publish = publish
-        self.openai = OpenAISurface(gateway, config, clock)
-        self.anthropic = AnthropicSurface(gateway, config, clock)
-        # The generation routes by exact path (:meth:`direct`): surface, operation, handler.
-        self._direct: dict[bytes, tuple[str, str, Handler]] = {
-            b"/v1/chat/completions": (OPENAI, "chat", self.openai.chat_completions),
-            b"/v1/responses": (OPENAI, "responses", self.openai.responses),
-            b"/v1/messages": (ANTHROPIC, "messages", self.anthropic.messages),
-            b"/v1/messages/count_tokens": (
+        self.pipeline = Pipeline(gateway, config)
+        self.chat = ChatCodec(gateway, clock)
+        self.responses = ResponsesCodec(gateway, clock)
+        self.messages = MessagesCodec()
+        self.count_tokens = CountTokensCodec()
+        self._catalogs: dict[str, Catalog] = {
+            OPENAI: OpenAICatalog(clock),
+            ANTHROPIC: AnthropicCatalog(gateway, clock),
+        }
+        # The route table: declared once, for the router and the fast path alike.
+        self.routes: tuple[ApiRoute, ...] = (
+            ApiRoute("GET", "/v1/models", None, "models", self._models),
+            ApiRoute("GET", "/v1/models/<path:model_id>", None, "models", self._models),
+            ApiRoute("POST", "/v1/chat/completions", OPENAI, "chat", self._generate(self.chat)),
+            ApiRoute("POST", "/v1/responses", OPENAI, "responses", self._generate(self.responses)),
+            ApiRoute("POST", "/v1/messages", ANTHROPIC, "messages", self._generate(self.messages)),
+            ApiRoute(
+                "POST",
+                "/v1/messages/count_tokens",
                 ANTHROPIC,
                 "count_tokens",
-                self.anthropic.count_tokens,
+                self._generate(self.count_tokens),
             ),
+        )
+        self.app = Klein()
+        for number, route in enumerate(self.routes):
+            self.app.route(route.path, methods=[route.method], endpoint=f"route{number}")(
+                self._routed(route)
+            )
+        self.app.handle_errors(Exception)(self.error)
+        # The fast path: the generation routes (POST, exact paths) by path bytes (:meth:`direct`).
+        self._direct: dict[bytes, ApiRoute] = {
+            r.path.encode(): r for r in self.routes if r.method == "POST" and r.exact
         }
+
+    # The serving functions return the pipeline's coroutine itself: no coroutine of their own.
+
+    def _generate(self, codec: Codec) -> Serve:
+        def serve(exchange: Exchange, arguments: dict[str, str]) -> Awaitable[bytes]:
+            return self.pipeline.generate(exchange, codec)
+
+        return serve
+
+    def _models(self, exchange: Exchange, arguments: dict[str, str]) -> Awaitable[bytes]:
+        catalog = self._catalogs[surface_of(exchange.request)]
+        return self.pipeline.models(exchange, catalog, arguments.get("model_id"))
+
+    def _routed(self, route: ApiRoute) -> Callable[..., Awaitable[bytes]]:
+        async def routed(request: IRequest, **arguments: str) -> bytes:
+            return await self._guard(request, route, arguments)
+
+        return routed
 
     def _record(self, request: IRequest, surface: str, operation: str) -> RequestRecord | None:
         if self._publish is None:
@@ -93,19 +155,22 @@ class ClientApp:
         return RequestRecord(request, surface, operation, self._clock, self._publish)
 
     async def _guard(
-        self, request: IRequest, surface: str, operation: str, handler: Handler
+        self, request: IRequest, route: ApiRoute, arguments: dict[str, str] | None = None
     ) -> bytes:
-        record = self._record(request, surface, operation)
+        surface = route.surface or surface_of(request)
+        record = self._record(request, surface, route.operation)
         try:
-            return await self._handle(Exchange(request, record), surface, handler)
+            return await self._handle(Exchange(request, record), surface, route, arguments or {})
         finally:
             if record is not None:
                 record.handler_done()
 
-    async def _handle(self, exchange: Exchange, surface: str, handler: Handler) -> bytes:
+    async def _handle(
+        self, exchange: Exchange, surface: str, route: ApiRoute, arguments: dict[str, str]
+    ) -> bytes:
         request = exchange.request
         try:
-            return await handler(exchange)
+            return await route.serve(exchange, arguments)
         except ApiError as e:
             if exchange.started:
                 self.log.warn(
@@ -125,38 +190,22 @@ class ClientApp:
                 return b""
             return render_error(request, surface, ApiError(500, "internal error"))
 
-    @app.route("/v1/models", methods=["GET"])
-    async def models(self, request: IRequest) -> bytes:
-        if surface_of(request) == ANTHROPIC:
-            return await self._guard(request, ANTHROPIC, "models", self.anthropic.models)
-        return await self._guard(request, OPENAI, "models", self.openai.models)
-
-    @app.route("/v1/models/<path:model_id>", methods=["GET"])
-    async def model(self, request: IRequest, model_id: str) -> bytes:
-        if surface_of(request) == ANTHROPIC:
-            return await self._guard(
-                request, ANTHROPIC, "models", lambda ex: self.anthropic.model(ex, model_id)
-            )
-        return await self._guard(
-            request, OPENAI, "models", lambda ex: self.openai.model(ex, model_id)
-        )
-
     def direct(self, request: IRequest) -> object | None:
         """
-        Serve a ``POST`` to one of the generation routes (``/v1/chat/completions``,
+        Serve a ``POST`` to one of the table's generation routes (``/v1/chat/completions``,
         ``/v1/responses``, ``/v1/messages``, ``/v1/messages/count_tokens``, exactly) without
-        the router: found by its exact path, run and answered as Klein would (the same handler,
+        the router: found by its exact path, run and answered as Klein would (the same route,
         its bytes written, the request finished, cancelled when the client goes away, an
         unexpected failure answered by :meth:`error`). Anything else — other methods, other
-        paths, a path Klein would redirect — returns None and goes to the router.
+        paths, a path Klein would
+        redirect — returns None and goes to the router.
         """
         if request.method != b"POST":
             return None
         route = self._direct.get(request.path)  # type: ignore[attr-defined]
         if route is None:
             return None
-        surface, operation, handler = route
-        d = Deferred.fromCoroutine(self._guard(request, surface, operation, handler))
+        d = Deferred.fromCoroutine(self._guard(request, route))
         finished = False
 
         def gone(result: object) -> object:
@@ -185,23 +234,6 @@ class ClientApp:
         d.addErrback(lambda f: self.log.failure("writing a client response failed", f))
         return NOT_DONE_YET
 
-    @app.route("/v1/chat/completions", methods=["POST"])
-    async def chat_completions(self, request: IRequest) -> bytes:
-        return await self._guard(request, *self._direct[b"/v1/chat/completions"])
-
-    @app.route("/v1/responses", methods=["POST"])
-    async def responses(self, request: IRequest) -> bytes:
-        return await self._guard(request, *self._direct[b"/v1/responses"])
-
-    @app.route("/v1/messages", methods=["POST"])
-    async def messages(self, request: IRequest) -> bytes:
-        return await self._guard(request, *self._direct[b"/v1/messages"])
-
-    @app.route("/v1/messages/count_tokens", methods=["POST"])
-    async def count_tokens(self, request: IRequest) -> bytes:
-        return await self._guard(request, *self._direct[b"/v1/messages/count_tokens"])
-
-    @app.handle_errors(Exception)
     def error(self, request: IRequest, failure: Any) -> bytes:
         from werkzeug.exceptions import HTTPException, MethodNotAllowed
 

@@ -10,8 +10,10 @@ Pure conversion: no I/O, no reactor. Four directions:
   body for the served target.
 - :func:`chat_completion_to_message`: a non-streaming ``chat.completion`` → a ``message``.
 - :class:`ChatStreamToMessages`: ``chat.completion.chunk`` dicts → Anthropic stream events.
-- :class:`RunEventsToMessages` / :func:`run_events_to_message`: normalized
-  :class:`~iop.runtime.events.RuntimeEvent` s → Anthropic stream events / a ``message``.
+- :class:`MessagesEncoder`: the canonical answer stream (:mod:`.canonical`) → Anthropic stream
+  events and the whole ``message``; :class:`RunEventsToMessages` /
+  :func:`run_events_to_message` feed it a normalized run's events through the one run
+  conversion (:class:`~iop.edge.ingress.canonical.RunDecoder`).
 
 Stream events are ``(event_name, data)`` tuples in the order of the Messages streaming API:
 ``message_start``; per content block ``content_block_start``, ``content_block_delta`` …,
@@ -83,29 +85,23 @@ Answer mapping decisions:
   fragment for a call whose block was already closed (no known server does this) is dropped.
 - Normalized runs: ``metadata["openai_tool_calls"]`` become ``tool_use`` blocks; only when
   ``metadata["openai_text_tool_fallback"] == "true"`` are tool calls also parsed out of the text
-  (:func:`iop.edge.ingress.tools.parse_text_tool_calls`). While streaming, text from a ``{`` or
-  ```` ``` ```` that could open such a ``{"tool_calls": …}`` reply is held back until the run
-  completes, so a tool-call reply never reaches the client as text; text that turns out not to be
-  one is sent in order.
+  (:func:`iop.edge.ingress.tools.parse_text_tool_calls`). Text from a ``{`` or ```` ``` ````
+  that could open such a ``{"tool_calls": …}`` reply is held back until the run completes
+  (:class:`~iop.edge.ingress.canonical.RunDecoder`), so a tool-call reply never reaches the
+  client as text; text that turns out not to be one is sent in order.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from iop.edge.ingress import canonical
 from iop.edge.ingress.profiles import THINKING_REQUIREMENT
-from iop.edge.ingress.tools import (
-    MARKER_MATCH,
-    MARKER_NO,
-    new_call_id,
-    parse_text_tool_calls,
-    tool_call_marker_state,
-)
+from iop.edge.ingress.tools import new_call_id
 from iop.formats.errors import error_message
 from iop.formats.sse import format_event
 from iop.formats.usage import openai_chat_usage, token_count
@@ -1141,15 +1137,12 @@ class ChatStreamToMessages:
         return out
 
 
-_CANDIDATE = re.compile(r"[{`]")
-
-
-class RunEventsToMessages:
+class MessagesEncoder:
     """
-    Normalized run events in, Anthropic stream events out: ``delta`` → text, ``reasoning_delta``
-    → thinking (only when allowed), ``complete`` → tool calls and the message's end, ``error``
-    and ``cancelled`` → an ``error`` event. See the module docstring for the text-tool fallback
-    and the hold-back of text that may be a tool-call reply.
+    Canonical answer events (:mod:`.canonical`) in, Anthropic stream events out
+    (:meth:`encode`): text, thinking (only when ``thinking_allowed``), each tool call as a
+    ``tool_use`` block, the finish as ``message_delta`` + ``message_stop``, a failure as one
+    ``error`` event. :meth:`message` is the whole ``message`` once finished.
     """
 
     def __init__(
@@ -1162,9 +1155,6 @@ class RunEventsToMessages:
     ) -> None:
         self._stream = _MessageStream(model, message_id, input_tokens)
         self._thinking = thinking_allowed
-        # Text not sent yet because it may open a text tool call; locked once it surely does.
-        self._held = ""
-        self._locked = False
 
     @property
     def message_id(self) -> str:
@@ -1176,7 +1166,7 @@ class RunEventsToMessages:
 
     @property
     def failed(self) -> str | None:
-        """The error message, once the run failed or was cancelled."""
+        """The error message, once the answer failed."""
         return self._stream.failed
 
     def message(self) -> dict[str, Any]:
@@ -1187,88 +1177,75 @@ class RunEventsToMessages:
         self._stream.start(out)
         return out
 
-    def feed(self, event: RuntimeEvent) -> list[Event]:
+    def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
         out: list[Event] = []
-        if self._stream.done:
-            return out
-        if event.type == EventType.ERROR:
-            self._stream.fail(event.error or "the run failed", "api_error", out)
-        elif event.type == EventType.CANCELLED:
-            reason = event.error or "cancelled"
-            self._stream.fail(f"the run was cancelled: {reason}", "api_error", out)
-        elif event.type == EventType.START:
-            self._stream.start(out)
-        elif event.type == EventType.DELTA:
-            self._stream.start(out)
-            self._text(event.delta, out)
-        elif event.type == EventType.REASONING_DELTA:
-            self._stream.start(out)
-            if self._thinking and event.delta:
-                if not self._locked:
-                    self._release(out)
-                self._stream.thinking(event.delta, out)
-        elif event.type == EventType.COMPLETE:
-            self._complete(event, out)
+        stream = self._stream
+        for event in events:
+            if stream.done:
+                break
+            kind = event.kind
+            if kind == canonical.Kind.TEXT:
+                stream.text(event.text, out)
+            elif kind == canonical.Kind.START:
+                stream.start(out)
+            elif kind == canonical.Kind.REASONING:
+                stream.start(out)
+                if self._thinking and event.text:
+                    stream.thinking(event.text, out)
+            elif kind == canonical.Kind.TOOL_CALL:
+                block = _tool_use_block(event.call)
+                if block is not None:
+                    stream.open_tool(None, block["id"], block["name"], out)
+                    stream.tool_json(json.dumps(block["input"], ensure_ascii=False), out)
+            elif kind == canonical.Kind.FINISH:
+                has_calls = stream.has_tool_use()
+                stop_reason = stop_reason_for(event.reason, tool_calls=has_calls)
+                stream.finish(stop_reason, None, _Usage.from_runtime(event.usage), out)
+            elif kind == canonical.Kind.FAILED:
+                assert event.terminal is not None
+                stream.fail(_run_failure(event.terminal), "api_error", out)
         return out
 
-    def _release(self, out: list[Event]) -> None:
-        held, self._held = self._held, ""
-        self._stream.text(held, out)
-
-    def _text(self, delta: str, out: list[Event]) -> None:
-        if self._locked:
-            self._held += delta
-            return
-        pending, self._held = self._held + delta, ""
-        search = 0
-        while True:
-            match = _CANDIDATE.search(pending, search)
-            if match is None:
-                self._stream.text(pending, out)
-                return
-            position = match.start()
-            state = tool_call_marker_state(pending[position:])
-            if state == MARKER_NO:
-                search = position + 1
-                continue
-            self._stream.text(pending[:position], out)
-            self._held = pending[position:]
-            self._locked = state == MARKER_MATCH
-            return
-
-    def _complete(self, event: RuntimeEvent, out: list[Event]) -> None:
-        metadata = event.metadata
-        calls: list[Any] = []
-        raw = metadata.get("openai_tool_calls")
-        if raw:
-            try:
-                decoded = json.loads(raw)
-            except ValueError:
-                decoded = None
-            if isinstance(decoded, list):
-                calls.extend(decoded)
-        if metadata.get("openai_text_tool_fallback") == "true" and self._held:
-            remaining, parsed = parse_text_tool_calls(self._held)
-            if parsed:
-                self._held = remaining
-                calls.extend(parsed)
-        self._locked = False
-        self._release(out)
-        for call in calls:
-            block = _tool_use_block(call)
-            if block is None:
-                continue
-            self._stream.open_tool(None, block["id"], block["name"], out)
-            self._stream.tool_json(json.dumps(block["input"], ensure_ascii=False), out)
-        has_calls = self._stream.has_tool_use()
-        stop_reason = stop_reason_for(metadata.get("finish_reason"), tool_calls=has_calls)
-        self._stream.finish(stop_reason, None, _Usage.from_runtime(event.usage), out)
-
     def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
-        """The run is lost (say, its node went away): one ``error`` event."""
+        """The answer is lost (say, its node went away): one ``error`` event."""
         out: list[Event] = []
         self._stream.fail(message, error_type, out)
         return out
+
+
+def _run_failure(event: RuntimeEvent) -> str:
+    if event.type == EventType.CANCELLED:
+        return f"the run was cancelled: {event.error or 'cancelled'}"
+    return event.error or "the run failed"
+
+
+class RunEventsToMessages(MessagesEncoder):
+    """
+    Normalized run events in (:meth:`feed`), Anthropic stream events out: the run's one
+    conversion (:class:`~.canonical.RunDecoder`, holding back text that may open a text
+    tool-call reply) and the Messages encoder.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        thinking_allowed: bool,
+        message_id: str | None = None,
+        input_tokens: int = 0,
+    ) -> None:
+        super().__init__(
+            model=model,
+            thinking_allowed=thinking_allowed,
+            message_id=message_id,
+            input_tokens=input_tokens,
+        )
+        self.decoder = canonical.RunDecoder(hold_back=True, release_on_reasoning=thinking_allowed)
+
+    def feed(self, event: RuntimeEvent) -> list[Event]:
+        if self.done:
+            return []
+        return self.encode(self.decoder.feed(event))
 
 
 def run_events_to_message(

@@ -14,8 +14,9 @@ The OpenAI-compatible client surface.
     (``stream_options`` included) as the client sent it. The provider's status, content type and
     body bytes come back untouched, with backpressure.
   - **run** (Ollama, CLI agents): the client's body is the run input (an OpenAI chat request,
-    :mod:`iop.runtime.chat_input`); the run's events become ``chat.completion.chunk`` SSE
-    (:class:`RunEventsToChunks`) or one ``chat.completion``. ``delta`` → ``delta.content``,
+    :mod:`iop.runtime.chat_input`); the run's events, converted once into the canonical answer
+    stream (:class:`~iop.edge.ingress.canonical.RunDecoder`), become ``chat.completion.chunk``
+    SSE or one ``chat.completion`` (:class:`ChatEncoder`). ``delta`` → ``delta.content``,
     ``reasoning_delta`` → ``delta.reasoning_content``, native tool calls
     (``metadata["openai_tool_calls"]``) → ``delta.tool_calls`` / ``message.tool_calls``; tool calls
     written as text are parsed only when ``metadata["openai_text_tool_fallback"] == "true"``
@@ -34,7 +35,9 @@ The OpenAI-compatible client surface.
   - **bridge** (a provider that serves chat completions, or has no profile: tunnels and runs):
     :mod:`iop.edge.ingress.responses` turns the request into a chat request (tunnel
     ``chat_completions``, or the run input) and the answer into Responses events or one
-    ``response`` object; a run's events go through :class:`RunEventsToChunks` first.
+    ``response`` object; a run's canonical events are encoded as Responses events directly
+    (:meth:`~iop.edge.ingress.responses.ChatToResponses.encode`), a whole answer through the
+    Chat encoder's ``chat.completion``.
 
 Before a provider is chosen, every body is checked by :mod:`iop.edge.ingress.validate` (the
 fields the Edge reads, their types and bounds, the shape of messages and tools); unknown fields
@@ -48,41 +51,26 @@ differently from one request to the next.
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.web.iweb import IRequest
 
-from iop.config.model import ClientAPIConfig, ProfileConfig
-from iop.edge.gateway import Placement
-from iop.edge.ingress.auth import authenticate, authorize
+from iop.config.model import ModelConfig, ProfileConfig
+from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
 from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
     json_bytes,
     optional_bool,
     positive_int,
-    read_json,
     render_json,
     required_model,
 )
+from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
-from iop.edge.ingress.relay import (
-    ChatStream,
-    Collect,
-    Exchange,
-    Gateway,
-    PassThrough,
-    RunCollect,
-    RunStream,
-    open_run,
-    open_tunnel,
-    relay,
-    with_placement,
-)
+from iop.edge.ingress.relay import PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
     ChatToResponses,
     RunEventsToResponses,
@@ -91,22 +79,18 @@ from iop.edge.ingress.responses import (
     responses_stream,
     responses_to_chat,
 )
-from iop.edge.ingress.responses import Event as ResponsesEvent
+from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
-from iop.edge.ingress.tools import (
-    MARKER_MATCH,
-    MARKER_NO,
-    new_call_id,
-    parse_text_tool_calls,
-    tool_call_marker_state,
-)
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
 from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
 __all__ = [
     "DRIVER_RESPONSES",
-    "OpenAISurface",
+    "ChatCodec",
+    "ChatEncoder",
+    "OpenAICatalog",
+    "ResponsesCodec",
     "RunEventsToChunks",
     "check_chat",
     "check_responses",
@@ -115,11 +99,8 @@ __all__ = [
 
 DRIVER_CHAT = "openai_chat"
 DRIVER_RESPONSES = "openai_responses"
-FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
 DONE = b"data: [DONE]\n\n"
 OWNER = "iop"
-
-_CANDIDATE = re.compile(r"[{`]")
 
 
 # -- capability rules --------------------------------------------------------------------------
@@ -193,35 +174,11 @@ def openai_usage(usage: Usage) -> dict[str, Any]:
     return out
 
 
-def _tool_call(call: Any) -> dict[str, Any] | None:
-    """One tool call in ``message.tool_calls`` shape (arguments as JSON text), or None."""
-    if not isinstance(call, dict):
-        return None
-    function = call.get("function")
-    source = function if isinstance(function, dict) else call
-    name = source.get("name")
-    if not isinstance(name, str) or not name:
-        return None
-    arguments = source.get("arguments")
-    if arguments is None:
-        arguments = "{}"
-    elif not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    call_id = call.get("id")
-    return {
-        "id": call_id if isinstance(call_id, str) and call_id else new_call_id(),
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
-
-
-class RunEventsToChunks:
+class ChatEncoder:
     """
-    A normalized run's events in, OpenAI ``chat.completion.chunk`` dicts out (:meth:`feed`
-    returns the chunks each event produces; after the terminal event nothing more). The same
-    object accumulates the whole answer: :meth:`completion` is the ``chat.completion`` of a
-    run that completed. ``hold_back``: the request had tools, so text that may open a text
-    tool-call reply is held until the run completes.
+    Canonical answer events (:mod:`.canonical`) in, OpenAI ``chat.completion.chunk`` dicts out
+    (:meth:`encode`); the same object accumulates the whole answer: :meth:`completion` is the
+    ``chat.completion`` of an answer that finished.
     """
 
     def __init__(
@@ -230,28 +187,19 @@ class RunEventsToChunks:
         model: str,
         created: int,
         include_usage: bool = False,
-        hold_back: bool = False,
         completion_id: str | None = None,
     ) -> None:
         self.id = completion_id or f"chatcmpl-{uuid.uuid4().hex}"
         self.created = created
         self.model = model
         self._include_usage = include_usage
-        self._hold_back = hold_back
         self._started = False
-        self._held = ""
-        self._locked = False
         self.content = ""
         self.reasoning = ""
         self.tool_calls: list[dict[str, Any]] = []
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
         self.failed: str | None = None
-        self.terminal: RuntimeEvent | None = None
-
-    @property
-    def done(self) -> bool:
-        return self.terminal is not None
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         chunk: dict[str, Any] = {
@@ -270,107 +218,48 @@ class RunEventsToChunks:
             self._started = True
             out.append(self._chunk({"role": "assistant", "content": ""}))
 
-    def _emit_text(self, text: str, out: list[dict[str, Any]]) -> None:
-        if text:
-            self._start(out)
-            self.content += text
-            out.append(self._chunk({"content": text}))
-
-    def _text(self, delta: str, out: list[dict[str, Any]]) -> None:
-        if not self._hold_back:
-            self._emit_text(delta, out)
-            return
-        if self._locked:
-            self._held += delta
-            return
-        pending, self._held = self._held + delta, ""
-        search = 0
-        while True:
-            match = _CANDIDATE.search(pending, search)
-            if match is None:
-                self._emit_text(pending, out)
-                return
-            position = match.start()
-            state = tool_call_marker_state(pending[position:])
-            if state == MARKER_NO:
-                search = position + 1
-                continue
-            self._emit_text(pending[:position], out)
-            self._held = pending[position:]
-            self._locked = state == MARKER_MATCH
-            return
-
-    def feed(self, event: RuntimeEvent) -> list[dict[str, Any]]:
+    def encode(self, events: Iterable[Event]) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        if self.done:
-            return out
-        if event.type == EventType.START:
-            self._start(out)
-        elif event.type == EventType.DELTA:
-            self._start(out)
-            self._text(event.delta, out)
-        elif event.type == EventType.REASONING_DELTA:
-            if event.delta:
+        for event in events:
+            kind = event.kind
+            if kind == Kind.TEXT:
                 self._start(out)
-                self.reasoning += event.delta
-                out.append(self._chunk({"reasoning_content": event.delta}))
-        elif event.type == EventType.COMPLETE:
-            self.terminal = event
-            self._complete(event, out)
-        else:
-            self.terminal = event
-            self.failed = run_error(event).message
-            out.append(
-                {
-                    "error": {
-                        "message": self.failed,
-                        "type": "server_error",
-                        "param": None,
-                        "code": "upstream_error",
+                self.content += event.text
+                out.append(self._chunk({"content": event.text}))
+            elif kind == Kind.START:
+                self._start(out)
+            elif kind == Kind.REASONING:
+                if event.text:
+                    self._start(out)
+                    self.reasoning += event.text
+                    out.append(self._chunk({"reasoning_content": event.text}))
+            elif kind == Kind.TOOL_CALL:
+                converted = tool_call(event.call)
+                if converted is not None:
+                    index = len(self.tool_calls)
+                    self.tool_calls.append(converted)
+                    out.append(self._chunk({"tool_calls": [{"index": index, **converted}]}))
+            elif kind == Kind.REVISED:
+                self.content = event.text
+            elif kind == Kind.FINISH:
+                self._finish(event, out)
+            elif kind == Kind.FAILED:
+                assert event.terminal is not None
+                self.failed = run_error(event.terminal).message
+                out.append(
+                    {
+                        "error": {
+                            "message": self.failed,
+                            "type": "server_error",
+                            "param": None,
+                            "code": "upstream_error",
+                        }
                     }
-                }
-            )
+                )
         return out
 
-    def _complete(self, event: RuntimeEvent, out: list[dict[str, Any]]) -> None:
-        self._start(out)
-        metadata = event.metadata
-        calls: list[Any] = []
-        raw = metadata.get("openai_tool_calls")
-        if raw:
-            try:
-                decoded = json.loads(raw)
-            except ValueError:
-                decoded = None
-            if isinstance(decoded, list):
-                calls.extend(decoded)
-        held, self._held, self._locked = self._held, "", False
-        if metadata.get("openai_text_tool_fallback") == "true":
-            # The fallback's reply is the whole text; parse what was held, or all of it when
-            # nothing was (a request streamed without hold-back, or a non-stream answer).
-            source = held if held else (self.content if not self._hold_back else "")
-            remaining, parsed = parse_text_tool_calls(source)
-            if parsed:
-                calls.extend(parsed)
-                if held:
-                    held = remaining
-                else:
-                    self.content = remaining
-        self._emit_text(held, out)
-        for call in calls:
-            converted = _tool_call(call)
-            if converted is None:
-                continue
-            index = len(self.tool_calls)
-            self.tool_calls.append(converted)
-            out.append(self._chunk({"tool_calls": [{"index": index, **converted}]}))
-        reported = metadata.get("finish_reason")
-        if self.tool_calls:
-            finish = "tool_calls"
-        elif reported in FINISH_REASONS:
-            finish = str(reported)
-        else:
-            finish = "stop"
+    def _finish(self, event: Event, out: list[dict[str, Any]]) -> None:
+        finish = finish_reason(event.reason, tool_calls=bool(self.tool_calls))
         self.finish_reason = finish
         self.usage = event.usage
         out.append(self._chunk({}, finish))
@@ -387,7 +276,7 @@ class RunEventsToChunks:
             )
 
     def completion(self) -> dict[str, Any]:
-        """The whole ``chat.completion`` (call once the run completed)."""
+        """The whole ``chat.completion`` (call once the answer finished)."""
         message: dict[str, Any] = {
             "role": "assistant",
             "content": self.content if self.content or not self.tool_calls else None,
@@ -416,6 +305,40 @@ class RunEventsToChunks:
         return out
 
 
+class RunEventsToChunks(ChatEncoder):
+    """
+    A normalized run's events in (:meth:`feed`), chunks out: the run's one conversion
+    (:class:`~.canonical.RunDecoder`) and the Chat encoder. ``hold_back``: the request had
+    tools and streams, so text that may open a text tool-call reply is held until the run
+    completes.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        created: int,
+        include_usage: bool = False,
+        hold_back: bool = False,
+        completion_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            model=model, created=created, include_usage=include_usage, completion_id=completion_id
+        )
+        self.decoder = RunDecoder(hold_back=hold_back)
+
+    @property
+    def terminal(self) -> RuntimeEvent | None:
+        return self.decoder.terminal
+
+    @property
+    def done(self) -> bool:
+        return self.decoder.done
+
+    def feed(self, event: RuntimeEvent) -> list[dict[str, Any]]:
+        return self.encode(self.decoder.feed(event))
+
+
 def sse_chunks(chunks: list[dict[str, Any]], *, done: bool) -> bytes:
     """Chunks as ``data:`` events, then ``data: [DONE]`` when ``done``."""
     data = b"".join(b"data: " + json_bytes(chunk) + b"\n\n" for chunk in chunks)
@@ -440,58 +363,30 @@ def _stream_options(body: dict[str, Any]) -> bool:
     return include is True
 
 
-class OpenAISurface:
-    """The OpenAI-compatible routes' logic (Klein routing lives in :mod:`.app`)."""
+class OpenAICatalog:
+    """``GET /v1/models`` in the OpenAI list shape."""
 
-    def __init__(self, gateway: Gateway, config: ClientAPIConfig, clock: IReactorTime) -> None:
-        self._gateway = gateway
-        self._config = config
-        self._clock = clock
+    def __init__(self, clock: IReactorTime) -> None:
         self._created = int(clock.seconds())
 
-    # -- catalog -----------------------------------------------------------------------------
-
-    def visible_models(self, request: IRequest) -> list[str]:
-        """The catalog as the caller's key sees it (authenticating the request)."""
-        key = authenticate(request, self._config)
-        return [m for m in self._gateway.model_ids() if key is None or key.allows(m)]
-
-    def _model_entry(self, model_id: str) -> dict[str, Any]:
+    def entry(self, model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": self._created, "owned_by": OWNER}
 
-    async def models(self, exchange: Exchange) -> bytes:
-        ids = self.visible_models(exchange.request)
-        return render_json(
-            exchange.request, {"object": "list", "data": [self._model_entry(m) for m in ids]}
-        )
+    def listing(self, ids: list[str]) -> dict[str, Any]:
+        return {"object": "list", "data": [self.entry(m) for m in ids]}
 
-    async def model(self, exchange: Exchange, model_id: str) -> bytes:
-        key = authenticate(exchange.request, self._config)
-        authorize(key, model_id)
-        self._require(model_id)
-        return render_json(exchange.request, self._model_entry(model_id))
 
-    def _require(self, model: str) -> None:
-        if model not in self._gateway.model_ids():
-            raise ApiError(404, f"model {model!r} does not exist", code="model_not_found")
+class ChatCodec:
+    """``POST /v1/chat/completions``: native over a chat tunnel, converted from a run."""
 
-    def _check_candidates(
-        self, model: str, check: Callable[[ProfileConfig | None], object]
-    ) -> None:
-        for profile in self._gateway.candidate_profiles(model):
-            try:
-                check(profile)
-            except Unsupported as e:
-                raise unsupported(e.message) from None
+    needs_candidates = False
 
-    # -- chat completions --------------------------------------------------------------------
+    def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
+        self._gateway = gateway
+        self._clock = clock
 
-    async def chat_completions(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
         stream = optional_bool(body, "stream")
         include_usage = _stream_options(body)
         check_openai_chat(body)
@@ -499,35 +394,33 @@ class OpenAISurface:
             chat = chat_input_from(body)
         except InputError as e:
             raise bad_request(str(e), param="messages") from None
-        tools = bool(chat.tools)
         limits = {
             name: positive_int(body, name) for name in ("max_tokens", "max_completion_tokens")
         }
-        self._require(model)
-        self._check_candidates(
-            model, lambda profile: check_chat(profile, stream=stream, tools=tools)
+        return Call(
+            model,
+            body,
+            stream=stream,
+            tools=bool(chat.tools),
+            prompt_tokens=estimate_prompt_tokens_openai(body),
+            facts={"limits": limits, "include_usage": include_usage},
         )
 
-        async def answer(placement: Placement) -> bytes:
-            return await self._chat(exchange, placement, body, limits, stream, include_usage, tools)
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        return call
 
-        return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
-        )
+    def local(self, call: Call, policy: ModelConfig | None) -> None:
+        return None
 
-    async def _chat(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        body: dict[str, Any],
-        limits: dict[str, int | None],
-        stream: bool,
-        include_usage: bool,
-        tools: bool,
-    ) -> bytes:
+    def serves(self, profile: ProfileConfig | None, call: Call) -> None:
+        check_chat(profile, stream=call.stream, tools=call.tools)
+
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        body, stream = call.body, call.stream
         model = placement.model
         try:
-            check_chat(placement.profile, stream=stream, tools=tools)
+            check_chat(placement.profile, stream=stream, tools=call.tools)
             if placement.wire == "run" and body.get("n") not in (None, 1):
                 raise Unsupported("'n' other than 1 is not supported by this model's provider")
         except Unsupported as e:
@@ -535,6 +428,7 @@ class OpenAISurface:
         policy = self._gateway.model(model)
         payload = dict(body)
         payload["model"] = placement.target
+        limits: dict[str, int | None] = call.facts["limits"]
         present = {name: value for name, value in limits.items() if value is not None}
         for name, value in present.items():
             payload[name] = max_tokens_for(value, policy)
@@ -543,114 +437,102 @@ class OpenAISurface:
             if default is not None:
                 payload["max_tokens"] = default
         if placement.wire == "tunnel":
-            return await self._tunnel(exchange, placement, "chat_completions", payload, stream)
+            return await work.relay(
+                PassThrough(),
+                work.tunnel("chat_completions", payload, stream, json_headers(stream)),
+            )
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
         thinking = 0 if body.get("reasoning_effort") == "none" else thinking_budget_for(policy)
         converter = RunEventsToChunks(
             model=model,
-            include_usage=stream and include_usage,
-            hold_back=stream and tools,
+            include_usage=stream and bool(call.facts["include_usage"]),
+            hold_back=stream and call.tools,
             created=int(self._clock.seconds()),
         )
-        if stream:
 
-            def convert(event: RuntimeEvent) -> bytes:
-                chunks = converter.feed(event)
-                return sse_chunks(chunks, done=event.type == EventType.COMPLETE)
+        def convert(event: RuntimeEvent) -> bytes:
+            chunks = converter.feed(event)
+            return sse_chunks(chunks, done=event.type == EventType.COMPLETE)
 
-            transform: RunStream | RunCollect = RunStream(convert)
-        else:
+        def complete(events: list[RuntimeEvent]) -> bytes:
+            for event in events:
+                converter.feed(event)
+            terminal = converter.terminal
+            if terminal is None:
+                raise ApiError(502, "the run ended without a result", code="upstream_error")
+            if terminal.type != EventType.COMPLETE:
+                raise run_error(terminal)
+            return render_json(work.request, converter.completion())
 
-            def complete(events: list[RuntimeEvent]) -> bytes:
-                for event in events:
-                    converter.feed(event)
-                terminal = converter.terminal
-                if terminal is None:
-                    raise ApiError(502, "the run ended without a result", code="upstream_error")
-                if terminal.type != EventType.COMPLETE:
-                    raise run_error(terminal)
-                return render_json(exchange.request, converter.completion())
-
-            transform = RunCollect(complete)
-        return await relay(
-            exchange,
-            transform,
-            open_run(
-                self._gateway,
-                placement,
-                input=json_bytes(payload).decode(),
-                collect=isinstance(transform, RunCollect),
-                max_tokens=limit,
-                thinking_token_budget=thinking,
-            ),
+        return await work.relay_run(
+            stream,
+            convert,
+            complete,
+            input=json_bytes(payload).decode(),
+            max_tokens=limit,
+            thinking_token_budget=thinking,
         )
 
-    async def _tunnel(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        operation: str,
-        payload: dict[str, Any],
-        stream: bool,
-    ) -> bytes:
-        headers = [
-            ("content-type", "application/json"),
-            ("accept", "text/event-stream" if stream else "application/json"),
-        ]
-        return await relay(
-            exchange,
-            PassThrough(),
-            open_tunnel(self._gateway, placement, operation, payload, stream, headers),
-        )
 
-    # -- responses ---------------------------------------------------------------------------
+class ResponsesCodec:
+    """``POST /v1/responses``: native over an ``openai_responses`` tunnel, else bridged."""
 
-    async def responses(self, exchange: Exchange) -> bytes:
-        request = exchange.request
-        key = authenticate(request, self._config)
-        body = read_json(request, self._config.max_body_bytes)
+    needs_candidates = False
+
+    def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
+        self._gateway = gateway
+        self._clock = clock
+
+    def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
-        authorize(key, model)
         stream = optional_bool(body, "stream")
         inputs = body.get("input")
         if inputs is not None and not isinstance(inputs, str | list):
             raise bad_request("'input' must be a string or a list of items", param="input")
         requested = positive_int(body, "max_output_tokens")
         check_openai_responses(body)
-        tools = bool(body.get("tools"))
-        self._require(model)
-        self._check_candidates(
-            model, lambda profile: check_responses(profile, stream=stream, tools=tools)
+        return Call(
+            model,
+            body,
+            stream=stream,
+            tools=bool(body.get("tools")),
+            prompt_tokens=estimate_prompt_tokens_openai(body),
+            facts={"max_output_tokens": requested},
         )
 
-        async def answer(placement: Placement) -> bytes:
-            try:
-                route = check_responses(placement.profile, stream=stream, tools=tools)
-                if route == Route.NATIVE and placement.wire != "tunnel":
-                    raise Unsupported("the native Responses API is served only through a tunnel")
-            except Unsupported as e:
-                raise unsupported(e.message) from None
-            limit = max_tokens_for(requested, self._gateway.model(model))
-            if route == Route.NATIVE:
-                payload = dict(body)
-                payload["model"] = placement.target
-                if limit is not None:
-                    payload["max_output_tokens"] = limit
-                return await self._tunnel(exchange, placement, "responses", payload, stream)
-            return await self._bridged_responses(exchange, placement, body, limit, stream)
+    def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
+        return call
 
-        return await with_placement(
-            self._gateway, exchange, model, estimate_prompt_tokens_openai(body), answer, key
-        )
+    def local(self, call: Call, policy: ModelConfig | None) -> None:
+        return None
 
-    async def _bridged_responses(
-        self,
-        exchange: Exchange,
-        placement: Placement,
-        body: dict[str, Any],
-        limit: int | None,
-        stream: bool,
+    def serves(self, profile: ProfileConfig | None, call: Call) -> Route:
+        return check_responses(profile, stream=call.stream, tools=call.tools)
+
+    async def answer(self, work: Work, call: Call) -> bytes:
+        placement = work.placement
+        body, stream = call.body, call.stream
+        try:
+            route = check_responses(placement.profile, stream=stream, tools=call.tools)
+            if route == Route.NATIVE and placement.wire != "tunnel":
+                raise Unsupported("the native Responses API is served only through a tunnel")
+        except Unsupported as e:
+            raise unsupported(e.message) from None
+        limit = max_tokens_for(call.facts["max_output_tokens"], self._gateway.model(call.model))
+        if route == Route.NATIVE:
+            payload = dict(body)
+            payload["model"] = placement.target
+            if limit is not None:
+                payload["max_output_tokens"] = limit
+            return await work.relay(
+                PassThrough(), work.tunnel("responses", payload, stream, json_headers(stream))
+            )
+        return await self._bridged(work, body, limit, stream)
+
+    async def _bridged(
+        self, work: Work, body: dict[str, Any], limit: int | None, stream: bool
     ) -> bytes:
+        placement = work.placement
         model = placement.model
         run = placement.wire == "run"
         allowed = not run and thinking_allowed(placement.profile)
@@ -660,75 +542,20 @@ class OpenAISurface:
         created = int(self._clock.seconds())
         converter = ChatToResponses(model=model, request=body, created=created, names=bridged.names)
         if not run:
-            if stream:
-                tunnel_transform: ChatStream[ResponsesEvent] | Collect = responses_stream(converter)
-            else:
 
-                def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                    if not 200 <= status < 300:
-                        raise upstream_error(status, data)
-                    try:
-                        completion = json.loads(data)
-                    except ValueError:
-                        completion = None
-                    if not isinstance(completion, dict):
-                        raise ApiError(
-                            502, "the provider's answer is not JSON", code="upstream_error"
-                        )
-                    return render_json(
-                        exchange.request,
-                        chat_completion_to_response(
-                            completion,
-                            model=model,
-                            request=body,
-                            created=created,
-                            names=bridged.names,
-                        ),
-                    )
-
-                tunnel_transform = Collect(whole)
-            return await relay(
-                exchange,
-                tunnel_transform,
-                open_tunnel(
-                    self._gateway,
-                    placement,
-                    "chat_completions",
-                    bridged.chat,
-                    stream,
-                    [
-                        ("content-type", "application/json"),
-                        ("accept", "text/event-stream" if stream else "application/json"),
-                    ],
-                ),
-            )
-        chunker = RunEventsToChunks(
-            model=model,
-            include_usage=True,
-            hold_back=stream and bool(bridged.chat.get("tools")),
-            created=created,
-        )
-        events = RunEventsToResponses(chunker, converter)
-        if stream:
-
-            def convert(event: RuntimeEvent) -> bytes:
-                return format_events(events.feed(event))
-
-            run_transform: RunStream | RunCollect = RunStream(convert)
-        else:
-
-            def complete(items: list[RuntimeEvent]) -> bytes:
-                for event in items:
-                    chunker.feed(event)
-                terminal = chunker.terminal
-                if terminal is None:
-                    raise ApiError(502, "the run ended without a result", code="upstream_error")
-                if terminal.type != EventType.COMPLETE:
-                    raise run_error(terminal)
+            def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+                if not 200 <= status < 300:
+                    raise upstream_error(status, data)
+                try:
+                    completion = json.loads(data)
+                except ValueError:
+                    completion = None
+                if not isinstance(completion, dict):
+                    raise ApiError(502, "the provider's answer is not JSON", code="upstream_error")
                 return render_json(
-                    exchange.request,
+                    work.request,
                     chat_completion_to_response(
-                        chunker.completion(),
+                        completion,
                         model=model,
                         request=body,
                         created=created,
@@ -736,18 +563,43 @@ class OpenAISurface:
                     ),
                 )
 
-            run_transform = RunCollect(complete)
+            return await work.relay_chat(
+                stream, lambda: responses_stream(converter), whole, bridged.chat
+            )
+        chunker = RunEventsToChunks(model=model, include_usage=True, created=created)
+        events = RunEventsToResponses(
+            converter, hold_back=stream and bool(bridged.chat.get("tools"))
+        )
+
+        def convert(event: RuntimeEvent) -> bytes:
+            return format_events(events.feed(event))
+
+        def complete(items: list[RuntimeEvent]) -> bytes:
+            for event in items:
+                chunker.feed(event)
+            terminal = chunker.terminal
+            if terminal is None:
+                raise ApiError(502, "the run ended without a result", code="upstream_error")
+            if terminal.type != EventType.COMPLETE:
+                raise run_error(terminal)
+            return render_json(
+                work.request,
+                chat_completion_to_response(
+                    chunker.completion(),
+                    model=model,
+                    request=body,
+                    created=created,
+                    names=bridged.names,
+                ),
+            )
+
         policy = self._gateway.model(model)
         thinking = 0 if bridged.effort == "none" else thinking_budget_for(policy)
-        return await relay(
-            exchange,
-            run_transform,
-            open_run(
-                self._gateway,
-                placement,
-                input=json_bytes(bridged.chat).decode(),
-                collect=isinstance(run_transform, RunCollect),
-                max_tokens=limit or 0,
-                thinking_token_budget=thinking,
-            ),
+        return await work.relay_run(
+            stream,
+            convert,
+            complete,
+            input=json_bytes(bridged.chat).decode(),
+            max_tokens=limit or 0,
+            thinking_token_budget=thinking,
         )

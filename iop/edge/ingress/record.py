@@ -6,8 +6,9 @@ per-request metrics and the access log line.
 A :class:`RequestRecord` is created by the app for each routed request and filled in by
 whoever knows each fact — :func:`~iop.edge.ingress.relay.with_placement` (the model, the
 placement, the time spent waiting for it), :class:`~iop.edge.ingress.relay.Exchange` (whether
-the answer streams, the first streamed byte), :func:`~iop.edge.ingress.http.render_error`
-(the error code) — and published exactly once as a
+the answer streams, the first streamed byte), the source that carried the work
+(:mod:`iop.edge.ingress.sources`: how it ended and what it used),
+:func:`~iop.edge.ingress.http.render_error` (the error code) — and published exactly once as a
 :class:`~iop.edge.events.RequestFinished` when **both** the response has ended (finished, or
 the client went away) **and** the handler has returned, so that the usage and outcome of work
 that outlives its client (a cancel on its way to the node) are in it. Nothing here decides or
@@ -18,15 +19,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.edge.events import RequestFinished
-
-if TYPE_CHECKING:
-    from iop.edge.gateway import Placement
+from iop.edge.placement import Placement
+from iop.runtime.events import Usage
 
 __all__ = ["Publish", "RequestRecord"]
 
@@ -63,6 +63,9 @@ class RequestRecord:
         self.model = ""
         self.placement: Placement | None = None
         self.queue_wait: float | None = None
+        # How the placed work ended and what it used (its source says; "" while it has not).
+        self.outcome = ""
+        self.usage: Usage | None = None
         self.stream = False
         self.first_body_at: float | None = None
         self.error_code = ""
@@ -86,6 +89,13 @@ class RequestRecord:
         self.placement = placement
         self.model = placement.model
         self.queue_wait = waited
+
+    def ended(self, outcome: str, usage: Usage | None) -> None:
+        """The placed work ended: how (complete, error, cancelled), and what it used (the
+        first report wins)."""
+        if not self.outcome:
+            self.outcome = outcome
+            self.usage = usage
 
     def streaming(self, content_type: str | None) -> None:
         """The response started with ``content_type``: an SSE answer is a stream."""
@@ -125,8 +135,8 @@ class RequestRecord:
         ended = self._ended_at if self._ended_at is not None else self.clock.seconds()
         placement = self.placement
         status = self._status
-        if placement is not None and placement.outcome:
-            outcome = placement.outcome
+        if self.outcome:
+            outcome = self.outcome
         elif status == 0:
             outcome = "cancelled"
         elif status >= 400:
@@ -149,7 +159,7 @@ class RequestRecord:
             usage_attribution=placement.usage_attribution if placement is not None else "",
             error_code=self.error_code,
             stream=self.stream,
-            usage=placement.usage if placement is not None else None,
+            usage=self.usage,
             time_to_first_token=ttft,
             queue_wait=self.queue_wait,
             at=ended,

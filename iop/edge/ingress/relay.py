@@ -32,26 +32,33 @@ stream is defined where it is used.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.interfaces import IPushProducer
+from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from iop.config.model import ClientKey, ModelConfig, ProfileConfig
-from iop.edge.errors import DispatchError, PoolError, TunnelFailed
-from iop.edge.gateway import Placement
-from iop.edge.ingress.errors import ApiError, bad_request, client_error, run_error, upstream_error
-from iop.edge.ingress.http import json_bytes
+from iop.config.model import ClientKey
+from iop.edge.errors import DispatchError, PoolError
+from iop.edge.ingress.errors import ApiError, run_error, upstream_error
 from iop.edge.ingress.record import RequestRecord
-from iop.edge.runs import RunHandle
-from iop.edge.tunnel import TunnelOutcome, TunnelStream
+from iop.edge.ingress.sources import (
+    Gateway,
+    HeaderList,
+    RunSource,
+    Source,
+    TunnelSource,
+    mapped,
+    open_run,
+    open_tunnel,
+)
+from iop.edge.placement import Placement
+from iop.edge.tunnel import TunnelOutcome
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
-from iop.runtime.events import EventType, RuntimeEvent
+from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.security.redact import redact_secrets
 
 __all__ = [
@@ -71,7 +78,9 @@ __all__ = [
     "RunStream",
     "Stop",
     "TunnelSource",
+    "Work",
     "await_placement",
+    "json_headers",
     "open_run",
     "open_tunnel",
     "relay",
@@ -86,53 +95,14 @@ PASSTHROUGH_HEADERS = frozenset(
 )
 # The cancel reason when the client goes away.
 CLIENT_GONE = "client disconnected"
-# The largest value a run's integer options take on the wire (uint32).
-_UINT32_MAX = 2**32 - 1
 
-HeaderList = list[tuple[str, str]]
 T = TypeVar("T")
 S = TypeVar("S")
 I = TypeVar("I")  # noqa: E741
 E = TypeVar("E")
-S_co = TypeVar("S_co", covariant=True)
-I_co = TypeVar("I_co", covariant=True)
-E_co = TypeVar("E_co", covariant=True)
 S_contra = TypeVar("S_contra", contravariant=True)
 I_contra = TypeVar("I_contra", contravariant=True)
 E_contra = TypeVar("E_contra", contravariant=True)
-
-
-# -- the gateway -------------------------------------------------------------------------------
-
-
-class Gateway(Protocol):
-    """What the client surfaces use of :class:`~iop.edge.gateway.EdgeGateway`."""
-
-    def model_ids(self) -> list[str]: ...
-
-    def model(self, model_id: str) -> ModelConfig | None: ...
-
-    def candidate_profiles(self, model_id: str) -> list[ProfileConfig | None]: ...
-
-    def place(self, model_id: str, *, prompt_tokens: int = 0) -> Deferred[Placement]: ...
-
-    def run(self, placement: Placement, *, input: str, **options: Any) -> RunHandle: ...
-
-    def tunnel(
-        self,
-        placement: Placement,
-        *,
-        operation: str,
-        body: bytes,
-        stream: bool,
-        headers: Iterable[tuple[str, str]] = (),
-        method: str = "POST",
-        timeout_sec: int = 0,
-    ) -> TunnelStream: ...
-
-
-def _mapped(error: BaseException) -> BaseException:
-    return client_error(error) or error
 
 
 # -- the exchange with one client --------------------------------------------------------------
@@ -197,6 +167,11 @@ class Exchange:
                 self.record.body_written()
             self.request.write(data)
 
+    def work_ended(self, outcome: str, usage: Usage | None) -> None:
+        """The work this request placed has ended (a source tells): noted on its record."""
+        if self.record is not None:
+            self.record.ended(outcome, usage)
+
     def abort(self) -> None:
         """Cut the connection: a client must see a truncated body, not a clean end."""
         transport = getattr(self.request, "transport", None)
@@ -207,19 +182,22 @@ class Exchange:
 # -- placement ---------------------------------------------------------------------------------
 
 
-async def await_placement(gateway: Gateway, model: str, prompt_tokens: int) -> Placement:
+async def await_placement(
+    gateway: Gateway, model: str, prompt_tokens: int, principal: str = ""
+) -> Placement:
     """
-    Where ``model`` runs (waiting in the provider queue if need be), as an :class:`ApiError`
-    when it cannot. Cancelling this (the client went away) withdraws the request from the queue.
+    Where ``model`` runs for ``principal`` (waiting in the provider queue if need be), as an
+    :class:`ApiError` when it cannot. Cancelling this (the client went away) withdraws the
+    request from the queue.
     """
     try:
-        waiting = gateway.place(model, prompt_tokens=prompt_tokens)
+        waiting = gateway.place(model, prompt_tokens=prompt_tokens, principal=principal)
     except Exception as e:
-        raise _mapped(e) from None
+        raise mapped(e) from None
     try:
         return await waiting
     except (PoolError, DispatchError) as e:
-        raise _mapped(e) from None
+        raise mapped(e) from None
 
 
 async def with_placement(
@@ -231,21 +209,22 @@ async def with_placement(
     principal: ClientKey | None = None,
 ) -> T:
     """
-    Place the request for ``principal`` (the authenticated client key), then ``answer`` it.
+    Place the request for ``principal`` (the authenticated client key: the placement is made
+    for it), then ``answer`` it.
     The placement is released here, exactly once, however ``answer`` ends: a run or tunnel it
     opened is relayed by :func:`relay`, which returns only once that work has ended on its node.
     """
     record = exchange.record
+    name = principal.name if principal is not None else ""
     if record is None:
-        placement = await await_placement(gateway, model, prompt_tokens)
+        placement = await await_placement(gateway, model, prompt_tokens, name)
     else:
         if gateway.model(model) is not None:
             record.model = model
         asked = record.clock.seconds()
-        placement = await await_placement(gateway, model, prompt_tokens)
+        placement = await await_placement(gateway, model, prompt_tokens, name)
         waited = record.clock.seconds() - asked if placement.lease is not None else None
         record.placed(placement, waited)
-    placement.principal = principal.name if principal is not None else ""
     if placement.lease is not None:
         # A cluster lease that can no longer be renewed: its slot may go to another request,
         # so this one ends now (the client sees its connection cut, the work is cancelled).
@@ -263,153 +242,6 @@ async def with_placement(
     finally:
         if not closing:
             placement.release()
-
-
-# -- sources -----------------------------------------------------------------------------------
-
-
-class Source(Protocol[S_co, I_co, E_co]):
-    """Work on a node, as :func:`relay` consumes it: how it started, its items, its ending."""
-
-    @property
-    def run_id(self) -> str: ...
-
-    @property
-    def node_id(self) -> str: ...
-
-    @property
-    def producer(self) -> IPushProducer | None: ...
-
-    def started(self) -> Awaitable[S_co]: ...
-
-    def deliver(self, consumer: Callable[[I_co], None]) -> None: ...
-
-    def done(self) -> Awaitable[E_co]: ...
-
-    def cancel(self, reason: str) -> None: ...
-
-    def abandon(self, reason: str) -> None:
-        """Nobody will consume the rest: stop the work, drop what is buffered."""
-
-
-class TunnelSource:
-    """An open tunnel: started by the provider's ``(status, headers)``, items are body bytes."""
-
-    def __init__(self, tunnel: TunnelStream) -> None:
-        self.tunnel = tunnel
-        self.run_id = tunnel.run_id
-        self.node_id = tunnel.node_id
-        self.producer: IPushProducer | None = tunnel
-
-    async def started(self) -> tuple[int, HeaderList]:
-        """The response's start; an :class:`ApiError` when the tunnel failed before it."""
-        try:
-            return await self.tunnel.when_started()
-        except TunnelFailed as e:
-            raise _mapped(e) from None
-
-    def deliver(self, consumer: Callable[[bytes], None]) -> None:
-        self.tunnel.deliver_body(consumer)
-
-    def done(self) -> Deferred[TunnelOutcome]:
-        return self.tunnel.when_done()
-
-    def cancel(self, reason: str) -> None:
-        self.tunnel.cancel(reason)
-
-    def abandon(self, reason: str) -> None:
-        self.tunnel.cancel(reason)
-        self.tunnel.stopProducing()
-
-
-class RunSource:
-    """A submitted run: started by its first event; items are its events, the last terminal."""
-
-    producer: IPushProducer | None = None
-
-    def __init__(self, handle: RunHandle) -> None:
-        self.handle = handle
-        self.run_id = handle.run_id
-        self.node_id = handle.node_id
-        self._first: RuntimeEvent | None = None
-        self._buffered: list[RuntimeEvent] = []
-        self._consumer: Callable[[RuntimeEvent], None] | None = None
-        self._waiters: list[Deferred[RuntimeEvent]] = []
-        handle.subscribe(self._event)
-
-    def _event(self, event: RuntimeEvent) -> None:
-        if self._consumer is not None:
-            self._consumer(event)
-            return
-        self._buffered.append(event)
-        if self._first is None:
-            self._first = event
-            waiters, self._waiters = self._waiters, []
-            for d in waiters:
-                d.callback(event)
-
-    def started(self) -> Deferred[RuntimeEvent]:
-        if self._first is not None:
-            return succeed(self._first)
-
-        def forget(d: Deferred[RuntimeEvent]) -> None:
-            if d in self._waiters:
-                self._waiters.remove(d)
-
-        waiter: Deferred[RuntimeEvent] = Deferred(forget)
-        self._waiters.append(waiter)
-        return waiter
-
-    def deliver(self, consumer: Callable[[RuntimeEvent], None]) -> None:
-        self._consumer = consumer
-        buffered, self._buffered = self._buffered, []
-        for event in buffered:
-            consumer(event)
-
-    def done(self) -> Deferred[RuntimeEvent]:
-        return self.handle.when_done()
-
-    def cancel(self, reason: str) -> None:
-        self.handle.cancel(reason)
-
-    def abandon(self, reason: str) -> None:
-        self.handle.cancel(reason)
-
-
-def open_tunnel(
-    gateway: Gateway,
-    placement: Placement,
-    operation: str,
-    payload: dict[str, Any],
-    stream: bool,
-    headers: list[tuple[str, str]],
-) -> TunnelSource:
-    """Open the provider tunnel for ``payload``, turning dispatch failures into client errors."""
-    body = json_bytes(payload)
-    try:
-        tunnel = gateway.tunnel(
-            placement, operation=operation, body=body, stream=stream, headers=headers
-        )
-    except Exception as e:
-        raise _mapped(e) from None
-    return TunnelSource(tunnel)
-
-
-def open_run(
-    gateway: Gateway, placement: Placement, *, input: str, collect: bool = False, **options: int
-) -> RunSource:
-    """
-    Submit the run for ``placement``, turning dispatch failures into client errors. ``collect``:
-    the answer is read whole (a :class:`RunCollect`), so the adapter may ask for one answer.
-    """
-    for name, value in options.items():
-        if not 0 <= value <= _UINT32_MAX:
-            raise bad_request(f"the run's {name} ({value}) is out of range")
-    try:
-        handle = gateway.run(placement, input=input, collect=collect, **options)
-    except Exception as e:
-        raise _mapped(e) from None
-    return RunSource(handle)
 
 
 # -- the relay ---------------------------------------------------------------------------------
@@ -549,6 +381,94 @@ async def relay(
             # before whoever holds its placement releases it.
             source.abandon("the request ended")
             await source.done()
+
+
+# -- a placed call's work ---------------------------------------------------------------------
+
+
+def json_headers(stream: bool) -> list[tuple[str, str]]:
+    """The request headers of a JSON body whose answer streams (SSE) or not."""
+    return [
+        ("content-type", "application/json"),
+        ("accept", "text/event-stream" if stream else "application/json"),
+    ]
+
+
+class Work:
+    """A placed call's way to the node: open a source (reporting to the request's record) and
+    relay it to the client through an encoder."""
+
+    def __init__(self, gateway: Gateway, exchange: Exchange, placement: Placement) -> None:
+        self.gateway = gateway
+        self.exchange = exchange
+        self.placement = placement
+
+    @property
+    def request(self) -> IRequest:
+        return self.exchange.request
+
+    def tunnel(
+        self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
+    ) -> TunnelSource:
+        return open_tunnel(
+            self.gateway,
+            self.placement,
+            operation,
+            payload,
+            stream,
+            headers,
+            self.exchange.work_ended,
+        )
+
+    def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
+        return open_run(
+            self.gateway,
+            self.placement,
+            input=input,
+            collect=collect,
+            ended=self.exchange.work_ended,
+            **options,
+        )
+
+    def relay_run(
+        self,
+        stream: bool,
+        feed: Callable[[RuntimeEvent], bytes],
+        whole: Callable[[list[RuntimeEvent]], bytes],
+        *,
+        input: str,
+        **options: int,
+    ) -> Coroutine[Any, Any, bytes]:
+        """
+        Submit the run and answer it through the surface's encoders: streamed (each event
+        through ``feed``, the response started by the first), or whole (``whole`` of all the
+        events once the run ended; the adapter is told it may answer at once).
+        """
+        transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
+        return self.relay(transform, self.run(input=input, collect=not stream, **options))
+
+    def relay_chat(
+        self,
+        stream: bool,
+        streamed: Callable[[], ChatStream[Any]],
+        whole: Callable[[int, HeaderList, bytes], bytes],
+        chat: dict[str, Any],
+    ) -> Coroutine[Any, Any, bytes]:
+        """
+        Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
+        surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
+        body (``whole(status, headers, body)``).
+        """
+        transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
+        return self.relay(
+            transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
+        )
+
+    def relay(
+        self, transform: Transform[Any, Any, Any], source: Source[Any, Any, Any]
+    ) -> Coroutine[Any, Any, bytes]:
+        """:func:`~.relay.relay` for this request (its coroutine itself: no extra frame)."""
+        return relay(self.exchange, transform, source)
 
 
 # -- transforms --------------------------------------------------------------------------------

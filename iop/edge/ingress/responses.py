@@ -11,8 +11,9 @@ Pure conversion, plus the relay transform of a bridged tunnel stream:
 - :class:`ChatToResponses`: ``chat.completion.chunk`` dicts → Responses stream events; the same
   object builds the final ``response``. :func:`chat_completion_to_response` feeds it one whole
   ``chat.completion`` (so streamed and whole answers have the same output items).
-- :class:`RunEventsToResponses`: a normalized run's events → Responses events, through the
-  surface's run-events-to-chunks converter.
+- :class:`RunEventsToResponses`: a normalized run's events → the canonical answer stream (the
+  one run conversion, :class:`~iop.edge.ingress.canonical.RunDecoder`) → Responses events
+  (:meth:`ChatToResponses.encode`).
 - :func:`responses_stream`: the relay transform of a streamed Chat answer over a tunnel.
 
 Request mapping:
@@ -61,16 +62,17 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from iop.edge.ingress.errors import ApiError, bad_request
+from iop.edge.ingress import canonical
+from iop.edge.ingress.errors import ApiError, bad_request, run_error
 from iop.edge.ingress.relay import ChatStream
 from iop.edge.ingress.tools import new_call_id
 from iop.formats.sse import format_event
 from iop.formats.usage import openai_chat_usage
-from iop.runtime.events import RuntimeEvent
+from iop.runtime.events import RuntimeEvent, Usage
 
 __all__ = [
     "NAMESPACE_JOIN",
@@ -357,7 +359,10 @@ def format_events(events: list[Event]) -> bytes:
 def _usage(raw: Any) -> dict[str, Any] | None:
     if not isinstance(raw, Mapping):
         return None
-    usage = openai_chat_usage(raw)
+    return _response_usage(openai_chat_usage(raw))
+
+
+def _response_usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.input_tokens,
         "input_tokens_details": {
@@ -449,6 +454,8 @@ class ChatToResponses:
         self._items: list[_Item] = []
         self._open: _Item | None = None
         self._calls: dict[int, _Pending] = {}
+        # Whole tool calls taken from canonical events (their indexes).
+        self._tool_count = 0
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
         self.status = "in_progress"
@@ -639,6 +646,41 @@ class ChatToResponses:
                 self._finish = choice["finish_reason"]
         return out
 
+    def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
+        """Canonical answer events (:mod:`.canonical`) in, Responses events out: a run's
+        answer, converted once by :class:`~.canonical.RunDecoder`."""
+        out: list[Event] = []
+        for event in events:
+            if self.done:
+                break
+            kind = event.kind
+            if kind == canonical.Kind.REVISED or (
+                kind == canonical.Kind.REASONING and not event.text
+            ):
+                continue
+            self._start(out)
+            if kind == canonical.Kind.TEXT:
+                self._text(event.text, out)
+            elif kind == canonical.Kind.REASONING:
+                self._reasoning(event.text, out)
+            elif kind == canonical.Kind.TOOL_CALL:
+                call = canonical.tool_call(event.call)
+                if call is not None:
+                    index = self._tool_count
+                    self._tool_count += 1
+                    self._tool({**call, "index": index}, 0, out)
+            elif kind == canonical.Kind.FINISH:
+                self._finish = canonical.finish_reason(
+                    event.reason, tool_calls=self._tool_count > 0
+                )
+                if event.usage is not None:
+                    self._usage = _response_usage(event.usage)
+                out += self.finish()
+            elif kind == canonical.Kind.FAILED:
+                assert event.terminal is not None
+                out += self.fail(run_error(event.terminal).message)
+        return out
+
     def finish(self) -> list[Event]:
         """The provider's stream ended well: close the open item, then the terminal event."""
         out: list[Event] = []
@@ -700,26 +742,17 @@ def chat_completion_to_response(
 # -- runs --------------------------------------------------------------------------------------
 
 
-class Chunker(Protocol):
-    """What turns a run's events into chat chunks (the surface's RunEventsToChunks)."""
-
-    def feed(self, event: RuntimeEvent) -> list[dict[str, Any]]: ...
-
-
 class RunEventsToResponses:
-    """A run's events → chat chunks (``chunker``) → Responses events (``converter``)."""
+    """A run's events → canonical events (:class:`~.canonical.RunDecoder`, converted once) →
+    Responses events (``converter``). ``hold_back``: as the Chat surface's (a streamed request
+    with tools)."""
 
-    def __init__(self, chunker: Chunker, converter: ChatToResponses) -> None:
-        self._chunker = chunker
+    def __init__(self, converter: ChatToResponses, *, hold_back: bool) -> None:
+        self.decoder = canonical.RunDecoder(hold_back=hold_back)
         self.converter = converter
 
     def feed(self, event: RuntimeEvent) -> list[Event]:
-        out: list[Event] = []
-        for chunk in self._chunker.feed(event):
-            out += self.converter.feed(chunk)
-        if event.terminal and not self.converter.done:
-            out += self.converter.finish()
-        return out
+        return self.converter.encode(self.decoder.feed(event))
 
 
 # -- the tunnel stream -------------------------------------------------------------------------

@@ -123,9 +123,8 @@ class ManagedTunnelTests(SynchronousTestCase):
         self.addCleanup(globalLogPublisher.removeObserver, self.events)
 
     def place(self, principal: str = "team-a") -> Placement:
-        placement = self.successResultOf(self.gateway.place("pool"))
+        placement = self.successResultOf(self.gateway.place("pool", principal=principal))
         self.addCleanup(placement.release)
-        placement.principal = principal
         return placement
 
     def on_node(self, placement: Placement) -> Placement:

@@ -1,4 +1,5 @@
-"""EdgeGateway: pool vs direct placement, wire choice, usage reported on every end."""
+"""EdgeGateway: pool vs direct placement, wire choice, the frozen placement with its principal;
+usage reported on every end by the source that carries the work."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from iop.edge.errors import NodeUnavailable, UnknownModel
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway, Placement
 from iop.edge.ingress.errors import client_error
+from iop.edge.ingress.sources import RunSource, TunnelSource
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
 from iop.edge.registry import NodeRegistry
@@ -79,6 +81,15 @@ class GatewayTests(SynchronousTestCase):
         )
         self.assertIsNone(placement.lease)
 
+    def test_principal_is_given_at_placement_and_the_placement_is_frozen(self) -> None:
+        placement = self.successResultOf(self.gateway.place("pool", principal="team-a"))
+        self.addCleanup(placement.release)
+        self.assertEqual(placement.principal, "team-a")
+        direct = self.successResultOf(self.gateway.place("direct", principal="team-b"))
+        self.assertEqual(direct.principal, "team-b")
+        with self.assertRaises(dataclasses.FrozenInstanceError):
+            placement.principal = "someone else"  # type: ignore[misc]
+
     def test_unknown_model(self) -> None:
         e = self.assertRaises(UnknownModel, self.gateway.place, "nope")
         self.assertEqual((e.model_id, e.message), ("nope", "model 'nope' is not configured"))
@@ -86,26 +97,31 @@ class GatewayTests(SynchronousTestCase):
         assert mapped is not None
         self.assertEqual((mapped.status, mapped.message), (404, "model 'nope' does not exist"))
 
-    # The gateway notes on the placement how its work ended; it never releases the lease: the
-    # one owner does (iop.edge.ingress.relay.with_placement, tested in ingress.test_relay).
+    # The source over the gateway's run or tunnel reports how its work ended (to the request's
+    # record); the gateway never releases the lease: the one owner does
+    # (iop.edge.ingress.relay.with_placement, tested in ingress.test_relay).
 
     def test_run_end_reports_usage_and_leaves_the_lease(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
+        ended: list[tuple[str, Usage | None]] = []
         handle = self.gateway.run(placement, input="hi")
+        RunSource(handle, lambda outcome, usage: ended.append((outcome, usage)))
         self.runs.run_event(
             self.conn, event_to_proto(RuntimeEvent.complete(Usage(3, 4)), handle.run_id, 1)
         )
-        self.assertEqual((placement.outcome, placement.usage), ("complete", Usage(3, 4)))
+        self.assertEqual(ended, [("complete", Usage(3, 4))])
         self.assertEqual(self.in_flight(), 1)
         placement.release()
         self.assertEqual(self.in_flight(), 0)
 
     def test_node_gone_mid_run_reports_once(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
+        ended: list[tuple[str, Usage | None]] = []
         handle = self.gateway.run(placement, input="hi")
+        RunSource(handle, lambda outcome, usage: ended.append((outcome, usage)))
         self.registry.disconnected(self.conn)
         self.assertEqual(self.successResultOf(handle.when_done()).type.value, "error")
-        self.assertEqual((placement.outcome, placement.usage), ("error", None))
+        self.assertEqual(ended, [("error", None)])
         assert placement.lease is not None
         self.assertFalse(placement.lease.released)
         placement.release()
@@ -114,15 +130,17 @@ class GatewayTests(SynchronousTestCase):
 
     def test_submit_failure_raises(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
+        self.addCleanup(placement.release)
         broken = Placement(**{**placement.__dict__, "node_id": "node-b"})
         self.assertRaises(NodeUnavailable, self.gateway.run, broken, input="hi")
-        self.assertEqual(broken.outcome, "")
 
     def test_tunnel_end_is_reported(self) -> None:
         placement = self.successResultOf(self.gateway.place("pool"))
+        ended: list[tuple[str, Usage | None]] = []
         tunnel = self.gateway.tunnel(
             placement, operation="chat_completions", body=b"{}", stream=True
         )
+        TunnelSource(tunnel, lambda outcome, usage: ended.append((outcome, usage)))
         run_id = self.sent[-1].provider_tunnel_request.run_id
         for seq, kind in enumerate((pb.RESPONSE_START, pb.END), start=1):
             self.tunnels.frame(
@@ -130,4 +148,4 @@ class GatewayTests(SynchronousTestCase):
                 pb.ProviderTunnelFrame(run_id=run_id, kind=kind, sequence=seq, status_code=200),
             )
         self.assertTrue(self.successResultOf(tunnel.when_done()).ok)
-        self.assertEqual(placement.outcome, "complete")
+        self.assertEqual(ended, [("complete", None)])

@@ -20,8 +20,9 @@ from iop.config.model import (
 )
 from iop.edge import tap as edge_tap
 from iop.edge.events import RequestFinished
+from iop.edge.ingress.errors import ApiError
 from iop.edge.tap import EdgeService
-from iop.test.edge.ingress.harness import BASE, CHAT, KEY, IngressCase, ingress_config
+from iop.test.edge.ingress.harness import BASE, CHAT, KEY, MESSAGES, IngressCase, ingress_config
 
 
 class CatalogTests(IngressCase):
@@ -95,10 +96,10 @@ class DirectRouteTests(IngressCase):
         self.assertOpenAIError(d, 405, "no route for GET /v1/chat/completions")
 
     def test_an_unexpected_failure_is_a_500_in_the_surface_shape(self) -> None:
-        async def broken(exchange: Any) -> bytes:
+        def broken(body: Any) -> Any:
             raise RuntimeError("a bug")
 
-        self.edge.app._direct[b"/v1/chat/completions"] = ("openai", "chat", broken)
+        self.patch(self.edge.app.chat, "decode", broken)
         self.assertOpenAIError(self.edge.post("/v1/chat/completions", CHAT), 500, "internal error")
         self.flushLoggedErrors(RuntimeError)
 
@@ -234,3 +235,61 @@ class ConfigInStepTests(SynchronousTestCase):
         self.assertEqual(team_a.models, ("qwen-coder", "local-llama"))
         ops = api.key_for("example-client-key-ops")
         assert ops is not None and ops.allows("anything")
+
+
+class PipelineTests(IngressCase):
+    """Every route runs the pipeline's stages: authenticate once, admit in one place."""
+
+    GENERATION = (
+        ("/v1/chat/completions", CHAT),
+        ("/v1/responses", {"model": "chat", "input": "hi"}),
+        ("/v1/messages", {**MESSAGES, "model": "chat"}),
+        ("/v1/messages/count_tokens", {**MESSAGES, "model": "counted"}),
+    )
+
+    def test_authenticate_runs_once_per_request(self) -> None:
+        calls: list[Any] = []
+        original = self.edge.app.pipeline.authenticate
+
+        def counting(request: Any) -> Any:
+            calls.append(request)
+            return original(request)
+
+        self.patch(self.edge.app.pipeline, "authenticate", counting)
+        for path, body in self.GENERATION:
+            self.edge.post(path, body)
+        self.json_answer(self.edge.get("/v1/models"))
+        self.json_answer(self.edge.get("/v1/models/chat"))
+        self.assertEqual(len(calls), len(self.GENERATION) + 2)
+        self.assertEqual(len({id(r) for r in calls}), len(calls))
+
+    def test_a_per_key_rule_in_admit_holds_on_every_route(self) -> None:
+        admitted: list[tuple[str, str]] = []
+
+        def admit(principal: Any, model: str) -> None:
+            admitted.append((principal.name, model))
+            raise ApiError(429, "over this key's budget", code="key_budget")
+
+        self.patch(self.edge.app.pipeline, "admit", admit)
+        for path, body in self.GENERATION:
+            self.assertEqual(self.json_answer(self.edge.post(path, body))[0], 429)
+        self.assertEqual(self.json_answer(self.edge.get("/v1/models/chat"))[0], 429)
+        models = ["chat", "chat", "chat", "counted", "chat"]
+        self.assertEqual(admitted, [("all", m) for m in models])
+        # Nothing was placed: admit runs before the pool is asked.
+        self.assertEqual(self.edge.requests("provider_tunnel_request"), [])
+        self.assertEqual(self.edge.in_flight(), 0)
+
+    def test_one_route_table_for_the_router_and_the_fast_path(self) -> None:
+        routes = {(r.method, r.path): (r.surface, r.operation) for r in self.edge.app.routes}
+        rules = {
+            (method, rule.rule)
+            for rule in self.edge.app.app.url_map.iter_rules()
+            for method in rule.methods or ()
+            if method not in ("HEAD", "OPTIONS")
+        }
+        self.assertEqual(set(routes), rules)
+        self.assertEqual(
+            sorted(self.edge.app._direct),
+            sorted(p.encode() for m, p in routes if m == "POST"),
+        )
