@@ -28,7 +28,7 @@ from twisted.internet.defer import Deferred, succeed
 from iop.config.model import EdgeConfig, ModelConfig, ProfileConfig, ProviderConfig
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.errors import UnknownModel
-from iop.edge.placement import TUNNEL_TYPES, Placement
+from iop.edge.placement import Placement
 from iop.edge.pool import Lease, ProviderPool
 from iop.edge.routes import RouteResolver
 from iop.edge.runs import RunDispatcher, RunHandle
@@ -198,4 +198,4 @@ class EdgeGateway:
         )
 
 
-__all__ = ["TUNNEL_TYPES", "EdgeGateway", "Placement"]
+__all__ = ["EdgeGateway", "Placement"]

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 
 from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.pool import Lease
-from iop.edge.routes import TUNNEL_TYPES
+from iop.runtime.kinds import wire_of
 
-__all__ = ["TUNNEL_TYPES", "Placement"]
+__all__ = ["Placement"]
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,8 @@ class Placement:
 
     @property
     def wire(self) -> str:
-        """``tunnel`` for OpenAI-compatible providers, ``run`` for the rest."""
-        return "tunnel" if self.provider_type in TUNNEL_TYPES else "run"
+        """``tunnel`` or ``run``: the provider kind's wire (:mod:`iop.runtime.kinds`)."""
+        return str(wire_of(self.provider_type))
 
     def release(self) -> None:
         """Give back the capacity lease (idempotent; nothing for direct routes)."""

@@ -12,11 +12,7 @@ from __future__ import annotations
 from iop.config.model import AdapterConfig, EdgeConfig, ModelRoute, ProviderConfig
 from iop.edge.errors import NodeUnavailable, NoRoute
 from iop.edge.registry import NodeRegistry
-from iop.runtime.kinds import LEASED_KINDS, TUNNEL_KINDS
-
-#: The adapter types that take the raw provider tunnel (the provider kind table's tunnel kinds;
-#: kept for :mod:`iop.edge.gateway`, which reads it from here).
-TUNNEL_TYPES = TUNNEL_KINDS
+from iop.runtime.kinds import LEASED_KINDS
 
 
 class RouteResolver:
@@ -110,4 +106,4 @@ class RouteResolver:
         return None
 
 
-__all__ = ["TUNNEL_TYPES", "RouteResolver"]
+__all__ = ["RouteResolver"]

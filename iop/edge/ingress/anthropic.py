@@ -54,9 +54,6 @@ from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress.bridge import (
-    IMAGES_ANY,
-    IMAGES_BASE64,
-    IMAGES_NONE,
     BridgeError,
     ChatStreamToMessages,
     Event,
@@ -92,6 +89,7 @@ from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_message
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
 from iop.edge.placement import Placement
 from iop.runtime.events import RuntimeEvent
+from iop.runtime.kinds import images_of
 
 __all__ = [
     "DEFAULT_ANTHROPIC_VERSION",
@@ -293,12 +291,8 @@ class CountTokensCodec:
 
 
 def _images_for(placement: Placement) -> str:
-    """What images a provider takes: a CLI agent none, Ollama base64 only, the rest any."""
-    if placement.wire == "tunnel":
-        return IMAGES_ANY
-    if placement.provider_type == "ollama":
-        return IMAGES_BASE64
-    return IMAGES_NONE
+    """What images the provider's kind takes (:mod:`iop.runtime.kinds`)."""
+    return str(images_of(placement.provider_type))
 
 
 def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:

@@ -106,6 +106,7 @@ from iop.formats.errors import error_message
 from iop.formats.sse import format_event
 from iop.formats.usage import openai_chat_usage, token_count
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.runtime.kinds import Images
 from iop.security.redact import redact_secrets
 
 __all__ = [
@@ -139,9 +140,10 @@ EFFORT_MEDIUM_BELOW = 16384
 _BLOCK_JOIN = "\n\n"
 
 # What a provider takes as images (messages_to_chat's ``images``).
-IMAGES_ANY = "any"
-IMAGES_BASE64 = "base64"
-IMAGES_NONE = "none"
+# What images a provider takes (the provider kind's row says which).
+IMAGES_ANY = str(Images.ANY)
+IMAGES_BASE64 = str(Images.BASE64)
+IMAGES_NONE = str(Images.NONE)
 
 # output_config.effort → reasoning_effort (only where thinking is allowed).
 _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "max": "high"}

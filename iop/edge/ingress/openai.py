@@ -84,6 +84,7 @@ from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
 from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.runtime.kinds import OPENAI_CHAT, OPENAI_RESPONSES
 
 __all__ = [
     "DRIVER_RESPONSES",
@@ -97,8 +98,8 @@ __all__ = [
     "openai_usage",
 ]
 
-DRIVER_CHAT = "openai_chat"
-DRIVER_RESPONSES = "openai_responses"
+DRIVER_CHAT = OPENAI_CHAT.name
+DRIVER_RESPONSES = OPENAI_RESPONSES.name
 DONE = b"data: [DONE]\n\n"
 OWNER = "iop"
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 
 from iop.config.model import ProfileConfig
+from iop.runtime.kinds import ANTHROPIC_MESSAGES, OPENAI_CHAT
 
 __all__ = [
     "Route",
@@ -37,8 +38,8 @@ __all__ = [
     "thinking_allowed",
 ]
 
-DRIVER_ANTHROPIC = "anthropic_messages"
-DRIVER_CHAT = "openai_chat"
+DRIVER_ANTHROPIC = ANTHROPIC_MESSAGES.name
+DRIVER_CHAT = OPENAI_CHAT.name
 THINKING_EXTENSIONS = ("thinking", "reasoning")
 # For error messages: what a profile needs for thinking over the Chat bridge.
 THINKING_REQUIREMENT = "extensions.thinking or extensions.reasoning"
