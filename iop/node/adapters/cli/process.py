@@ -12,12 +12,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import ProcessDone, ProcessExitedAlready, ProcessTerminated
-from twisted.internet.interfaces import IDelayedCall
+from twisted.internet.interfaces import IDelayedCall, IReactorProcess, IReactorTime
 from twisted.internet.protocol import ProcessProtocol
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.node.adapters.cli.decoders import (
@@ -27,12 +29,29 @@ from iop.node.adapters.cli.decoders import (
     TextDecoder,
 )
 from iop.node.adapters.cli.interpreter import StreamInterpreter
-from iop.node.adapters.cli.plan import LaunchPlan
+from iop.node.adapters.cli.plan import CLISettings, LaunchPlan
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import Emit, ExecutionSpec
 
-if TYPE_CHECKING:
-    from iop.node.adapters.cli.provider import CLIProvider
+
+class RunHost(Protocol):
+    """
+    What a run needs of the provider that started it (:class:`~.provider.CLIProvider`): its
+    reactor, settings and process spawner, its log, how to signal a process group, and where to
+    report the session an agent named and the run's end.
+    """
+
+    reactor: IReactorTime
+    settings: CLISettings
+    processes: IReactorProcess
+    log: Logger
+
+    signal_group: Callable[[int, int], None]
+
+    def _note_session(self, run: CLIRun, session_id: str) -> None: ...
+
+    def _run_ended(self, run: CLIRun) -> None: ...
+
 
 STDERR_TAIL_BYTES = 4096
 # After the agent exited: how long descendants outside its group may hold stdout/stderr open.
@@ -99,7 +118,7 @@ class CLIRun:
 
     def __init__(
         self,
-        provider: CLIProvider,
+        provider: RunHost,
         spec: ExecutionSpec,
         emit: Emit,
         plan: LaunchPlan,
