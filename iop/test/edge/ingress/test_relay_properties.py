@@ -209,16 +209,17 @@ MESSAGE = json.dumps(
         "usage": {"input_tokens": 1, "output_tokens": 1},
     }
 ).encode()
+_EVENTS: list[dict[str, Any]] = [
+    {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "h"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
+    {"type": "message_stop"},
+]
 MESSAGE_EVENTS = b"".join(
-    b"event: " + e["type"].encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
-    for e in [
-        {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
-        {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "h"}},
-        {"type": "content_block_stop", "index": 0},
-        {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
-        {"type": "message_stop"},
-    ]
+    b"event: " + str(e["type"]).encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+    for e in _EVENTS
 )
 
 
