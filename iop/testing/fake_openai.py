@@ -34,7 +34,10 @@ Routes:
   something real to talk to: one text block of the same text (``max_tokens`` required and
   capping it), streamed as Anthropic stream events or as one ``message``; the token count is
   the fake's usual word count. Requests without an ``anthropic-version`` header are refused
-  (400) as the real API does; errors use the Anthropic error shape. No tools, no thinking.
+  (400) as the real API does; errors use the Anthropic error shape. A request with ``tools``
+  gets a ``tool_use`` block calling its first tool (``input_json_delta`` in three pieces when
+  streamed), unless ``tool_choice`` is ``none`` or the last turn carries a ``tool_result`` (one
+  tool round); model ``fail-500`` answers 500. No thinking.
 - ``GET /_fake/stats``: :class:`FakeStats` as JSON.
 
 With ``expect_header`` (``--expect-header NAME``, the value from ``$IOP_FAKE_EXPECT_VALUE``),
@@ -666,6 +669,24 @@ class FakeOpenAI:
                 total += word_count(message.get("content"))
         return total
 
+    def _anthropic_tool(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The tool to call: the first one, unless ``tool_choice`` is none or the last user turn
+        carries a tool result (one tool round, as on the Chat route)."""
+        tools = body.get("tools")
+        choice = body.get("tool_choice")
+        if not isinstance(tools, list) or not tools or not isinstance(tools[0], dict):
+            return None
+        if isinstance(choice, dict) and choice.get("type") == "none":
+            return None
+        last = body["messages"][-1]
+        content = last.get("content") if isinstance(last, dict) else None
+        if isinstance(content, list) and any(
+            isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+        ):
+            return None
+        name = tools[0].get("name")
+        return {**tools[0], "name": name if isinstance(name, str) and name else "tool"}
+
     def _count_tokens(self, request: Request) -> bytes:
         body = self._anthropic_request(request, needs_max_tokens=False)
         if isinstance(body, bytes):
@@ -680,16 +701,33 @@ class FakeOpenAI:
         if isinstance(body, bytes):
             return body
         model = body.get("model") if isinstance(body.get("model"), str) else ""
+        if model == FAIL_500_MODEL:
+            self._stats.rejected_requests += 1
+            request.setResponseCode(500)
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps(
+                {"type": "error", "error": {"type": "api_error", "message": "injected failure"}}
+            ).encode()
         tokens, cut = self._text_answer(body["max_tokens"])
         prompt_tokens = self._anthropic_prompt_tokens(body)
         stop_reason = "max_tokens" if cut else "end_turn"
         message_id = f"msg_fake_{next(self._ids)}"
+        tool = self._anthropic_tool(body)
+        block: dict[str, Any] = {"type": "text", "text": "".join(tokens)}
+        if tool is not None:
+            tokens, stop_reason = [], "tool_use"
+            block = {
+                "type": "tool_use",
+                "id": f"toolu_fake_{next(self._ids)}",
+                "name": tool["name"],
+                "input": fake_arguments({"function": {"parameters": tool.get("input_schema")}}),
+            }
         message: dict[str, Any] = {
             "id": message_id,
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": "".join(tokens)}],
+            "content": [block],
             "stop_reason": stop_reason,
             "stop_sequence": None,
             "usage": {"input_tokens": prompt_tokens, "output_tokens": len(tokens)},
@@ -708,17 +746,15 @@ class FakeOpenAI:
             "stop_reason": None,
             "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
         }
+        opening = {**block, "input": {}} if tool is not None else {"type": "text", "text": ""}
         events: list[tuple[dict[str, Any], int]] = [
             ({"type": "message_start", "message": started}, 0),
-            (
-                {
-                    "type": "content_block_start",
-                    "index": 0,
-                    "content_block": {"type": "text", "text": ""},
-                },
-                0,
-            ),
+            ({"type": "content_block_start", "index": 0, "content_block": opening}, 0),
         ]
+        if tool is not None:
+            for piece in split_arguments(json.dumps(block["input"])):
+                delta = {"type": "input_json_delta", "partial_json": piece}
+                events.append(({"type": "content_block_delta", "index": 0, "delta": delta}, 1))
         for token in tokens:
             delta = {"type": "text_delta", "text": token}
             events.append(({"type": "content_block_delta", "index": 0, "delta": delta}, 1))

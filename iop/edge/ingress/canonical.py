@@ -20,11 +20,16 @@ A source's answer, whatever wire carried it, becomes a sequence of canonical eve
 ``FAILED``      the answer failed: ``terminal`` is the failing run event
 ==============  ============================================================================
 
+A tool call may also stream as it comes: ``TOOL_CALL_START`` (``call``: its ``id`` and
+``name``), then ``TOOL_CALL_DELTA`` events (``text``: the next argument fragment); the call ends
+where the next call, text or the finish begins.
+
 Each surface has a stream encoder and a whole-body encoder over these events
 (:class:`~.openai.ChatEncoder`, :class:`~.bridge.MessagesEncoder`,
 :class:`~.responses.ChatToResponses` via :meth:`~.responses.ChatToResponses.event`). Streamed
-tool-call fragments (a provider's SSE parsed for another protocol) are the stream's next kinds:
-the encoders already take calls one at a time, in order.
+tool-call fragments (``TOOL_CALL_START``/``TOOL_CALL_DELTA``: a native Messages answer decoded
+for Chat, :class:`~.chat_messages.MessagesDecoder`) are read by the Chat encoder; a decoder
+feeding another encoder gives whole ``TOOL_CALL`` events instead.
 
 :class:`RunDecoder` is the one place a normalized run's events are read: ``delta`` → text,
 ``reasoning_delta`` → reasoning, ``complete`` → tool calls (``metadata["openai_tool_calls"]``,
@@ -96,6 +101,8 @@ class Kind(enum.Enum):
     TEXT = "text"
     REASONING = "reasoning"
     TOOL_CALL = "tool_call"
+    TOOL_CALL_START = "tool_call_start"
+    TOOL_CALL_DELTA = "tool_call_delta"
     REVISED = "revised"
     FINISH = "finish"
     FAILED = "failed"

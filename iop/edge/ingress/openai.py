@@ -58,7 +58,10 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 
 from iop.config.model import ModelConfig, ProfileConfig
+from iop.edge.ingress.anthropic import DEFAULT_ANTHROPIC_VERSION
+from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
+from iop.edge.ingress.chat_messages import DEFAULT_MAX_TOKENS, MessagesDecoder, chat_to_messages
 from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
     json_bytes,
@@ -70,7 +73,7 @@ from iop.edge.ingress.http import (
 from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
-from iop.edge.ingress.relay import PassThrough, Work, json_headers
+from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
     ChatToResponses,
     RunEventsToResponses,
@@ -84,7 +87,7 @@ from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
 from iop.runtime.chat_input import InputError, chat_input_from
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.runtime.kinds import OPENAI_CHAT, OPENAI_RESPONSES
+from iop.runtime.kinds import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 
 __all__ = [
     "DRIVER_RESPONSES",
@@ -99,6 +102,7 @@ __all__ = [
 ]
 
 DRIVER_CHAT = OPENAI_CHAT.name
+DRIVER_ANTHROPIC = ANTHROPIC_MESSAGES.name
 DRIVER_RESPONSES = OPENAI_RESPONSES.name
 DONE = b"data: [DONE]\n\n"
 OWNER = "iop"
@@ -107,18 +111,30 @@ OWNER = "iop"
 # -- capability rules --------------------------------------------------------------------------
 
 
-def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> None:
+def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> Route:
     """
-    Whether a provider with ``profile`` serves Chat Completions; raises :class:`Unsupported`.
+    How a provider with ``profile`` serves Chat Completions: :attr:`Route.NATIVE` (it speaks
+    Chat) or :attr:`Route.BRIDGE` (an ``anthropic_messages`` profile with the ``messages``
+    capability and operation: :mod:`.chat_messages` translates); raises :class:`Unsupported`.
     No profile (a run provider, or an OpenAI-compatible adapter configured without one) is a
     plain chat backend with streaming and tools.
     """
     if profile is None:
-        return
+        return Route.NATIVE
+    route = Route.NATIVE
     chat = profile.driver == DRIVER_CHAT or any(
         name == "chat_completions" for name, _ in profile.operations
     )
-    if not chat:
+    if not chat and profile.driver == DRIVER_ANTHROPIC:
+        if "messages" not in profile.capabilities or not any(
+            name == "messages" for name, _ in profile.operations
+        ):
+            raise Unsupported(
+                f"protocol profile {profile.name!r} cannot serve chat completions: it needs "
+                "the 'messages' capability and a 'messages' operation"
+            )
+        route = Route.BRIDGE
+    elif not chat:
         raise Unsupported(
             f"protocol profile {profile.name!r} (driver {profile.driver!r}) does not serve "
             "chat completions"
@@ -132,6 +148,7 @@ def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> N
         raise Unsupported(
             f"protocol profile {profile.name!r} does not support tools (no 'tools' capability)"
         )
+    return route
 
 
 def check_responses(profile: ProfileConfig | None, *, stream: bool, tools: bool = False) -> Route:
@@ -149,7 +166,12 @@ def check_responses(profile: ProfileConfig | None, *, stream: bool, tools: bool 
             )
         return Route.NATIVE
     try:
-        check_chat(profile, stream=stream, tools=tools)
+        if check_chat(profile, stream=stream, tools=tools) != Route.NATIVE:
+            name = profile.name if profile is not None else ""
+            raise Unsupported(
+                f"protocol profile {name!r} (driver {DRIVER_ANTHROPIC!r}) does not "
+                "serve chat completions natively"
+            )
     except Unsupported as e:
         raise Unsupported(
             f"the Responses API needs a provider with an openai_responses protocol profile or "
@@ -240,6 +262,20 @@ class ChatEncoder:
                     index = len(self.tool_calls)
                     self.tool_calls.append(converted)
                     out.append(self._chunk({"tool_calls": [{"index": index, **converted}]}))
+            elif kind == Kind.TOOL_CALL_START:
+                started = tool_call({**event.call, "arguments": ""})
+                if started is not None:
+                    index = len(self.tool_calls)
+                    self.tool_calls.append(started)
+                    # The call accumulates its arguments; the chunk keeps the start as it was.
+                    head = {**started, "function": dict(started["function"])}
+                    out.append(self._chunk({"tool_calls": [{"index": index, **head}]}))
+            elif kind == Kind.TOOL_CALL_DELTA:
+                if self.tool_calls and event.text:
+                    index = len(self.tool_calls) - 1
+                    self.tool_calls[index]["function"]["arguments"] += event.text
+                    fragment = {"index": index, "function": {"arguments": event.text}}
+                    out.append(self._chunk({"tool_calls": [fragment]}))
             elif kind == Kind.REVISED:
                 self.content = event.text
             elif kind == Kind.FINISH:
@@ -421,7 +457,9 @@ class ChatCodec:
         body, stream = call.body, call.stream
         model = placement.model
         try:
-            check_chat(placement.profile, stream=stream, tools=call.tools)
+            route = check_chat(placement.profile, stream=stream, tools=call.tools)
+            if route == Route.BRIDGE and placement.wire != "tunnel":
+                raise Unsupported("a native Messages provider is served only through a tunnel")
             if placement.wire == "run" and body.get("n") not in (None, 1):
                 raise Unsupported("'n' other than 1 is not supported by this model's provider")
         except Unsupported as e:
@@ -437,6 +475,9 @@ class ChatCodec:
             default = max_tokens_for(None, policy)
             if default is not None:
                 payload["max_tokens"] = default
+        if route == Route.BRIDGE:
+            limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+            return await self._over_messages(work, call, limit or DEFAULT_MAX_TOKENS)
         if placement.wire == "tunnel":
             return await work.relay(
                 PassThrough(),
@@ -473,6 +514,49 @@ class ChatCodec:
             max_tokens=limit,
             thinking_token_budget=thinking,
         )
+
+    async def _over_messages(self, work: Work, call: Call, limit: int) -> bytes:
+        """The call on a native Messages provider: the request translated, the answer decoded
+        into canonical events (:mod:`.chat_messages`) and encoded by the Chat encoder."""
+        placement = work.placement
+        stream = call.stream
+        try:
+            request = chat_to_messages(call.body, target=placement.target, max_tokens=limit)
+        except BridgeError as e:
+            raise bad_request(e.message) from None
+        encoder = ChatEncoder(
+            model=placement.model,
+            include_usage=stream and bool(call.facts["include_usage"]),
+            created=int(self._clock.seconds()),
+        )
+        headers = [*json_headers(stream), ("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]
+        source = work.tunnel("messages", request, stream, headers)
+        if stream:
+
+            def encode(events: list[Event]) -> bytes:
+                finished = any(event.kind == Kind.FINISH for event in events)
+                return sse_chunks(encoder.encode(events), done=finished)
+
+            return await work.relay(DecodedStream(MessagesDecoder(), encode), source)
+
+        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+            if not 200 <= status < 300:
+                raise upstream_error(status, data)
+            try:
+                message = json.loads(data)
+            except ValueError:
+                message = None
+            decoder = MessagesDecoder()
+            encoder.encode(decoder.message(message))
+            if decoder.failed is not None:
+                raise ApiError(
+                    502,
+                    f"the provider's answer could not be converted: {decoder.failed}",
+                    code="upstream_error",
+                )
+            return render_json(work.request, encoder.completion())
+
+        return await work.relay(Collect(whole), source)
 
 
 class ResponsesCodec:

@@ -24,7 +24,9 @@ Relay (:func:`relay`)
 
 Transforms here: :class:`PassThrough` (tunnel bytes untouched), :class:`Collect` (a tunnel's
 whole body, for a caller that converts it), :class:`ChatStream` (a tunnel's Chat SSE answer,
-converted chunk by chunk: the Anthropic and Responses bridges), :class:`RunStream` (each run
+converted chunk by chunk: the Anthropic and Responses bridges), :class:`DecodedStream` (a
+tunnel's SSE in another protocol decoded into canonical events and encoded for the client:
+Chat over a native Messages provider), :class:`RunStream` (each run
 event converted) and :class:`RunCollect` (all of a run's events, one answer). The admin NDJSON
 stream is defined where it is used.
 """
@@ -43,6 +45,7 @@ from twisted.web.iweb import IRequest
 
 from iop.config.model import ClientKey
 from iop.edge.errors import DispatchError, PoolError
+from iop.edge.ingress import canonical
 from iop.edge.ingress.errors import ApiError, run_error, upstream_error
 from iop.edge.ingress.record import RequestRecord
 from iop.edge.ingress.sources import (
@@ -69,6 +72,7 @@ __all__ = [
     "ChatStreamConverter",
     "Collect",
     "Cut",
+    "DecodedStream",
     "Exchange",
     "Gateway",
     "Head",
@@ -602,6 +606,96 @@ class ChatStream(Generic[E]):
 
 
 _UNCONVERTIBLE = "the provider's stream could not be converted"
+
+
+class CanonicalDecoder(Protocol):
+    """A provider's stream events in, canonical events out (:mod:`.chat_messages`)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def feed(self, data: Any) -> list[canonical.Event]: ...
+
+    def end(self) -> list[canonical.Event]: ...
+
+
+class DecodedStream:
+    """
+    A provider's SSE answer through a tunnel in another protocol than the client's: each event's
+    data decoded into canonical events (``decoder``) and encoded for the client's surface
+    (``encode``: the events as the response's bytes). An upstream error status is collected and
+    answered with that status in the surface's shape. A stream that cannot be parsed, or whose
+    answer failed (an ``error`` event), ends with the encoder's failure and stops the provider;
+    one that ends before its answer finished fails the same way.
+    """
+
+    def __init__(
+        self,
+        decoder: CanonicalDecoder,
+        encode: Callable[[list[canonical.Event]], bytes],
+    ) -> None:
+        self._decoder = decoder
+        self._encode = encode
+        self._parser = SSEParser()
+        self._status = 0
+        self._error: list[bytes] | None = None
+
+    def head(self, start: tuple[int, HeaderList]) -> Head | None:
+        self._status, _ = start
+        if not 200 <= self._status < 300:
+            self._error = []
+            return None
+        return Head(200, "text/event-stream")
+
+    def _failed(self, message: str) -> list[canonical.Event]:
+        return [canonical.Event(canonical.Kind.FAILED, terminal=RuntimeEvent.failed(message))]
+
+    def feed(self, item: bytes) -> bytes:
+        if self._error is not None:
+            self._error.append(item)
+            return b""
+        decoder = self._decoder
+        if decoder.done:
+            return b""
+        try:
+            events = self._parser.feed(item)
+        except SSEError as e:
+            failed = self._failed(f"the provider's stream is malformed: {e}")
+            raise Stop(_UNCONVERTIBLE, self._encode(failed)) from None
+        out = self._decode(events)
+        if any(event.kind == canonical.Kind.FAILED for event in out):
+            raise Stop(_UNCONVERTIBLE, self._encode(out))
+        return self._encode(out)
+
+    def end(self, ending: TunnelOutcome) -> bytes:
+        if self._error is not None:
+            raise upstream_error(self._status, b"".join(self._error))
+        decoder = self._decoder
+        if decoder.done:
+            return b""
+        try:
+            out = self._decode(self._parser.finish())
+        except SSEError as e:
+            out = self._failed(f"the provider's stream is malformed: {e}")
+        if not decoder.done and not any(e.kind == canonical.Kind.FAILED for e in out):
+            if ending.ok:
+                out += decoder.end()
+            else:
+                out += self._failed(f"the provider's stream failed: {ending.error}")
+        return self._encode(out)
+
+    def _decode(self, events: list[SSEEvent]) -> list[canonical.Event]:
+        out: list[canonical.Event] = []
+        decoder = self._decoder
+        for event in events:
+            if decoder.done:
+                break
+            try:
+                data = json.loads(event.data)
+            except ValueError:
+                data = None
+            out += decoder.feed(data)
+        return out
 
 
 class Collect:

@@ -158,6 +158,9 @@ def put(body: Any, path: tuple[Any, ...], value: Any) -> None:
                 target[step] = container
             target = target[step]
         else:
+            if not isinstance(step, int):
+                # An earlier mutation put a list where this path expects an object: it stays.
+                return
             while len(target) <= step:
                 target.append(container)
             if not isinstance(target[step], list | dict):

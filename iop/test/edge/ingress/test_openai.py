@@ -202,7 +202,8 @@ class CapabilityTests(IngressCase):
         )
 
     def test_other_drivers_do_not_serve_chat(self) -> None:
-        for name in ("native", "resp"):
+        # (An anthropic_messages profile does: iop.test.edge.ingress.test_chat_messages.)
+        for name in ("resp",):
             self.assertOpenAIError(
                 self.edge.post("/v1/chat/completions", {**CHAT, "model": name}), 400, "chat"
             )
@@ -213,7 +214,9 @@ class CapabilityTests(IngressCase):
         check_chat(None, stream=True, tools=True)
         check_chat(chat, stream=True, tools=True)
         self.assertRaises(Unsupported, check_chat, plain, stream=True, tools=False)
-        self.assertRaises(Unsupported, check_chat, native, stream=False, tools=False)
+        self.assertEqual(check_chat(chat, stream=True, tools=True), Route.NATIVE)
+        self.assertEqual(check_chat(native, stream=True, tools=True), Route.BRIDGE)
+        self.assertRaises(Unsupported, check_chat, responses, stream=False, tools=False)
         self.assertEqual(check_responses(responses, stream=True), Route.NATIVE)
         self.assertEqual(check_responses(None, stream=True, tools=True), Route.BRIDGE)
         self.assertEqual(check_responses(chat, stream=True, tools=True), Route.BRIDGE)

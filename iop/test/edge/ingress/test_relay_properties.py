@@ -43,7 +43,7 @@ from iop.test.edge.ingress.harness import (
 MODELS = ["chat", "native", "resp", "plain", "bare", "llama", "counted", "cli", "nope"]
 # The models that serve each route (on both wires, pooled and direct).
 SERVING = {
-    "/v1/chat/completions": ["chat", "bare", "plain", "llama", "cli"],
+    "/v1/chat/completions": ["chat", "bare", "plain", "native", "llama", "cli"],
     "/v1/responses": ["resp"],
     "/v1/messages": ["bare", "chat", "native", "llama", "cli"],
     "/v1/messages/count_tokens": ["native", "counted"],
@@ -198,6 +198,30 @@ CHUNKS = sse(
     ]
 )
 
+# A native Messages provider's answer (Chat over an anthropic_messages profile).
+MESSAGE = json.dumps(
+    {
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "content": [{"type": "text", "text": "h"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+).encode()
+_EVENTS: list[dict[str, Any]] = [
+    {"type": "message_start", "message": {"usage": {"input_tokens": 1}}},
+    {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "h"}},
+    {"type": "content_block_stop", "index": 0},
+    {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {}},
+    {"type": "message_stop"},
+]
+MESSAGE_EVENTS = b"".join(
+    b"event: " + str(e["type"]).encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+    for e in _EVENTS
+)
+
 
 def strict_loads(data: bytes | str) -> Any:
     """JSON as RFC 8259 has it: no NaN/Infinity (Python's decoder accepts them by default)."""
@@ -229,6 +253,8 @@ class Scenario:
         kind = self.draw(st.sampled_from(TUNNEL_ANSWERS))
         stream = request.stream
         good = CHUNKS if stream else COMPLETION
+        if request.operation == "messages":
+            good = MESSAGE_EVENTS if stream else MESSAGE
         if kind == "ok":
             content_type = "text/event-stream" if stream else "application/json"
             edge.frames(run_id, start(200, content_type), body(good), usage(1, 1), END)
