@@ -38,6 +38,9 @@ upstream is reached only through a tunnel carrying a credential lease the Edge s
 request; a normalized run carries none, so a managed node never calls that upstream outside the
 lease path, whatever the Edge sends. Runs on the other adapters (``ollama``, ``cli``), which
 carry no IOP credential, are served as usual.
+
+A ``TERMINATE_SESSION`` cancel request concerns an adapter's session, not a run: the manager
+hands it to its :class:`~iop.node.session_termination.SessionTermination`.
 """
 
 from __future__ import annotations
@@ -51,20 +54,19 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.node.adapters.capacity import Slot
-from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
+from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.admission import CONNECTION_LOST_REASON, Admission, Admitted, Nouns, Refusal
+from iop.node.session_termination import SessionTermination, cancel_response
 from iop.node.store import RunStatus, RunStore
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.runtime.interfaces import ExecutionSpec, IProvider, ISessionTerminator, ITunnelProvider
+from iop.runtime.interfaces import ExecutionSpec, IProvider, ITunnelProvider
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
 __all__ = ["CANCELLED_BY_EDGE", "CONNECTION_LOST_REASON", "RunManager"]
 
 CANCELLED_BY_EDGE = "cancelled by edge"
-# Bound on an adapter's terminate_session, in seconds.
-TERMINATE_SESSION_TIMEOUT = 30.0
 
 _STATUS_OF = {
     EventType.COMPLETE: RunStatus.COMPLETED,
@@ -175,6 +177,8 @@ class RunManager:
         self.clock = clock
         self._node_id = node_id
         self._admission: Admission[_Run] = Admission(registry, send, _RUN_NOUNS, node_id)
+        # TERMINATE_SESSION arrives with the runs' cancels; it concerns no run.
+        self._sessions = SessionTermination(registry, clock, node_id)
         self.managed = managed
         self._store = store
         self._totals = _Totals()
@@ -208,8 +212,8 @@ class RunManager:
         if request.kind == pb.CANCEL_RUN:
             return succeed(self._cancel_run(request))
         if request.kind == pb.TERMINATE_SESSION:
-            return self._terminate_session(request)
-        return succeed(self._cancel_response(request, False, f"unknown cancel kind {request.kind}"))
+            return self._sessions.terminate(request)
+        return succeed(cancel_response(request, False, f"unknown cancel kind {request.kind}"))
 
     def is_active(self, run_id: str) -> bool:
         """Whether ``run_id`` names an active run."""
@@ -599,25 +603,12 @@ class RunManager:
 
     # -- internals: refusals and cancels -----------------------------------------------------
 
-    def _cancel_response(
-        self, request: pb.CancelRequest, ok: bool, reason: str
-    ) -> pb.CancelResponse:
-        return pb.CancelResponse(
-            kind=request.kind,
-            run_id=request.run_id,
-            session_id=request.session_id,
-            ok=ok,
-            reason=reason,
-        )
-
     def _cancel_run(self, request: pb.CancelRequest) -> pb.CancelResponse:
         if not request.run_id:
-            return self._cancel_response(request, False, "cancel without a run_id")
+            return cancel_response(request, False, "cancel without a run_id")
         run = self._admission.get(request.run_id)
         if run is None:
-            return self._cancel_response(
-                request, False, f"no active run {request.run_id!r} on this node"
-            )
+            return cancel_response(request, False, f"no active run {request.run_id!r} on this node")
         self.log.info(
             "cancelling run {run_id} on adapter {adapter}: {reason}",
             run_id=run.run_id,
@@ -628,52 +619,4 @@ class RunManager:
         self._finish(
             run, RuntimeEvent.cancelled(request.reason or CANCELLED_BY_EDGE), cancel_provider=True
         )
-        return self._cancel_response(request, True, "")
-
-    def _terminate_session(self, request: pb.CancelRequest) -> Deferred[pb.CancelResponse]:
-        try:
-            instance = self._registry.resolve(request.adapter)
-        except UnknownAdapter as e:
-            return succeed(self._cancel_response(request, False, str(e)))
-        name = instance.name
-        if not instance.enabled or instance.provider is None:
-            return succeed(self._cancel_response(request, False, f"adapter {name!r} is disabled"))
-        terminator = ISessionTerminator(instance.provider, None)
-        if terminator is None:
-            return succeed(
-                self._cancel_response(request, False, f"adapter {name!r} does not support sessions")
-            )
-        if not request.session_id:
-            return succeed(self._cancel_response(request, False, "terminate without a session_id"))
-        d: Deferred[bool] = maybeDeferred(
-            terminator.terminate_session, request.target, request.session_id
-        )
-        d.addTimeout(TERMINATE_SESSION_TIMEOUT, self.clock)
-
-        def done(existed: bool) -> pb.CancelResponse:
-            self.log.info(
-                "session {session_id} on adapter {adapter}: terminate -> {existed}",
-                session_id=request.session_id,
-                adapter=name,
-                existed=bool(existed),
-                node_id=self._node_id,
-            )
-            if existed:
-                return self._cancel_response(request, True, "")
-            return self._cancel_response(
-                request, False, f"adapter {name!r} has no session {request.session_id!r}"
-            )
-
-        def failed(failure: Failure) -> pb.CancelResponse:
-            self.log.warn(
-                "terminating session {session_id} on adapter {adapter} failed: {error}",
-                session_id=request.session_id,
-                adapter=name,
-                error=_failure_message(failure),
-                node_id=self._node_id,
-            )
-            return self._cancel_response(
-                request, False, f"terminating the session failed: {_failure_message(failure)}"
-            )
-
-        return d.addCallbacks(done, failed)
+        return cancel_response(request, True, "")

@@ -3,12 +3,11 @@
 ``twistd iop-node``: options and the service tree.
 
 The node's service opens its local run store (:class:`~iop.node.store.RunStore`, at
-``store.path``) and, once it is open, starts one :class:`~iop.node.supervisor.NodeSupervisor` per
-Edge it dials (:class:`~iop.node.edges.EdgeSupervisors`: ``edge:`` is one, ``edges:`` several).
-A store that cannot be opened is fatal (exit 1). Every session a supervisor establishes is
-equipped with its request handlers by :func:`iop.node.handlers.make_session_setup`; the store,
-the providers' HTTP client and the lease keys are the same for every Edge's sessions. At
-shutdown the supervisors stop first, then the store closes.
+``store.path``) and, once it is open, starts the links to the Edges it dials
+(:func:`iop.node.link.build`: one supervised session per Edge, ``edge:`` is one, ``edges:``
+several). A store that cannot be opened is fatal (exit 1). The store, the providers' HTTP client
+and the lease keys are the same for every Edge's sessions. At shutdown the supervisors stop
+first, then the store closes.
 
 In managed mode (``security.mode: managed``) the node loads its recipient private key and the
 issuer's public key at startup (:func:`lease_keys`); a missing or unusable key file is a usage
@@ -32,34 +31,30 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import IService, MultiService, Service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IReactorFromThreads, IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorFromThreads
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
-from iop.config.model import DEFAULT_STORE_PATH, EdgeAddress, NodeDaemonConfig
+from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
+from iop.node import link
 from iop.node.adapters.http_client import provider_http_client
-from iop.node.edges import EdgeLogger, EdgeSupervisors, SupervisedEdge
-from iop.node.handlers import make_session_setup
-from iop.node.session import SessionBuilder
+from iop.node.edges import EdgeSupervisors
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
-from iop.node.transport import EdgeConnectionFactory
 from iop.runtime.interfaces import AdapterContext, TreqClient
 from iop.security.keys import KeyFileError, load_issuer_public, load_recipient_private
 from iop.security.lease import NodeLeaseKeys
-from iop.security.tls import TLSConfigError, client_connection_creator
 
 # Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
 # request beyond the second concurrent one would dial, and then close, its own TCP connection.
@@ -145,14 +140,6 @@ class Options(usage.Options):
             )
         except ConfigError as e:
             raise usage.UsageError(f"invalid flags:\n{e}") from None
-
-
-def edge_endpoint(edge: EdgeAddress, reactor: Any) -> IStreamClientEndpoint:
-    """TCP to the Edge, wrapped in TLS that checks the Edge's workload name (unless plaintext)."""
-    endpoint: IStreamClientEndpoint = HostnameEndpoint(reactor, edge.host, edge.port, timeout=10)
-    if edge.plaintext or edge.tls is None:
-        return endpoint
-    return wrapClientTLS(client_connection_creator(edge.tls), endpoint)
 
 
 def lease_keys(config: NodeDaemonConfig) -> NodeLeaseKeys | None:
@@ -288,10 +275,7 @@ def makeService(
 
         reactor = _reactor
     config = options.node_config
-    try:
-        endpoints = [edge_endpoint(edge, reactor) for edge in config.edges]
-    except TLSConfigError as e:
-        raise usage.UsageError(str(e)) from None
+    endpoints = link.edge_endpoints(config, reactor)
     leases = lease_keys(config)
     if store_executor is None:
         # A reactor without threads (a test's memory reactor) runs the store inline.
@@ -307,53 +291,7 @@ def makeService(
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
         http = provider_http_client(reactor, http_pool)
     adapter_context = AdapterContext(reactor=reactor, http=http)
-    several = len(config.edges) > 1
-    supervised: list[SupervisedEdge] = []
-    group: list[EdgeSupervisors] = []  # set once every Edge's supervisor exists
-
-    def transport_info_for(index: int) -> Callable[[], Mapping[str, object]]:
-        def transport_info() -> Mapping[str, object]:
-            # What an Edge's TRANSPORT_STATUS adds: this session's Edge, then every Edge.
-            edge = config.edges[index]
-            info: dict[str, object] = {
-                "edge": edge.name,
-                "tls": not (edge.plaintext or edge.tls is None),
-            }
-            if group:
-                edges = group[0].describe()
-                info["supervisor_state"] = edges[index]["supervisor_state"]
-                info["dials"] = edges[index]["dials"]
-                info["edges"] = edges
-            return info
-
-        return transport_info
-
-    for index, (edge, endpoint) in enumerate(zip(config.edges, endpoints, strict=True)):
-        factory = EdgeConnectionFactory(
-            reactor,
-            SessionBuilder(
-                adapter_context,
-                setup=make_session_setup(store, reactor, transport_info_for(index), leases=leases),
-            ),
-            max_frame_bytes=config.max_frame_bytes,
-            log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
-            lease_support=leases.announcement() if leases is not None else None,
-        )
-        supervisor = NodeSupervisor(
-            endpoint,
-            factory,
-            config.token,
-            config.reconnect,
-            reactor,
-            handshake_timeout=config.handshake_timeout_sec,
-            log=EdgeLogger(edge.name, "iop.node.supervisor.NodeSupervisor", prefix=several),
-        )
-        supervised.append(
-            SupervisedEdge(edge.name, not (edge.plaintext or edge.tls is None), supervisor)
-        )
-    supervisors = EdgeSupervisors(supervised)
-    supervisors.setName("supervisor")
-    group.append(supervisors)
+    supervisors = link.build(config, endpoints, reactor, adapter_context, store, leases)
     exit_ = _ProcessExit(reactor)
 
     def finished(code: int) -> None:

@@ -1,8 +1,8 @@
 """
 The RunManager: admission, relay, sequencing, start/terminal synthesis, cancel, timeout,
-connection loss and session termination, driven with scripted fake providers and a task.Clock.
+and connection loss, driven with scripted fake providers and a task.Clock.
 
-The fake providers here are shared with the command and registry tests.
+The fake providers here are shared with the command, registry and session termination tests.
 """
 
 from __future__ import annotations
@@ -827,71 +827,6 @@ class ConnectionLostTests(RunManagerTestCase):
         self.submit(run_id="d")
         self.assertEqual(self.events(), [])
         self.assertEqual(len(self.gpu.executions), 2)
-
-
-class TerminateSessionTests(RunManagerTestCase):
-    def test_withTerminator(self) -> None:
-        self.agent.sessions[("repo", "s1")] = True
-        response = self.cancel(
-            kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="s1"
-        )
-        self.assertEqual(
-            (response.kind, response.session_id, response.ok, response.reason),
-            (pb.TERMINATE_SESSION, "s1", True, ""),
-        )
-        self.assertEqual(self.agent.terminated, [("repo", "s1")])
-
-    def test_unknownSession(self) -> None:
-        response = self.cancel(
-            kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="nope"
-        )
-        self.assertFalse(response.ok)
-        self.assertEqual(response.reason, "adapter 'agent' has no session 'nope'")
-
-    def test_withoutTerminator(self) -> None:
-        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="gpu", session_id="s1")
-        self.assertFalse(response.ok)
-        self.assertEqual(response.reason, "adapter 'gpu' does not support sessions")
-
-    def test_unknownAdapter(self) -> None:
-        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="x", session_id="s1")
-        self.assertEqual((response.ok, response.reason), (False, "unknown adapter 'x'"))
-
-    def test_terminatorFails(self) -> None:
-        self.agent.terminate_result = lambda: fail(OSError("kill failed"))
-        response = self.cancel(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
-        self.assertFalse(response.ok)
-        self.assertEqual(response.reason, "terminating the session failed: kill failed")
-
-    def test_terminatorHangs(self) -> None:
-        self.agent.terminate_result = lambda: Deferred()
-        d = self.manager.cancel(
-            pb.CancelRequest(kind=pb.TERMINATE_SESSION, adapter="agent", session_id="s1")
-        )
-        self.assertNoResult(d)
-        self.clock.advance(30)
-        self.assertFalse(self.successResultOf(d).ok)
-
-    def test_sessionRunEndsWithAdapterCancelled(self) -> None:
-        """A terminator that ends the session's run makes the adapter emit its terminal."""
-        self.agent.sessions[("repo", "s1")] = True
-        self.submit(adapter="agent", target="repo", session_id="s1")
-        execution = self.agent.last
-
-        def terminate() -> Deferred[bool]:
-            execution.emit(RuntimeEvent.cancelled("session terminated"))
-            return succeed(True)
-
-        self.agent.terminate_result = terminate
-        self.assertTrue(
-            self.cancel(
-                kind=pb.TERMINATE_SESSION, adapter="agent", target="repo", session_id="s1"
-            ).ok
-        )
-        events = self.events("r1")
-        self.assertEqual(self.shape(events), [(1, "start"), (2, "cancelled")])
-        self.assertEqual(self.record("r1").status, RunStatus.CANCELLED)
-        self.assertGateFree("agent")
 
 
 class StoreFailureTests(SynchronousTestCase):

@@ -1,0 +1,67 @@
+# -*- test-case-name: iop.test.edge.ingress.test_service,iop.test.edge.ingress.test_listen -*-
+"""
+The client API as a part of an Edge: :func:`build` makes the
+:class:`~iop.edge.ingress.app.ClientApp` over the gateway (every finished request published on
+the event bus) with the access log that reads the bus, and :meth:`ClientApi.listener` its
+listener on ``openai.listen`` (or a port shared with ``openai.reuse_port``) under the
+connection caps the Edge's open-file limit affords — so the Edge's composition root only hands
+the service to its tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.python import usage
+
+from iop.config.model import ClientAPIConfig
+from iop.edge.accesslog import AccessLog
+from iop.edge.descriptors import ClientCaps
+from iop.edge.events import EventBus
+from iop.edge.ingress.app import ClientApp
+from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
+from iop.edge.ingress.sources import Gateway
+
+__all__ = ["ClientApi", "build"]
+
+
+@dataclass(frozen=True)
+class ClientApi:
+    """The client API's parts, built and not listening."""
+
+    config: ClientAPIConfig
+    app: ClientApp
+    access_log: AccessLog
+
+    def listener(self, caps: ClientCaps | None, reactor: Any) -> StreamServerEndpointService | None:
+        """
+        The client listener (named ``clients``) with the connection caps ``caps`` (None: as
+        configured); ``None`` without ``openai.listen``. It raises at start when its port
+        cannot be had.
+
+        @raise usage.UsageError: ``openai.reuse_port`` where this system cannot share a port.
+        """
+        if not self.config.listen:
+            return None
+        try:
+            # openai.reuse_port: a port shared with this host's other Edge processes.
+            endpoint = client_endpoint(reactor, self.config)
+        except ReusePortUnavailable as e:
+            raise usage.UsageError(str(e)) from None
+        site = self.app.site(caps)
+        clients = StreamServerEndpointService(ObservedEndpoint(endpoint, site.listening), site)
+        clients._raiseSynchronously = True
+        clients.setName("clients")
+        return clients
+
+
+def build(gateway: Gateway, config: ClientAPIConfig, bus: EventBus, reactor: Any) -> ClientApi:
+    """The client API over ``gateway``; its access log subscribes to ``bus`` at once."""
+    # Every finished client request is published on the bus (metrics, access log, console).
+    app = ClientApp(gateway, config, reactor, bus.publish)
+    # One access log line per finished client request.
+    access_log = AccessLog()
+    bus.subscribe(access_log.observe)
+    return ClientApi(config, app, access_log)

@@ -1,0 +1,118 @@
+# -*- test-case-name: iop.test.node.test_link,iop.test.test_taps -*-
+"""
+The node's links to its Edges: :func:`build` makes, for each Edge of the config (``edge:`` or
+``edges:``), its endpoint (:func:`edge_endpoint`: TLS that checks the Edge's workload name,
+unless plaintext), its connection factory (whose sessions the handlers of
+:func:`iop.node.handlers.make_session_setup` equip) and its
+:class:`~iop.node.supervisor.NodeSupervisor`, under one
+:class:`~iop.node.edges.EdgeSupervisors` — so the node's composition root only hands the run
+store, the adapters' context and the lease keys in and the service to its tree.
+
+What holds no connection is shared by every Edge's sessions: the run store, the adapters'
+context (the providers' HTTP client) and the lease keys. Each session's ``TRANSPORT_STATUS``
+names its own Edge, then every Edge the node dials.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.python import usage
+
+from iop.config.model import EdgeAddress, NodeDaemonConfig
+from iop.node.edges import EdgeLogger, EdgeSupervisors, SupervisedEdge
+from iop.node.handlers import make_session_setup
+from iop.node.session import SessionBuilder
+from iop.node.store import RunStore
+from iop.node.supervisor import NodeSupervisor
+from iop.node.transport import EdgeConnectionFactory
+from iop.runtime.interfaces import AdapterContext
+from iop.security.lease import NodeLeaseKeys
+from iop.security.tls import TLSConfigError, client_connection_creator
+
+__all__ = ["build", "edge_endpoint", "edge_endpoints"]
+
+
+def edge_endpoint(edge: EdgeAddress, reactor: Any) -> IStreamClientEndpoint:
+    """TCP to the Edge, wrapped in TLS that checks the Edge's workload name (unless plaintext)."""
+    endpoint: IStreamClientEndpoint = HostnameEndpoint(reactor, edge.host, edge.port, timeout=10)
+    if edge.plaintext or edge.tls is None:
+        return endpoint
+    return wrapClientTLS(client_connection_creator(edge.tls), endpoint)
+
+
+def edge_endpoints(config: NodeDaemonConfig, reactor: Any) -> list[IStreamClientEndpoint]:
+    """
+    Each Edge's endpoint, in ``config.edges``' order.
+
+    @raise usage.UsageError: an Edge's TLS files do not make a client context.
+    """
+    try:
+        return [edge_endpoint(edge, reactor) for edge in config.edges]
+    except TLSConfigError as e:
+        raise usage.UsageError(str(e)) from None
+
+
+def build(
+    config: NodeDaemonConfig,
+    endpoints: list[IStreamClientEndpoint],
+    reactor: Any,
+    adapter_context: AdapterContext,
+    store: RunStore,
+    leases: NodeLeaseKeys | None,
+) -> EdgeSupervisors:
+    """
+    One supervised session per Edge of ``config`` over its endpoint in ``endpoints``
+    (:func:`edge_endpoints`), under the service named ``supervisor`` (built, not started).
+    """
+    several = len(config.edges) > 1
+    supervised: list[SupervisedEdge] = []
+    group: list[EdgeSupervisors] = []  # set once every Edge's supervisor exists
+
+    def transport_info_for(index: int) -> Callable[[], Mapping[str, object]]:
+        def transport_info() -> Mapping[str, object]:
+            # What an Edge's TRANSPORT_STATUS adds: this session's Edge, then every Edge.
+            edge = config.edges[index]
+            info: dict[str, object] = {
+                "edge": edge.name,
+                "tls": not (edge.plaintext or edge.tls is None),
+            }
+            if group:
+                edges = group[0].describe()
+                info["supervisor_state"] = edges[index]["supervisor_state"]
+                info["dials"] = edges[index]["dials"]
+                info["edges"] = edges
+            return info
+
+        return transport_info
+
+    for index, (edge, endpoint) in enumerate(zip(config.edges, endpoints, strict=True)):
+        factory = EdgeConnectionFactory(
+            reactor,
+            SessionBuilder(
+                adapter_context,
+                setup=make_session_setup(store, reactor, transport_info_for(index), leases=leases),
+            ),
+            max_frame_bytes=config.max_frame_bytes,
+            log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
+            lease_support=leases.announcement() if leases is not None else None,
+        )
+        supervisor = NodeSupervisor(
+            endpoint,
+            factory,
+            config.token,
+            config.reconnect,
+            reactor,
+            handshake_timeout=config.handshake_timeout_sec,
+            log=EdgeLogger(edge.name, "iop.node.supervisor.NodeSupervisor", prefix=several),
+        )
+        supervised.append(
+            SupervisedEdge(edge.name, not (edge.plaintext or edge.tls is None), supervisor)
+        )
+    supervisors = EdgeSupervisors(supervised)
+    supervisors.setName("supervisor")
+    group.append(supervisors)
+    return supervisors
