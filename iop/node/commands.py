@@ -38,6 +38,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, UnknownAdapter
+from iop.node.errors import failure_message
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession
 from iop.runtime.interfaces import IOllamaAPI, ISessionTerminator
@@ -58,13 +59,6 @@ def _command_name(command: int) -> str:
         return pb.NodeCommandType.Name(command)
     except ValueError:
         return str(command)
-
-
-def _failure_message(failure: Failure) -> str:
-    message = failure.getErrorMessage()
-    if not message or message == "None":
-        return failure.type.__name__ if failure.type is not None else "unknown failure"
-    return message
 
 
 class NodeCommandHandler:
@@ -138,7 +132,7 @@ class NodeCommandHandler:
             if failure.check(DeferredTimeoutError):
                 message = f"timed out after {self._timeout:g} s"
             else:
-                message = _failure_message(failure)
+                message = failure_message(failure)
             if not failure.check(CommandError):
                 self.log.warn(
                     "node command {request_id} ({command}) failed: {error}",

@@ -56,6 +56,7 @@ from twisted.python.failure import Failure
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.admission import CONNECTION_LOST_REASON, Admission, Admitted, Nouns, Refusal
+from iop.node.errors import failure_message
 from iop.node.session_termination import SessionTermination, cancel_response
 from iop.node.store import RunStatus, RunStore
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
@@ -73,13 +74,6 @@ _STATUS_OF = {
     EventType.ERROR: RunStatus.ERROR,
     EventType.CANCELLED: RunStatus.CANCELLED,
 }
-
-
-def _failure_message(failure: Failure) -> str:
-    message = failure.getErrorMessage()
-    if not message or message == "None":
-        return failure.type.__name__ if failure.type is not None else "unknown failure"
-    return message
 
 
 def _seconds(value: float) -> str:
@@ -565,7 +559,7 @@ class RunManager:
                     "run {run_id} on adapter {adapter} failed after it ended: {error}",
                     run_id=run.run_id,
                     adapter=run.adapter,
-                    error=_failure_message(failure),
+                    error=failure_message(failure),
                     node_id=self._node_id,
                 )
             return
@@ -574,11 +568,11 @@ class RunManager:
             "run {run_id} on adapter {adapter} failed: {error}",
             run_id=run.run_id,
             adapter=run.adapter,
-            error=_failure_message(failure),
+            error=failure_message(failure),
             error_type=failure.type.__name__ if failure.type is not None else None,
             node_id=self._node_id,
         )
-        self._finish(run, RuntimeEvent.failed(_failure_message(failure)))
+        self._finish(run, RuntimeEvent.failed(failure_message(failure)))
 
     def _timed_out(self, run: _Run) -> None:
         run.timer = None

@@ -18,6 +18,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from iop.node.adapters.registry import AdapterRegistry, UnknownAdapter
+from iop.node.errors import failure_message
 from iop.runtime.interfaces import ISessionTerminator
 from iop.wire import runtime_pb2 as pb
 
@@ -40,13 +41,6 @@ def cancel_response(request: pb.CancelRequest, ok: bool, reason: str) -> pb.Canc
         ok=ok,
         reason=reason,
     )
-
-
-def _failure_message(failure: Failure) -> str:
-    message = failure.getErrorMessage()
-    if not message or message == "None":
-        return failure.type.__name__ if failure.type is not None else "unknown failure"
-    return message
 
 
 class SessionTermination:
@@ -99,11 +93,11 @@ class SessionTermination:
                 "terminating session {session_id} on adapter {adapter} failed: {error}",
                 session_id=request.session_id,
                 adapter=name,
-                error=_failure_message(failure),
+                error=failure_message(failure),
                 node_id=self._node_id,
             )
             return cancel_response(
-                request, False, f"terminating the session failed: {_failure_message(failure)}"
+                request, False, f"terminating the session failed: {failure_message(failure)}"
             )
 
         return d.addCallbacks(done, failed)
