@@ -11,17 +11,31 @@ The text line reads ``openai chat chat → 200 complete in 812.4 ms (first token
 ``output_tokens``, ``reasoning_tokens``, ``cached_input_tokens``) for a structured (JSON)
 log observer. It holds nothing a client sent but the configured model name it was matched
 to: never a key, principal, prompt or header.
+
+Connections the client listener refuses before any request (past its connection caps, or
+timed out before a whole request head: :data:`FLOOD_CODES`) come in floods when someone
+attacks the port — 1,100 slow-header connections wrote 804 lines. Given a clock, those get a
+line of their own at most once per code every :data:`FLOOD_INTERVAL_SEC` (and at most
+:data:`FLOOD_BURST` such lines in that time), and one summary line says how many more there were.
+Every one of them is still counted in ``/metrics`` (``iop_client_errors_total``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from iop.edge.events import RequestFinished
+from iop.logs.limiter import LogLimiter
 
-__all__ = ["NAMESPACE", "AccessLog"]
+__all__ = ["FLOOD_CODES", "NAMESPACE", "AccessLog"]
+
+# The client listener's own refusals, which an attacker can make by the thousand.
+FLOOD_CODES = frozenset({"too_many_connections", "request_timeout"})
+FLOOD_INTERVAL_SEC = 10.0
+FLOOD_BURST = 5
 
 FORMAT = (
     "{surface} {operation} {model_text} \N{RIGHTWARDS ARROW} {status} {outcome} in "
@@ -38,14 +52,35 @@ NAMESPACE = "iop.edge.access"
 
 
 class AccessLog:
-    """Subscribe :meth:`observe` to the Edge's event bus; lines go to ``log``."""
+    """Subscribe :meth:`observe` to the Edge's event bus; lines go to ``log``. With ``clock``,
+    floods of the listener's own refusals are summed up (module docstring)."""
 
-    def __init__(self, log: Logger | None = None) -> None:
+    def __init__(self, log: Logger | None = None, clock: IReactorTime | None = None) -> None:
         self.log = log if log is not None else Logger(namespace=NAMESPACE)
+        self._limiter = (
+            LogLimiter(clock, self._summary, interval=FLOOD_INTERVAL_SEC, burst=FLOOD_BURST)
+            if clock is not None
+            else None
+        )
 
     def observe(self, event: object) -> None:
-        if isinstance(event, RequestFinished):
-            self.log.info(FORMAT, **self.fields(event))
+        if not isinstance(event, RequestFinished):
+            return
+        code = event.error_code
+        if self._limiter is not None and code in FLOOD_CODES:
+            if not self._limiter.admit(code, code):
+                return
+        self.log.info(FORMAT, **self.fields(event))
+
+    def _summary(self, count: int, by_code: dict[str, int], since: float) -> None:
+        self.log.warn(
+            "{count} more client connections refused in {interval:g} s, not logged one by one "
+            "({codes})",
+            count=count,
+            interval=FLOOD_INTERVAL_SEC,
+            codes=", ".join(f"{code}: {n}" for code, n in sorted(by_code.items())),
+            refused=dict(by_code),
+        )
 
     @staticmethod
     def fields(event: RequestFinished) -> dict[str, Any]:

@@ -62,6 +62,6 @@ def build(gateway: Gateway, config: ClientAPIConfig, bus: EventBus, reactor: Any
     # Every finished client request is published on the bus (metrics, access log, console).
     app = ClientApp(gateway, config, reactor, bus.publish)
     # One access log line per finished client request.
-    access_log = AccessLog()
+    access_log = AccessLog(clock=reactor)
     bus.subscribe(access_log.observe)
     return ClientApi(config, app, access_log)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet.task import Clock
 from twisted.logger import Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.accesslog import NAMESPACE, AccessLog
+from iop.edge.accesslog import FLOOD_BURST, FLOOD_INTERVAL_SEC, NAMESPACE, AccessLog
 from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
 from iop.runtime.events import Usage
 
@@ -81,3 +82,42 @@ class AccessLogTests(SynchronousTestCase):
     def test_other_events_are_not_logged(self) -> None:
         self.access.observe(NodeEvent(NodeEventKind.CONNECTED, "node-a"))
         self.assertEqual(self.events, [])
+
+
+class FloodTests(SynchronousTestCase):
+    """The listener's own refusals, by the thousand, are summed up; requests never are."""
+
+    def setUp(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        observer: Any = self.events.append
+        self.clock = Clock()
+        self.access = AccessLog(Logger(namespace=NAMESPACE, observer=observer), self.clock)
+
+    def refuse(self, code: str) -> None:
+        self.access.observe(RequestFinished("openai", "", 503, "refused", 0.0, error_code=code))
+
+    def test_a_flood_of_refusals_is_one_line_per_code_and_a_summary(self) -> None:
+        for _ in range(800):
+            self.refuse("too_many_connections")
+        for _ in range(300):
+            self.refuse("request_timeout")
+        self.assertEqual(len(self.events), 2)
+        self.clock.advance(FLOOD_INTERVAL_SEC)
+        summary = self.events[-1]
+        self.assertEqual(summary["log_level"].name, "warn")
+        self.assertEqual(summary["count"], 1098)
+        self.assertEqual(summary["refused"], {"too_many_connections": 799, "request_timeout": 299})
+        self.assertIn("1098 more client connections refused", formatEvent(summary))
+        # A new interval: each code has its line again.
+        self.refuse("too_many_connections")
+        self.assertEqual(len(self.events), 4)
+        self.clock.advance(FLOOD_INTERVAL_SEC)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_requests_and_other_refusals_always_have_their_line(self) -> None:
+        for _ in range(FLOOD_BURST * 3):
+            self.access.observe(
+                RequestFinished("openai", "chat", 401, "refused", 0.0, error_code="invalid_api_key")
+            )
+            self.access.observe(RequestFinished("openai", "chat", 200, "complete", 0.1))
+        self.assertEqual(len(self.events), FLOOD_BURST * 6)
