@@ -82,7 +82,6 @@ from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
 from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
-    Bridged,
     ChatToResponses,
     RunEventsToResponses,
     chat_completion_to_response,
@@ -604,9 +603,11 @@ class ResponsesCodec:
             route = check_responses(placement.profile, stream=stream, tools=call.tools)
             if route == Route.NATIVE and placement.wire != "tunnel":
                 raise Unsupported("the native Responses API is served only through a tunnel")
-            if placement.wire != "tunnel" and check_chat(
-                placement.profile, stream=stream, tools=False
-            ) == (Route.BRIDGE):
+            # A bridged request on a native Messages provider: Chat's bridge to Messages too.
+            over_messages = route == Route.BRIDGE and (
+                check_chat(placement.profile, stream=stream, tools=call.tools) == Route.BRIDGE
+            )
+            if over_messages and placement.wire != "tunnel":
                 raise Unsupported("a native Messages provider is served only through a tunnel")
         except Unsupported as e:
             raise unsupported(e.message) from None
@@ -619,21 +620,20 @@ class ResponsesCodec:
             return await work.relay(
                 PassThrough(), work.tunnel("responses", payload, stream, json_headers(stream))
             )
-        return await self._bridged(work, body, limit, stream)
+        bridge = self._over_messages if over_messages else self._bridged
+        return await bridge(work, body, limit, stream)
 
     async def _over_messages(
-        self,
-        work: Work,
-        bridged: Bridged,
-        body: dict[str, Any],
-        limit: int | None,
-        created: int,
+        self, work: Work, body: dict[str, Any], limit: int | None, stream: bool
     ) -> bytes:
-        """The bridged chat request on a native Messages provider: translated again
+        """The request bridged to Chat, then to a native Messages provider
         (:func:`.chat_to_messages`); the answer decoded (:class:`.MessagesDecoder`) and encoded
         as Responses events, or, whole, as the Chat encoder's completion made a response."""
         placement = work.placement
-        stream = bridged.chat.get("stream") is True
+        bridged = responses_to_chat(
+            body, target=placement.target, reasoning_allowed=False, max_tokens=limit
+        )
+        created = int(self._clock.seconds())
         try:
             request = chat_to_messages(
                 bridged.chat, target=placement.target, max_tokens=limit or DEFAULT_MAX_TOKENS
@@ -692,8 +692,6 @@ class ResponsesCodec:
             body, target=placement.target, reasoning_allowed=allowed, max_tokens=limit
         )
         created = int(self._clock.seconds())
-        if not run and check_chat(placement.profile, stream=stream, tools=False) == Route.BRIDGE:
-            return await self._over_messages(work, bridged, body, limit, created)
         converter = ChatToResponses(model=model, request=body, created=created, names=bridged.names)
         if not run:
 
