@@ -1,7 +1,8 @@
 # -*- test-case-name: iop.test.edge.ingress.test_responses -*-
 """
 The Responses bridge: ``POST /v1/responses`` served by Chat Completions providers (over the
-provider tunnel) and by normalized runs (Ollama, CLI agents), answered in the exact shapes of the
+provider tunnel), by normalized runs (Ollama, CLI agents) and by native Messages providers (the
+Chat request translated once more, :mod:`.chat_messages`), answered in the exact shapes of the
 OpenAI Responses API. Native Responses providers never come here (the raw tunnel serves them).
 
 Pure conversion, plus the relay transform of a bridged tunnel stream:
