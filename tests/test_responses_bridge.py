@@ -123,6 +123,8 @@ def test_refusals(cluster: Cluster) -> None:
     with pytest.raises(openai.BadRequestError) as refused:
         client.responses.create(model="chat", input="hi", previous_response_id="resp_1")
     assert refused.value.param == "previous_response_id"
+    # The same refusal on a native Messages provider (bridged to Chat, then to Messages:
+    # tests/test_responses_over_messages.py), before anything reaches it.
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="native", input="hi")
-    assert refused.value.code == "unsupported"
+        client.responses.create(model="native", input="hi", previous_response_id="resp_1")
+    assert refused.value.param == "previous_response_id"

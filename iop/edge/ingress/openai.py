@@ -38,6 +38,13 @@ The OpenAI-compatible client surface.
     ``response`` object; a run's canonical events are encoded as Responses events directly
     (:meth:`~iop.edge.ingress.responses.ChatToResponses.encode`), a whole answer through the
     Chat encoder's ``chat.completion``.
+  - **bridge over Messages** (an ``anthropic_messages`` provider, as Chat's bridge): the chat
+    request is translated once more (:func:`~iop.edge.ingress.chat_messages.chat_to_messages`,
+    tunnel ``messages``, ``max_tokens`` the policy's limit else
+    :data:`~iop.edge.ingress.chat_messages.DEFAULT_MAX_TOKENS`); the streamed answer is decoded
+    into canonical events (tool calls as start + argument fragments) and encoded as Responses
+    events, a whole answer decoded, made a ``chat.completion`` by the Chat encoder, then a
+    ``response``.
 
 Before a provider is chosen, every body is checked by :mod:`iop.edge.ingress.validate` (the
 fields the Edge reads, their types and bounds, the shape of messages and tools); unknown fields
@@ -155,8 +162,8 @@ def check_responses(profile: ProfileConfig | None, *, stream: bool, tools: bool 
     """
     How a Responses request reaches a provider with ``profile``: :attr:`Route.NATIVE` (an
     ``openai_responses`` profile: the raw tunnel) or :attr:`Route.BRIDGE` (a provider that
-    serves Chat Completions, :func:`check_chat`, or no profile: the Responses bridge); raises
-    :class:`Unsupported`.
+    serves Chat Completions, natively or over a native Messages provider, :func:`check_chat`,
+    or no profile: the Responses bridge); raises :class:`Unsupported`.
     """
     if profile is not None and profile.driver == DRIVER_RESPONSES:
         if stream and "streaming" not in profile.capabilities:
@@ -166,12 +173,7 @@ def check_responses(profile: ProfileConfig | None, *, stream: bool, tools: bool 
             )
         return Route.NATIVE
     try:
-        if check_chat(profile, stream=stream, tools=tools) != Route.NATIVE:
-            name = profile.name if profile is not None else ""
-            raise Unsupported(
-                f"protocol profile {name!r} (driver {DRIVER_ANTHROPIC!r}) does not "
-                "serve chat completions natively"
-            )
+        check_chat(profile, stream=stream, tools=tools)
     except Unsupported as e:
         raise Unsupported(
             f"the Responses API needs a provider with an openai_responses protocol profile or "
@@ -601,6 +603,12 @@ class ResponsesCodec:
             route = check_responses(placement.profile, stream=stream, tools=call.tools)
             if route == Route.NATIVE and placement.wire != "tunnel":
                 raise Unsupported("the native Responses API is served only through a tunnel")
+            # A bridged request on a native Messages provider: Chat's bridge to Messages too.
+            over_messages = route == Route.BRIDGE and (
+                check_chat(placement.profile, stream=stream, tools=call.tools) == Route.BRIDGE
+            )
+            if over_messages and placement.wire != "tunnel":
+                raise Unsupported("a native Messages provider is served only through a tunnel")
         except Unsupported as e:
             raise unsupported(e.message) from None
         limit = max_tokens_for(call.facts["max_output_tokens"], self._gateway.model(call.model))
@@ -612,7 +620,66 @@ class ResponsesCodec:
             return await work.relay(
                 PassThrough(), work.tunnel("responses", payload, stream, json_headers(stream))
             )
-        return await self._bridged(work, body, limit, stream)
+        bridge = self._over_messages if over_messages else self._bridged
+        return await bridge(work, body, limit, stream)
+
+    async def _over_messages(
+        self, work: Work, body: dict[str, Any], limit: int | None, stream: bool
+    ) -> bytes:
+        """The request bridged to Chat, then to a native Messages provider
+        (:func:`.chat_to_messages`); the answer decoded (:class:`.MessagesDecoder`) and encoded
+        as Responses events, or, whole, as the Chat encoder's completion made a response."""
+        placement = work.placement
+        bridged = responses_to_chat(
+            body, target=placement.target, reasoning_allowed=False, max_tokens=limit
+        )
+        created = int(self._clock.seconds())
+        try:
+            request = chat_to_messages(
+                bridged.chat, target=placement.target, max_tokens=limit or DEFAULT_MAX_TOKENS
+            )
+        except BridgeError as e:
+            raise bad_request(e.message) from None
+        headers = [*json_headers(stream), ("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]
+        source = work.tunnel("messages", request, stream, headers)
+        if stream:
+            converter = ChatToResponses(
+                model=placement.model, request=body, created=created, names=bridged.names
+            )
+
+            def encode(events: list[Event]) -> bytes:
+                return format_events(converter.encode(events))
+
+            return await work.relay(DecodedStream(MessagesDecoder(), encode), source)
+
+        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+            if not 200 <= status < 300:
+                raise upstream_error(status, data)
+            try:
+                message = json.loads(data)
+            except ValueError:
+                message = None
+            decoder = MessagesDecoder(fragments=False)
+            encoder = ChatEncoder(model=placement.model, created=created)
+            encoder.encode(decoder.message(message))
+            if decoder.failed is not None:
+                raise ApiError(
+                    502,
+                    f"the provider's answer could not be converted: {decoder.failed}",
+                    code="upstream_error",
+                )
+            return render_json(
+                work.request,
+                chat_completion_to_response(
+                    encoder.completion(),
+                    model=placement.model,
+                    request=body,
+                    created=created,
+                    names=bridged.names,
+                ),
+            )
+
+        return await work.relay(Collect(whole), source)
 
     async def _bridged(
         self, work: Work, body: dict[str, Any], limit: int | None, stream: bool

@@ -1,7 +1,8 @@
 # -*- test-case-name: iop.test.edge.ingress.test_responses -*-
 """
 The Responses bridge: ``POST /v1/responses`` served by Chat Completions providers (over the
-provider tunnel) and by normalized runs (Ollama, CLI agents), answered in the exact shapes of the
+provider tunnel), by normalized runs (Ollama, CLI agents) and by native Messages providers (the
+Chat request translated once more, :mod:`.chat_messages`), answered in the exact shapes of the
 OpenAI Responses API. Native Responses providers never come here (the raw tunnel serves them).
 
 Pure conversion, plus the relay transform of a bridged tunnel stream:
@@ -648,7 +649,9 @@ class ChatToResponses:
 
     def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
         """Canonical answer events (:mod:`.canonical`) in, Responses events out: a run's
-        answer, converted once by :class:`~.canonical.RunDecoder`."""
+        answer, converted once by :class:`~.canonical.RunDecoder`, or a native Messages answer
+        (:class:`~.chat_messages.MessagesDecoder`; its streamed tool calls, start then argument
+        fragments, become a ``function_call`` item and its ``arguments.delta`` events)."""
         out: list[Event] = []
         for event in events:
             if self.done:
@@ -669,6 +672,19 @@ class ChatToResponses:
                     index = self._tool_count
                     self._tool_count += 1
                     self._tool({**call, "index": index}, 0, out)
+            elif kind == canonical.Kind.TOOL_CALL_START:
+                call = event.call if isinstance(event.call, dict) else {}
+                index = self._tool_count
+                self._tool_count += 1
+                head = {"name": call.get("name"), "arguments": ""}
+                self._tool({"index": index, "id": call.get("id"), "function": head}, 0, out)
+            elif kind == canonical.Kind.TOOL_CALL_DELTA:
+                if self._tool_count and event.text:
+                    fragment = {
+                        "index": self._tool_count - 1,
+                        "function": {"arguments": event.text},
+                    }
+                    self._tool(fragment, 0, out)
             elif kind == canonical.Kind.FINISH:
                 self._finish = canonical.finish_reason(
                     event.reason, tool_calls=self._tool_count > 0

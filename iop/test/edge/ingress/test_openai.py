@@ -221,7 +221,7 @@ class CapabilityTests(IngressCase):
         self.assertEqual(check_responses(None, stream=True, tools=True), Route.BRIDGE)
         self.assertEqual(check_responses(chat, stream=True, tools=True), Route.BRIDGE)
         self.assertRaises(Unsupported, check_responses, plain, stream=True)
-        self.assertRaises(Unsupported, check_responses, native, stream=False)
+        self.assertEqual(check_responses(native, stream=False), Route.BRIDGE)
 
     def test_n_over_one_on_a_run_releases_the_lease(self) -> None:
         self.assertOpenAIError(
@@ -511,9 +511,10 @@ class ResponsesTests(IngressCase):
         self.assertEqual(headers.getRawHeaders("content-type"), ["text/event-stream"])
 
     def test_providers_that_serve_neither_responses_nor_chat_are_refused(self) -> None:
-        # Chat providers and runs are bridged (test_responses); a Messages-only provider, or a
-        # chat provider without streaming asked to stream, cannot serve the request.
-        for name, extra in (("native", {}), ("plain", {"stream": True})):
+        # Chat providers and runs are bridged (test_responses), a native Messages provider too
+        # (test_responses_messages); a chat provider without streaming asked to stream cannot
+        # serve the request.
+        for name, extra in (("plain", {"stream": True}),):
             error_ = self.assertOpenAIError(
                 self.edge.post("/v1/responses", {**self.REQUEST, "model": name, **extra}),
                 400,
