@@ -24,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -314,6 +315,19 @@ def two_edges(
         openai=cluster.client_api(),
         cluster=cluster_section(redis, "edge-a"),
     )
+    write_second_edge(cluster, path, b)
+    for edge in (a, b):
+        start_edge(cluster, edge)
+    for name, token_var in (("node", "IOP_TEST_NODE_TOKEN"), ("node-b", "IOP_TEST_NODE_B_TOKEN")):
+        write_node(cluster, name, token_var, (a, b))
+        cluster.start_node(name)
+    for edge in (a, b):
+        wait_until(functools.partial(both_ready, edge), 30, f"both nodes ready on {edge.name}")
+    return a, b, upstreams[0], upstreams[1]
+
+
+def write_second_edge(cluster: Cluster, path: Path, b: Edge) -> None:
+    """edge-b.yaml: the first Edge's config at ``path`` but for B's ids and listeners."""
     config: dict[str, Any] = yaml.safe_load(path.read_text())
     config["edge"] = {"id": "systest-edge-b"}
     config["listen"] = {
@@ -323,14 +337,6 @@ def two_edges(
     config["openai"]["listen"] = f"tcp:{b.client_port}:interface=127.0.0.1"
     config["cluster"]["edge_id"] = "edge-b"
     (cluster.root / "edge-b.yaml").write_text(yaml.safe_dump(config))
-    for edge in (a, b):
-        start_edge(cluster, edge)
-    for name, token_var in (("node", "IOP_TEST_NODE_TOKEN"), ("node-b", "IOP_TEST_NODE_B_TOKEN")):
-        write_node(cluster, name, token_var, (a, b))
-        cluster.start_node(name)
-    for edge in (a, b):
-        wait_until(functools.partial(both_ready, edge), 30, f"both nodes ready on {edge.name}")
-    return a, b, upstreams[0], upstreams[1]
 
 
 def both_ready(edge: Edge) -> bool:

@@ -24,8 +24,6 @@ import threading
 import time
 from typing import Any
 
-import yaml
-
 from iop.testing.ports import free_port
 from tests.conftest import RedisServer
 from tests.harness import OPENAI_CHAT_PROFILE, Cluster, wait_until
@@ -41,6 +39,7 @@ from tests.test_cluster_edges import (
     stream_in_thread,
     two_edges,
     write_node,
+    write_second_edge,
 )
 
 # Both Edges serve again within this long of Redis answering.
@@ -157,15 +156,7 @@ def one_provider_two_edges(
         openai=cluster.client_api(),
         cluster=cluster_section(redis, "edge-a"),
     )
-    config: dict[str, Any] = yaml.safe_load(path.read_text())
-    config["edge"] = {"id": "systest-edge-b"}
-    config["listen"] = {
-        "nodes": f"tcp:{b.node_port}:interface=127.0.0.1",
-        "admin": f"tcp:{b.admin_port}:interface=127.0.0.1",
-    }
-    config["openai"]["listen"] = f"tcp:{b.client_port}:interface=127.0.0.1"
-    config["cluster"]["edge_id"] = "edge-b"
-    (cluster.root / "edge-b.yaml").write_text(yaml.safe_dump(config))
+    write_second_edge(cluster, path, b)
     for edge in (a, b):
         start_edge(cluster, edge)
     write_node(cluster, "node", "IOP_TEST_NODE_TOKEN", (a, b))
