@@ -6,11 +6,13 @@ client URL, the test key in an environment variable, ``wire_api = "responses"``)
 
 - ``chat``: a Chat tunnel provider (the Responses bridge over ``chat_completions``);
 - ``resp``: a native Responses provider (the raw tunnel to the fake's ``--responses-api``);
+- ``native``: a native Anthropic Messages provider (Responses → Chat → Messages out, the
+  Messages answer decoded into the canonical stream and encoded as Responses events);
 - ``llama``: an Ollama run; ``cli``: a CLI-agent run (the bridge over normalized runs).
 
-Codex offers its tools on every request; the Chat and Ollama fakes call the first one once
-(Codex runs it, read-only sandbox, and sends its output back), then answer in text, so each run
-ends with the fake's answer as Codex's last message.
+Codex offers its tools on every request; the Chat, Messages and Ollama fakes call the first one
+once (Codex runs it, read-only sandbox, and sends its output back), then answer in text, so each
+run ends with the fake's answer as Codex's last message.
 """
 
 from __future__ import annotations
@@ -95,12 +97,13 @@ def run_codex(cluster: Cluster, model: str) -> tuple[subprocess.CompletedProcess
 EXPECTED = {
     "chat": fake_text(TOKENS),
     "resp": fake_text(TOKENS),
+    "native": fake_text(TOKENS),
     "llama": None,  # the fake Ollama's words; any text
     "cli": reply_text(PROMPT, 5),
 }
 
 
-@pytest.mark.parametrize("model", ["chat", "resp", "llama", "cli"])
+@pytest.mark.parametrize("model", ["chat", "resp", "native", "llama", "cli"])
 def test_codex_exec(cluster: Cluster, model: str) -> None:
     agent_cli("codex")
     openai_port, ollama_port = start(cluster)
@@ -113,11 +116,11 @@ def test_codex_exec(cluster: Cluster, model: str) -> None:
     else:
         assert expected in last, report
     # The tool round happened: a call to Codex's first tool, then the text answer.
-    if model == "chat":
+    if model in ("chat", "native"):
         assert cluster.fake_stats(openai_port)["total_requests"] == 2, report
     if model == "llama":
         assert cluster.fake_stats(ollama_port)["chat_requests"] == 2, report
     edge = next(d for d in cluster.daemons if d.name == "edge")
     assert "Traceback" not in edge.output()
-    for provider in ("p-chat", "p-resp", "p-llama"):
+    for provider in ("p-chat", "p-resp", "p-native", "p-llama"):
         wait_until(lambda p=provider: cluster.provider(p)["in_flight"] == 0, 5, "leases returned")  # type: ignore[misc]
