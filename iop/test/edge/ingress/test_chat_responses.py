@@ -3,8 +3,10 @@ Chat Completions and Anthropic Messages over a native OpenAI Responses provider:
 request translated to Responses (row by row, and back through the Responses bridge's
 ``responses_to_chat``), the provider's answer (recorded stream events or one response) decoded
 into canonical events and encoded as Chat chunks / one ``chat.completion`` and as Anthropic
-events / one ``message`` — the pure conversion. Chunks, completions, stream events and messages
-are validated against the ``openai`` and ``anthropic`` SDKs' types.
+events / one ``message`` — the pure conversion, and both routes through the ingress (the
+``resp`` model, an ``openai_responses`` profile) with the lease released once. Chunks,
+completions, stream events and messages are validated against the ``openai`` and ``anthropic``
+SDKs' types.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from iop.edge.ingress.canonical import Event, Kind
 from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
 from iop.edge.ingress.openai import ChatEncoder
 from iop.edge.ingress.responses import responses_to_chat
+from iop.formats.sse import SSEParser
+from iop.runtime.events import Usage
+from iop.test.edge.ingress.harness import END, IngressCase, body, error, start, usage
 
 HI = {"role": "user", "content": "hi"}
 CHAT: dict[str, Any] = {"model": "resp", "messages": [HI]}
@@ -714,3 +719,296 @@ class DecoderTests(SynchronousTestCase):
         message = Message.model_validate(encoder.message())
         self.assertEqual(message.stop_reason, "tool_use")
         self.assertEqual(message.content[0].type, "tool_use")
+
+
+# -- through the ingress -----------------------------------------------------------------------
+
+
+def chunks_and_done(raw: bytes) -> tuple[list[Any], bool]:
+    datas = [
+        line[len(b"data: ") :].decode() for line in raw.split(b"\n") if line.startswith(b"data: ")
+    ]
+    done = bool(datas) and datas[-1] == "[DONE]"
+    return [json.loads(d) for d in datas if d != "[DONE]"], done
+
+
+def sse_events(raw: bytes) -> list[tuple[str, dict[str, Any]]]:
+    parser = SSEParser()
+    return [(e.event, json.loads(e.data)) for e in parser.feed(raw) + parser.finish()]
+
+
+class IngressCaseOverResponses(IngressCase):
+    def sent(self, path: str, request: dict[str, Any]) -> tuple[Any, Any]:
+        d = self.edge.post(path, request)
+        self.edge.flush()
+        sent = self.edge.tunnel_request()
+        self.assertEqual((sent.operation, sent.profile), ("responses", "openai-responses"))
+        return d, sent
+
+    def streamed(self, path: str, request: dict[str, Any], events: list[Any]) -> bytes:
+        d, sent = self.sent(path, {**request, "stream": True})
+        self.assertTrue(sent.stream)
+        self.assertIs(json.loads(sent.body)["stream"], True)
+        raw = named(events)
+        self.edge.frames(sent.run_id, start(200, "text/event-stream"))
+        for i in range(0, len(raw), 41):
+            self.edge.frames(sent.run_id, body(raw[i : i + 41]))
+        self.edge.frames(sent.run_id, END)
+        code, headers, data = self.answer(d)
+        self.assertEqual(code, 200)
+        self.assertEqual(headers.getRawHeaders("content-type"), ["text/event-stream"])
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+        return data
+
+    def whole(self, path: str, request: dict[str, Any], answer: Any) -> tuple[int, Any]:
+        d, sent = self.sent(path, request)
+        self.assertFalse(sent.stream)
+        data = json.dumps(answer).encode()
+        self.edge.frames(sent.run_id, start(), body(data[:11]), body(data[11:]), usage(12, 7), END)
+        result = self.json_answer(d)
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+        return result
+
+
+class ChatIngressTests(IngressCaseOverResponses):
+    """``POST /v1/chat/completions`` for the ``resp`` model (an ``openai_responses`` profile)."""
+
+    def test_whole_answer(self) -> None:
+        d, sent = self.sent("/v1/chat/completions", {**CHAT, "max_completion_tokens": 50})
+        self.assertEqual(
+            json.loads(sent.body),
+            {
+                "model": "resp-target",
+                "input": [{"type": "message", "role": "user", "content": "hi"}],
+                "store": False,
+                "max_output_tokens": 50,
+            },
+        )
+        data = json.dumps(response([message_item("hello")], "incomplete", "max_output_tokens"))
+        self.edge.frames(sent.run_id, start(), body(data.encode()), usage(12, 7), END)
+        code, completion = self.json_answer(d)
+        self.assertEqual(code, 200)
+        TypeAdapter(ChatCompletion).validate_python(completion)
+        self.assertEqual(completion["model"], "resp")
+        self.assertEqual(completion["choices"][0]["message"]["content"], "hello")
+        self.assertEqual(completion["choices"][0]["finish_reason"], "length")
+        self.assertEqual(completion["usage"]["total_tokens"], 19)
+        [(_, reported, outcome)] = self.edge.finished
+        self.assertEqual((reported, outcome), (Usage(12, 7), "complete"))
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_the_model_default_limit(self) -> None:
+        self.edge.post("/v1/chat/completions", CHAT)
+        self.edge.flush()
+        self.assertEqual(json.loads(self.edge.tunnel_request().body)["max_output_tokens"], 300)
+
+    def test_streamed_with_tools_and_usage(self) -> None:
+        data = self.streamed(
+            "/v1/chat/completions",
+            {**CHAT, "stream_options": {"include_usage": True}, "tools": [TOOL]},
+            tool_events('{"ci', 'ty": "Seoul"}'),
+        )
+        chunks, done = chunks_and_done(data)
+        self.assertTrue(done)
+        for chunk in chunks:
+            CHUNK.validate_python(chunk)
+        text = "".join(
+            c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"]
+        )
+        self.assertEqual(text, "Let me look.")
+        arguments = "".join(
+            c["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+            for c in chunks
+            if c["choices"] and "tool_calls" in c["choices"][0]["delta"]
+        )
+        self.assertEqual(json.loads(arguments), {"city": "Seoul"})
+        self.assertEqual(chunks[-2]["choices"][0]["finish_reason"], "tool_calls")
+        self.assertEqual(chunks[-1]["usage"]["prompt_tokens_details"], {"cached_tokens": 8})
+
+    def test_upstream_error_keeps_its_status_in_the_openai_shape(self) -> None:
+        for stream in (False, True):
+            d, sent = self.sent("/v1/chat/completions", {**CHAT, "stream": stream})
+            answer = {"error": {"message": "slow", "type": "rate_limit_error"}}
+            self.edge.frames(sent.run_id, start(429), body(json.dumps(answer).encode()), END)
+            found = self.assertOpenAIError(d, 429, "slow")
+            self.assertEqual(found["code"], "upstream_error")
+            self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_a_stream_cut_mid_way_ends_with_an_error_chunk(self) -> None:
+        d, sent = self.sent("/v1/chat/completions", {**CHAT, "stream": True})
+        raw = named(text_events("he", "llo")[:5])
+        self.edge.frames(sent.run_id, start(200, "text/event-stream"), body(raw))
+        self.edge.frames(sent.run_id, error("upstream reset"))
+        code, _, data = self.answer(d)
+        self.assertEqual(code, 200)
+        chunks, done = chunks_and_done(data)
+        self.assertFalse(done)
+        self.assertIn("upstream reset", chunks[-1]["error"]["message"])
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_a_failed_response_ends_with_an_error_chunk(self) -> None:
+        failed = response([], status="failed", usage=None)
+        failed["error"] = {"code": "server_error", "message": "model crashed"}
+        events = [*text_events("he")[:5], {"type": "response.failed", "response": failed}]
+        chunks, done = chunks_and_done(self.streamed("/v1/chat/completions", CHAT, events))
+        self.assertFalse(done)
+        self.assertIn("model crashed", chunks[-1]["error"]["message"])
+
+    def test_unconvertible_request_is_400_before_any_tunnel(self) -> None:
+        for bad in (
+            {**CHAT, "stop": "END"},
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        ):
+            self.assertOpenAIError(self.edge.post("/v1/chat/completions", bad), 400)
+        self.assertEqual(self.edge.requests("provider_tunnel_request"), [])
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_a_garbage_body_is_a_502(self) -> None:
+        for garbage in ("not json", {"object": "response", "status": "failed", "output": []}):
+            code, answer = self.whole("/v1/chat/completions", CHAT, garbage)
+            self.assertEqual(code, 502)
+            self.assertIn("could not be converted", answer["error"]["message"])
+
+
+class MessagesIngressTests(IngressCaseOverResponses):
+    """``POST /v1/messages`` for the ``resp`` model: Messages → Chat → Responses and back."""
+
+    def test_whole_answer(self) -> None:
+        request = {
+            **MESSAGES,
+            "system": "be brief",
+            "metadata": {"user_id": "u-1"},
+            "temperature": 0.3,
+        }
+        code, message = self.whole("/v1/messages", request, response([message_item("hello")]))
+        self.assertEqual(code, 200, message)
+        sent = self.edge.tunnel_request()
+        self.assertEqual(
+            json.loads(sent.body),
+            {
+                "model": "resp-target",
+                "instructions": "be brief",
+                "input": [{"type": "message", "role": "user", "content": "hi"}],
+                "store": False,
+                "max_output_tokens": 100,
+                "temperature": 0.3,
+                "user": "u-1",
+            },
+        )
+        Message.model_validate(message)
+        self.assertEqual(message["model"], "resp")
+        self.assertEqual(message["content"], [{"type": "text", "text": "hello"}])
+        self.assertEqual(message["stop_reason"], "end_turn")
+        self.assertEqual(
+            message["usage"],
+            {"input_tokens": 4, "output_tokens": 7, "cache_read_input_tokens": 8},
+        )
+
+    def test_whole_tool_use_and_the_result_back(self) -> None:
+        request = {**MESSAGES, "tools": [ANTHROPIC_TOOL]}
+        code, message = self.whole(
+            "/v1/messages", request, response([call_item('{"city": "Seoul"}')])
+        )
+        self.assertEqual(code, 200, message)
+        self.assertEqual(message["stop_reason"], "tool_use")
+        [block] = message["content"]
+        self.assertEqual(
+            block,
+            {"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Seoul"}},
+        )
+        answered = {
+            **request,
+            "messages": [
+                HI,
+                {"role": "assistant", "content": [block]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"}
+                    ],
+                },
+            ],
+        }
+        self.whole("/v1/messages", answered, response([message_item("It is sunny.")]))
+        sent = json.loads(self.edge.tunnel_request().body)
+        self.assertEqual(
+            sent["input"][1:],
+            [
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "get_weather",
+                    "arguments": '{"city": "Seoul"}',
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            ],
+        )
+        self.assertEqual(sent["tools"][0]["name"], "get_weather")
+
+    def test_streamed_tool_use(self) -> None:
+        data = self.streamed(
+            "/v1/messages",
+            {**MESSAGES, "tools": [ANTHROPIC_TOOL]},
+            tool_events('{"ci', 'ty": "Seoul"}'),
+        )
+        events = sse_events(data)
+        for name, event in events:
+            self.assertEqual(ANTHROPIC_EVENT.validate_python(event).type, name)
+        blocks = [e["content_block"]["type"] for n, e in events if n == "content_block_start"]
+        self.assertEqual(blocks, ["text", "tool_use"])
+        partial = "".join(
+            e["delta"]["partial_json"]
+            for n, e in events
+            if n == "content_block_delta" and e["delta"]["type"] == "input_json_delta"
+        )
+        self.assertEqual(json.loads(partial), {"city": "Seoul"})
+        self.assertEqual(events[-2][1]["delta"]["stop_reason"], "tool_use")
+        self.assertEqual(events[-2][1]["usage"]["cache_read_input_tokens"], 8)
+        self.assertEqual(events[-1][0], "message_stop")
+
+    def test_max_tokens_cut(self) -> None:
+        events = text_events("he", terminal="response.incomplete", reason="max_output_tokens")
+        streamed = sse_events(self.streamed("/v1/messages", MESSAGES, events))
+        self.assertEqual(streamed[-2][1]["delta"]["stop_reason"], "max_tokens")
+        cut = response([message_item("he", "incomplete")], "incomplete", "max_output_tokens")
+        _, message = self.whole("/v1/messages", MESSAGES, cut)
+        self.assertEqual(message["stop_reason"], "max_tokens")
+
+    def test_thinking_only_when_allowed(self) -> None:
+        """The profile has no thinking extension: the reasoning is not shown."""
+        events = sse_events(self.streamed("/v1/messages", MESSAGES, REASONING_EVENTS))
+        blocks = [e["content_block"]["type"] for n, e in events if n == "content_block_start"]
+        self.assertEqual(blocks, ["text"])
+
+    def test_upstream_error_keeps_its_status_in_the_anthropic_shape(self) -> None:
+        for stream in (False, True):
+            d, sent = self.sent("/v1/messages", {**MESSAGES, "stream": stream})
+            answer = {"error": {"message": "boom", "type": "server_error"}}
+            self.edge.frames(sent.run_id, start(500), body(json.dumps(answer).encode()), END)
+            self.assertAnthropicError(d, 500, "api_error", "boom")
+            self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_a_stream_cut_mid_way_ends_with_an_error_event(self) -> None:
+        d, sent = self.sent("/v1/messages", {**MESSAGES, "stream": True})
+        raw = named(text_events("he", "llo")[:5])
+        self.edge.frames(sent.run_id, start(200, "text/event-stream"), body(raw))
+        self.edge.frames(sent.run_id, error("upstream reset"))
+        code, _, data = self.answer(d)
+        self.assertEqual(code, 200)
+        events = sse_events(data)
+        self.assertEqual(events[-1][0], "error")
+        self.assertIn("upstream reset", events[-1][1]["error"]["message"])
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_stop_sequences_are_refused_before_any_tunnel(self) -> None:
+        refused = {**MESSAGES, "stop_sequences": ["END"]}
+        self.assertAnthropicError(
+            self.edge.post("/v1/messages", refused), 400, "invalid_request_error", "stop"
+        )
+        self.assertEqual(self.edge.requests("provider_tunnel_request"), [])
+        self.assertEqual(self.edge.in_flight("p-resp"), 0)
+
+    def test_a_garbage_body_is_a_502(self) -> None:
+        code, answer = self.whole("/v1/messages", MESSAGES, "not json")
+        self.assertEqual(code, 502)
+        self.assertIn("could not be converted", answer["error"]["message"])

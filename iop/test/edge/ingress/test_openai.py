@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import ProfileConfig
 from iop.edge.ingress.openai import RunEventsToChunks, check_chat, check_responses
 from iop.edge.ingress.profiles import Route, Unsupported
 from iop.formats.sse import SSEParser
@@ -201,14 +202,6 @@ class CapabilityTests(IngressCase):
             "tools",
         )
 
-    def test_other_drivers_do_not_serve_chat(self) -> None:
-        # (An anthropic_messages profile does: iop.test.edge.ingress.test_chat_messages.)
-        for name in ("resp",):
-            self.assertOpenAIError(
-                self.edge.post("/v1/chat/completions", {**CHAT, "model": name}), 400, "chat"
-            )
-        self.assertEqual(self.edge.sent, [])
-
     def test_check_functions(self) -> None:
         chat, plain, native, responses = profiles()
         check_chat(None, stream=True, tools=True)
@@ -216,7 +209,12 @@ class CapabilityTests(IngressCase):
         self.assertRaises(Unsupported, check_chat, plain, stream=True, tools=False)
         self.assertEqual(check_chat(chat, stream=True, tools=True), Route.NATIVE)
         self.assertEqual(check_chat(native, stream=True, tools=True), Route.BRIDGE)
-        self.assertRaises(Unsupported, check_chat, responses, stream=False, tools=False)
+        # Every driver serves chat: Messages and Responses through their bridges
+        # (iop.test.edge.ingress.test_chat_messages, test_chat_responses).
+        self.assertEqual(check_chat(responses, stream=True, tools=True), Route.BRIDGE)
+        bare = ProfileConfig(name="bare", driver="openai_responses")
+        self.assertEqual(check_chat(bare, stream=False, tools=False), Route.BRIDGE)
+        self.assertRaises(Unsupported, check_chat, bare, stream=False, tools=True)
         self.assertEqual(check_responses(responses, stream=True), Route.NATIVE)
         self.assertEqual(check_responses(None, stream=True, tools=True), Route.BRIDGE)
         self.assertEqual(check_responses(chat, stream=True, tools=True), Route.BRIDGE)
