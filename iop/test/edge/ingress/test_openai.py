@@ -37,7 +37,7 @@ from iop.test.edge.ingress.harness import (
     start,
     usage,
 )
-from iop.testing.fake_openai import FakeOpenAI
+from iop.testing.fake_openai import FAIL_500_MODEL, FakeOpenAI, fake_text
 
 TOOLS = [
     {
@@ -570,6 +570,67 @@ class FakeResponsesUpstreamTests(SynchronousTestCase):
             "tok0 tok1 tok2 tok3 tok4",
         )
         self.assertEqual([p.sequence_number for p in parsed], list(range(len(parsed))))
+
+    def stream(self, request: dict[str, Any]) -> list[Any]:
+        code, data = self.post({**request, "stream": True})
+        self.assertEqual(code, 200)
+        parser = SSEParser()
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        parsed = [adapter.validate_python(json.loads(e.data)) for e in parser.feed(data)]
+        self.assertEqual([p.sequence_number for p in parsed], list(range(len(parsed))))
+        return parsed
+
+    def test_instructions_are_cached_prompt_tokens(self) -> None:
+        code, data = self.post({"model": "m", "instructions": "be brief", "input": "say hello"})
+        self.assertEqual(code, 200)
+        usage = Response.model_validate(json.loads(data)).usage
+        assert usage is not None
+        self.assertEqual((usage.input_tokens, usage.input_tokens_details.cached_tokens), (4, 2))
+
+    def test_function_call_then_text(self) -> None:
+        tool = {
+            "type": "function",
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "strict": False,
+        }
+        hosted = {"type": "web_search"}
+        ask: dict[str, Any] = {"model": "m", "input": "weather?", "tools": [hosted, tool]}
+        code, data = self.post(ask)
+        self.assertEqual(code, 200)
+        whole = Response.model_validate(json.loads(data))
+        [call] = whole.output
+        assert call.type == "function_call"
+        self.assertEqual((call.name, json.loads(call.arguments)), ("get_weather", {"city": "fake"}))
+        self.assertEqual(whole.status, "completed")
+        parsed = self.stream(ask)
+        self.assertEqual(
+            [p.type for p in parsed],
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ],
+        )
+        pieces = [p.delta for p in parsed if p.type == "response.function_call_arguments.delta"]
+        self.assertEqual(json.loads("".join(pieces)), {"city": "fake"})
+        # Once the call's output is in the conversation, or with tool_choice none: the text.
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        answered = {**ask, "input": [{"role": "user", "content": "weather?"}, output]}
+        for request in (answered, {**ask, "tool_choice": "none"}):
+            code, data = self.post(request)
+            self.assertEqual(Response.model_validate(json.loads(data)).output_text, fake_text(5))
+
+    def test_injected_failure(self) -> None:
+        code, data = self.post({"model": FAIL_500_MODEL, "input": "hi"})
+        self.assertEqual(code, 500)
+        self.assertIn("injected", json.loads(data)["error"]["message"])
 
     def test_off_by_default(self) -> None:
         http: Any = StubTreq(FakeOpenAI(Clock()).resource())
