@@ -8,9 +8,9 @@ client URL, the test key in an environment variable, ``wire_api = "responses"``)
 - ``resp``: a native Responses provider (the raw tunnel to the fake's ``--responses-api``);
 - ``llama``: an Ollama run; ``cli``: a CLI-agent run (the bridge over normalized runs).
 
-Codex offers its tools on every request; the Chat and Ollama fakes call the first one once
-(Codex runs it, read-only sandbox, and sends its output back), then answer in text, so each run
-ends with the fake's answer as Codex's last message.
+Codex offers its tools on every request; the Chat, Responses and Ollama fakes call the first
+(function) one once (Codex runs it, read-only sandbox, and sends its output back), then answer
+in text, so each run ends with the fake's answer as Codex's last message.
 """
 
 from __future__ import annotations
