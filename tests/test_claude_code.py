@@ -1,7 +1,8 @@
 """
 The real Claude Code CLI (``claude -p``, npm ``@anthropic-ai/claude-code``, pinned in
 ``tests/agents``) against an Edge, on every provider kind: a Chat provider over the tunnel (the
-Messages ↔ Chat bridge), a native Anthropic Messages provider (passthrough), an Ollama run and a
+Messages ↔ Chat bridge), a native Anthropic Messages provider (passthrough), a native OpenAI
+Responses provider (Messages → Chat → Responses, the answer decoded back), an Ollama run and a
 CLI-agent run (both bridged from the normalized run). The cluster is
 :func:`tests.test_client_apis.start`'s.
 
@@ -100,7 +101,7 @@ def result_of(done: subprocess.CompletedProcess[str], output: str = "json") -> d
 def check_answer(model: str, result: dict[str, Any]) -> None:
     assert result["subtype"] == "success" and result["is_error"] is False, result
     text = result["result"]
-    if model in ("chat", "native"):
+    if model in ("chat", "native", "resp"):
         assert text == fake_text(TOKENS)
     elif model == "cli":
         assert text.startswith("You said: ") and text.endswith(CLI_TAIL), text
@@ -114,7 +115,7 @@ def edge_log_clean(cluster: Cluster) -> None:
 
 
 @pytest.mark.parametrize("output", ["json", "stream-json"])
-@pytest.mark.parametrize("model", ["chat", "native", "llama", "cli"])
+@pytest.mark.parametrize("model", ["chat", "native", "resp", "llama", "cli"])
 def test_print_mode_with_default_tools(
     cluster: Cluster, tmp_path: Path, model: str, output: str
 ) -> None:

@@ -10,7 +10,7 @@ model     provider                    wire
 ========  ==========================  =========================================
 chat      fake OpenAI, openai-chat    tunnel (Messages: bridged over Chat)
 native    fake OpenAI, anthropic      tunnel (Messages: native passthrough)
-resp      fake OpenAI, responses      tunnel (Responses API only)
+resp      fake OpenAI, responses      tunnel (Chat, Messages: over Responses)
 tight     fake OpenAI, capacity 1     tunnel; max_queue 1 for the 429 test
 llama     fake Ollama                 normalized run
 counted   = chat, token_counter       count_tokens answered on the Edge
@@ -73,7 +73,7 @@ PROFILES = [
         "name": "openai-responses",
         "driver": "openai_responses",
         "operations": {"responses": "/responses"},
-        "capabilities": ["streaming"],
+        "capabilities": ["streaming", "tools"],
     },
 ]
 

@@ -10,9 +10,9 @@ client URL, the test key in an environment variable, ``wire_api = "responses"``)
   Messages answer decoded into the canonical stream and encoded as Responses events);
 - ``llama``: an Ollama run; ``cli``: a CLI-agent run (the bridge over normalized runs).
 
-Codex offers its tools on every request; the Chat, Messages and Ollama fakes call the first one
-once (Codex runs it, read-only sandbox, and sends its output back), then answer in text, so each
-run ends with the fake's answer as Codex's last message.
+Codex offers its tools on every request; the Chat, Responses, Messages and Ollama fakes call the
+first (function) one once (Codex runs it, read-only sandbox, and sends its output back), then
+answer in text, so each run ends with the fake's answer as Codex's last message.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def test_codex_exec(cluster: Cluster, model: str) -> None:
     else:
         assert expected in last, report
     # The tool round happened: a call to Codex's first tool, then the text answer.
-    if model in ("chat", "native"):
+    if model in ("chat", "resp", "native"):
         assert cluster.fake_stats(openai_port)["total_requests"] == 2, report
     if model == "llama":
         assert cluster.fake_stats(ollama_port)["chat_requests"] == 2, report

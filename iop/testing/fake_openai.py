@@ -27,7 +27,12 @@ Routes:
   output item with one ``output_text`` part; ``max_output_tokens`` caps it, then the status is
   ``incomplete``), streamed as the Responses API's semantic SSE events (``response.created`` …
   ``response.output_text.delta`` … ``response.completed``, no ``[DONE]``) or as one
-  ``response`` object. No tools, no reasoning items.
+  ``response`` object. ``instructions`` count into ``input_tokens`` and are reported as
+  ``cached_tokens``. A request offering ``function`` tools gets one ``function_call`` item
+  calling the first of them (arguments as on the Chat route; streamed as ``output_item.added``,
+  ``function_call_arguments.delta`` in three pieces, ``.done``, ``output_item.done``) unless
+  ``tool_choice`` is ``none`` or the input already carries a ``function_call_output`` (one tool
+  round). Model ``fail-500`` answers 500. No reasoning items.
 - ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (only with ``anthropic_api`` /
   ``--anthropic-api``; otherwise 404): a minimal **Anthropic-shaped** upstream, so the Edge's
   native Messages path (an ``anthropic_messages`` protocol profile over the raw tunnel) has
@@ -517,11 +522,31 @@ class FakeOpenAI:
             return fake_tokens(limit), True
         return fake_tokens(count), False
 
+    def _responses_tool(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """The function tool to call: the first one offered, unless ``tool_choice`` is none or
+        the conversation already carries a ``function_call_output`` (one tool round, as on the
+        Chat route)."""
+        tools = body.get("tools")
+        if not isinstance(tools, list) or body.get("tool_choice") == "none":
+            return None
+        inputs = body["input"]
+        if isinstance(inputs, list) and any(
+            isinstance(item, dict) and item.get("type") == "function_call_output" for item in inputs
+        ):
+            return None
+        for tool in tools:
+            if isinstance(tool, dict) and tool.get("type") == "function":
+                name = tool.get("name")
+                return {**tool, "name": name if isinstance(name, str) and name else "tool"}
+        return None
+
     def _responses(self, request: Request) -> bytes | int:
         body = self._read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
             return self._reject(request, 400, "'input' is required", param="input")
         model = body.get("model") if isinstance(body.get("model"), str) else ""
+        if model == FAIL_500_MODEL:
+            return self._reject(request, 500, "injected upstream failure", kind="server_error")
         inputs = body["input"]
         if isinstance(inputs, str):
             prompt_tokens = len(inputs.split())
@@ -529,24 +554,46 @@ class FakeOpenAI:
             prompt_tokens = sum(
                 word_count(item.get("content")) for item in inputs if isinstance(item, dict)
             )
+        instructions = body.get("instructions")
+        # Instructions are counted into the prompt, and reported as read from a cache.
+        cached = len(instructions.split()) if isinstance(instructions, str) else 0
+        prompt_tokens += cached
         tokens, cut = self._text_answer(body.get("max_output_tokens"))
         number = next(self._ids)
-        response_id, item_id = f"resp_fake_{number}", f"msg_fake_{number}"
-        text = "".join(tokens)
-        part = {"type": "output_text", "text": text, "annotations": []}
-        item = {
-            "type": "message",
-            "id": item_id,
-            "status": "incomplete" if cut else "completed",
-            "role": "assistant",
-            "content": [part],
-        }
+        response_id = f"resp_fake_{number}"
+        tool = self._responses_tool(body)
+        pieces: list[str] = []
+        item: dict[str, Any]
+        if tool is not None:
+            tokens, cut = [], False
+            arguments = json.dumps(fake_arguments({"function": tool}))
+            pieces = split_arguments(arguments)
+            item_id = f"fc_fake_{number}"
+            item = {
+                "type": "function_call",
+                "id": item_id,
+                "call_id": f"call_fake_{number}",
+                "name": tool["name"],
+                "arguments": arguments,
+                "status": "completed",
+            }
+        else:
+            item_id = f"msg_fake_{number}"
+            part = {"type": "output_text", "text": "".join(tokens), "annotations": []}
+            item = {
+                "type": "message",
+                "id": item_id,
+                "status": "incomplete" if cut else "completed",
+                "role": "assistant",
+                "content": [part],
+            }
+        output_tokens = len(tokens) + len(pieces)
         usage = {
             "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-            "output_tokens": len(tokens),
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt_tokens + len(tokens),
+            "total_tokens": prompt_tokens + output_tokens,
         }
 
         def response(status: str, output: list[Any], final: bool) -> dict[str, Any]:
@@ -575,47 +622,18 @@ class FakeOpenAI:
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"application/json")
             _Writer(
-                self, request, [(data, len(tokens))], self.settings.delay_ms, None, False
+                self, request, [(data, output_tokens)], self.settings.delay_ms, None, False
             ).start()
             return NOT_DONE_YET
         events: list[tuple[dict[str, Any], int]] = [
             ({"type": "response.created", "response": response("in_progress", [], False)}, 0),
             ({"type": "response.in_progress", "response": response("in_progress", [], False)}, 0),
-            (
-                {
-                    "type": "response.output_item.added",
-                    "output_index": 0,
-                    "item": {**item, "status": "in_progress", "content": []},
-                },
-                0,
-            ),
-            (
-                {
-                    "type": "response.content_part.added",
-                    "item_id": item_id,
-                    "output_index": 0,
-                    "content_index": 0,
-                    "part": {**part, "text": ""},
-                },
-                0,
-            ),
         ]
-        located = {"item_id": item_id, "output_index": 0, "content_index": 0}
-        for token in tokens:
-            events.append(
-                (
-                    {
-                        "type": "response.output_text.delta",
-                        **located,
-                        "delta": token,
-                        "logprobs": [],
-                    },
-                    1,
-                )
-            )
+        if tool is not None:
+            events += _function_call_events(item, pieces)
+        else:
+            events += _message_events(item, tokens)
         events += [
-            ({"type": "response.output_text.done", **located, "text": text, "logprobs": []}, 0),
-            ({"type": "response.content_part.done", **located, "part": part}, 0),
             ({"type": "response.output_item.done", "output_index": 0, "item": item}, 0),
             (
                 {
@@ -775,6 +793,56 @@ class FakeOpenAI:
         request.setHeader(b"content-type", b"text/event-stream")
         _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
         return NOT_DONE_YET
+
+
+def _message_events(item: dict[str, Any], tokens: list[str]) -> list[tuple[dict[str, Any], int]]:
+    """A Responses stream's events for a message item, up to its ``output_item.done``."""
+    part = item["content"][0]
+    located = {"item_id": item["id"], "output_index": 0, "content_index": 0}
+    events: list[tuple[dict[str, Any], int]] = [
+        (
+            {
+                "type": "response.output_item.added",
+                "output_index": 0,
+                "item": {**item, "status": "in_progress", "content": []},
+            },
+            0,
+        ),
+        ({"type": "response.content_part.added", **located, "part": {**part, "text": ""}}, 0),
+    ]
+    for token in tokens:
+        delta = {"type": "response.output_text.delta", **located, "delta": token, "logprobs": []}
+        events.append((delta, 1))
+    text = part["text"]
+    events += [
+        ({"type": "response.output_text.done", **located, "text": text, "logprobs": []}, 0),
+        ({"type": "response.content_part.done", **located, "part": part}, 0),
+    ]
+    return events
+
+
+def _function_call_events(
+    item: dict[str, Any], pieces: list[str]
+) -> list[tuple[dict[str, Any], int]]:
+    """A Responses stream's events for a function_call item, up to its ``output_item.done``:
+    the item added with no arguments, the arguments in pieces, then all of them."""
+    located = {"item_id": item["id"], "output_index": 0}
+    added = {**item, "arguments": "", "status": "in_progress"}
+    events: list[tuple[dict[str, Any], int]] = [
+        ({"type": "response.output_item.added", "output_index": 0, "item": added}, 0)
+    ]
+    for piece in pieces:
+        events.append(
+            ({"type": "response.function_call_arguments.delta", **located, "delta": piece}, 1)
+        )
+    done = {
+        "type": "response.function_call_arguments.done",
+        **located,
+        "name": item["name"],
+        "arguments": item["arguments"],
+    }
+    events.append((done, 0))
+    return events
 
 
 def _named_event(name: str, data: dict[str, Any]) -> bytes:

@@ -19,6 +19,12 @@ The Anthropic-compatible client surface.
   :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
   :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
   through the Messages encoder).
+- **over Responses** (an ``openai_responses`` profile): :func:`over_responses` — the bridge's
+  Chat request translated once more (:func:`~iop.edge.ingress.chat_responses.chat_to_responses`),
+  tunnel ``responses``, the answer decoded into canonical events
+  (:class:`~iop.edge.ingress.chat_responses.ResponsesDecoder`) and encoded by
+  :class:`~iop.edge.ingress.bridge.MessagesEncoder`. An upstream error status comes back with
+  that status in the Anthropic error shape.
 
 Thinking blocks reach the client only when the profile allows them over the bridge
 (:func:`~iop.edge.ingress.profiles.thinking_allowed`) and the request asked for thinking. A
@@ -53,10 +59,12 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
+from iop.edge.ingress import canonical
 from iop.edge.ingress.bridge import (
     BridgeError,
     ChatStreamToMessages,
     Event,
+    MessagesEncoder,
     RunEventsToMessages,
     UpstreamError,
     chat_completion_to_message,
@@ -65,6 +73,7 @@ from iop.edge.ingress.bridge import (
     run_events_to_message,
     thinking_requested,
 )
+from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
 from iop.edge.ingress.errors import ApiError, bad_request, unsupported, upstream_error
 from iop.edge.ingress.http import (
     header,
@@ -83,7 +92,14 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import ChatStream, PassThrough, Work, json_headers
+from iop.edge.ingress.relay import (
+    ChatStream,
+    Collect,
+    DecodedStream,
+    PassThrough,
+    Work,
+    json_headers,
+)
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
@@ -192,6 +208,8 @@ class MessagesCodec:
             route = check_messages(placement.profile, stream=stream, tools=call.tools)
             if route == Route.NATIVE and placement.wire != "tunnel":
                 raise Unsupported("native Anthropic Messages are served only through a tunnel")
+            if route == Route.OVER_RESPONSES and placement.wire != "tunnel":
+                raise Unsupported("a native Responses provider is served only through a tunnel")
         except Unsupported as e:
             raise unsupported(e.message) from None
         if route == Route.NATIVE:
@@ -201,6 +219,8 @@ class MessagesCodec:
                 PassThrough(),
                 work.tunnel("messages", payload, stream, _native_headers(work.request, stream)),
             )
+        if route == Route.OVER_RESPONSES:
+            return await over_responses(work, body)
         allowed = thinking_allowed(placement.profile)
         try:
             chat = messages_to_chat(
@@ -250,6 +270,59 @@ class MessagesCodec:
             max_tokens=int(chat.get("max_tokens") or 0),
             thinking_token_budget=_thinking_budget(body, policy),
         )
+
+
+async def over_responses(work: Work, body: dict[str, Any]) -> bytes:
+    """
+    A Messages request on a native Responses provider: Messages → Chat (the bridge's request
+    rules) → Responses (:func:`~.chat_responses.chat_to_responses`), tunnel ``responses``; the
+    answer decoded into canonical events (:class:`~.chat_responses.ResponsesDecoder`) and
+    encoded by :class:`~.bridge.MessagesEncoder`, streamed or whole. An upstream error status
+    comes back with that status in the Anthropic shape.
+    """
+    placement = work.placement
+    stream = body.get("stream") is True
+    allowed = thinking_allowed(placement.profile)
+    try:
+        chat = messages_to_chat(
+            body, target=placement.target, thinking_allowed=allowed, images=_images_for(placement)
+        )
+        request = chat_to_responses(
+            chat, target=placement.target, max_output_tokens=chat.get("max_tokens")
+        )
+    except BridgeError as e:
+        raise bad_request(e.message) from None
+    encoder = MessagesEncoder(
+        model=placement.model, thinking_allowed=allowed and thinking_requested(body)
+    )
+    source = work.tunnel("responses", request, stream, json_headers(stream))
+    # Whole TOOL_CALL events (fragments=False) until the Messages encoder reads streamed
+    # tool-call fragments; then a streamed answer can pass them on as they come.
+    if stream:
+
+        def encode(events: list[canonical.Event]) -> bytes:
+            return _sse(encoder.encode(events))
+
+        return await work.relay(DecodedStream(ResponsesDecoder(fragments=False), encode), source)
+
+    def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+        if not _is_success(status):
+            raise upstream_error(status, data)
+        try:
+            response = json.loads(data)
+        except ValueError:
+            response = None
+        decoder = ResponsesDecoder(fragments=False)
+        encoder.encode(decoder.response(response))
+        if decoder.failed is not None:
+            raise ApiError(
+                502,
+                f"the provider's answer could not be converted: {decoder.failed}",
+                code="upstream_error",
+            )
+        return render_json(work.request, encoder.message())
+
+    return await work.relay(Collect(whole), source)
 
 
 class CountTokensCodec:

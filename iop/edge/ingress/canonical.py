@@ -26,10 +26,13 @@ where the next call, text or the finish begins.
 
 Each surface has a stream encoder and a whole-body encoder over these events
 (:class:`~.openai.ChatEncoder`, :class:`~.bridge.MessagesEncoder`,
-:class:`~.responses.ChatToResponses` via :meth:`~.responses.ChatToResponses.encode`). Streamed
-tool-call fragments (``TOOL_CALL_START``/``TOOL_CALL_DELTA``: a native Messages answer decoded
-for Chat or Responses, :class:`~.chat_messages.MessagesDecoder`) are read by the Chat and
-Responses encoders; a decoder feeding another encoder gives whole ``TOOL_CALL`` events instead.
+:class:`~.responses.ChatToResponses` via :meth:`~.responses.ChatToResponses.encode`). Besides
+:class:`RunDecoder` (a normalized run), two decoders read a native provider's answer in another
+protocol than the client's: :class:`~.chat_messages.MessagesDecoder` (Anthropic Messages, for
+Chat or Responses) and :class:`~.chat_responses.ResponsesDecoder` (OpenAI Responses, for Chat or
+Messages). Streamed tool-call fragments (``TOOL_CALL_START``/``TOOL_CALL_DELTA``) are read by
+the Chat and Responses encoders; a decoder feeding another encoder gives whole ``TOOL_CALL``
+events instead.
 
 :class:`RunDecoder` is the one place a normalized run's events are read: ``delta`` → text,
 ``reasoning_delta`` → reasoning, ``complete`` → tool calls (``metadata["openai_tool_calls"]``,

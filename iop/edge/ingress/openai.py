@@ -26,6 +26,12 @@ The OpenAI-compatible client surface.
     (``choices: []``) follows when the request asked ``stream_options.include_usage``; then
     ``data: [DONE]``. A run that fails after the stream started ends with one
     ``data: {"error": {...}}`` chunk (the OpenAI SDK raises it) and no ``[DONE]``.
+  - **bridge** over a native Messages provider (an ``anthropic_messages`` profile: tunnel
+    ``messages``, :mod:`iop.edge.ingress.chat_messages`) or a native Responses provider (an
+    ``openai_responses`` profile: tunnel ``responses``, :mod:`iop.edge.ingress.chat_responses`):
+    the request translated, the provider's answer decoded into canonical events (tool calls as
+    start + argument fragments) and encoded by :class:`ChatEncoder` as above; an upstream error
+    status comes back with that status in the OpenAI shape.
 
 - ``POST /v1/responses`` (:func:`check_responses` picks the route):
 
@@ -69,6 +75,7 @@ from iop.edge.ingress.anthropic import DEFAULT_ANTHROPIC_VERSION
 from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
 from iop.edge.ingress.chat_messages import DEFAULT_MAX_TOKENS, MessagesDecoder, chat_to_messages
+from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
 from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
 from iop.edge.ingress.http import (
     json_bytes,
@@ -122,7 +129,9 @@ def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> R
     """
     How a provider with ``profile`` serves Chat Completions: :attr:`Route.NATIVE` (it speaks
     Chat) or :attr:`Route.BRIDGE` (an ``anthropic_messages`` profile with the ``messages``
-    capability and operation: :mod:`.chat_messages` translates); raises :class:`Unsupported`.
+    capability and operation: :mod:`.chat_messages` translates; an ``openai_responses``
+    profile, the driver alone as for native Responses: :mod:`.chat_responses` translates);
+    raises :class:`Unsupported`.
     No profile (a run provider, or an OpenAI-compatible adapter configured without one) is a
     plain chat backend with streaming and tools.
     """
@@ -140,6 +149,8 @@ def check_chat(profile: ProfileConfig | None, *, stream: bool, tools: bool) -> R
                 f"protocol profile {profile.name!r} cannot serve chat completions: it needs "
                 "the 'messages' capability and a 'messages' operation"
             )
+        route = Route.BRIDGE
+    elif not chat and profile.driver == DRIVER_RESPONSES:
         route = Route.BRIDGE
     elif not chat:
         raise Unsupported(
@@ -460,6 +471,13 @@ class ChatCodec:
         model = placement.model
         try:
             route = check_chat(placement.profile, stream=stream, tools=call.tools)
+            over_responses = (
+                route == Route.BRIDGE
+                and placement.profile is not None
+                and placement.profile.driver == DRIVER_RESPONSES
+            )
+            if over_responses and placement.wire != "tunnel":
+                raise Unsupported("a native Responses provider is served only through a tunnel")
             if route == Route.BRIDGE and placement.wire != "tunnel":
                 raise Unsupported("a native Messages provider is served only through a tunnel")
             if placement.wire == "run" and body.get("n") not in (None, 1):
@@ -479,6 +497,8 @@ class ChatCodec:
                 payload["max_tokens"] = default
         if route == Route.BRIDGE:
             limit = payload.get("max_completion_tokens") or payload.get("max_tokens")
+            if over_responses:
+                return await self._over_responses(work, call, limit)
             return await self._over_messages(work, call, limit or DEFAULT_MAX_TOKENS)
         if placement.wire == "tunnel":
             return await work.relay(
@@ -550,6 +570,48 @@ class ChatCodec:
                 message = None
             decoder = MessagesDecoder()
             encoder.encode(decoder.message(message))
+            if decoder.failed is not None:
+                raise ApiError(
+                    502,
+                    f"the provider's answer could not be converted: {decoder.failed}",
+                    code="upstream_error",
+                )
+            return render_json(work.request, encoder.completion())
+
+        return await work.relay(Collect(whole), source)
+
+    async def _over_responses(self, work: Work, call: Call, limit: int | None) -> bytes:
+        """The call on a native Responses provider: the request translated, the answer decoded
+        into canonical events (:mod:`.chat_responses`) and encoded by the Chat encoder."""
+        placement = work.placement
+        stream = call.stream
+        try:
+            request = chat_to_responses(call.body, target=placement.target, max_output_tokens=limit)
+        except BridgeError as e:
+            raise bad_request(e.message) from None
+        encoder = ChatEncoder(
+            model=placement.model,
+            include_usage=stream and bool(call.facts["include_usage"]),
+            created=int(self._clock.seconds()),
+        )
+        source = work.tunnel("responses", request, stream, json_headers(stream))
+        if stream:
+
+            def encode(events: list[Event]) -> bytes:
+                finished = any(event.kind == Kind.FINISH for event in events)
+                return sse_chunks(encoder.encode(events), done=finished)
+
+            return await work.relay(DecodedStream(ResponsesDecoder(), encode), source)
+
+        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
+            if not 200 <= status < 300:
+                raise upstream_error(status, data)
+            try:
+                response = json.loads(data)
+            except ValueError:
+                response = None
+            decoder = ResponsesDecoder()
+            encoder.encode(decoder.response(response))
             if decoder.failed is not None:
                 raise ApiError(
                     502,

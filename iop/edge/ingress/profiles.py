@@ -2,15 +2,20 @@
 """
 What a provider's protocol profile lets the Anthropic surface do.
 
-A ``/v1/messages`` request reaches a provider one of two ways:
+A ``/v1/messages`` request reaches a provider one of three ways:
 
 - :attr:`Route.NATIVE`: the profile's driver is ``anthropic_messages`` and it has the ``messages``
   capability and a ``messages`` operation; the request body goes to the provider as it is.
 - :attr:`Route.BRIDGE`: the profile's driver is ``openai_chat`` with the ``chat`` capability and a
   ``chat_completions`` operation; :mod:`iop.edge.ingress.bridge` turns the request into a Chat
   Completions request and the answer back into a Messages answer.
+- :attr:`Route.OVER_RESPONSES`: the profile's driver is ``openai_responses``; the bridge's Chat
+  request is translated once more (:mod:`iop.edge.ingress.chat_responses`) and the provider's
+  Responses answer decoded back. The driver is all it needs, as for the native Responses route
+  (its one generating operation is ``responses``, at the profile's path or the driver's
+  default): no capability names it.
 
-Either way a streaming request needs the ``streaming`` capability and a request with ``tools``
+Every way, a streaming request needs the ``streaming`` capability and a request with ``tools``
 the ``tools`` capability. Thinking blocks cross the Chat bridge only when the profile's
 ``extensions.thinking`` or ``extensions.reasoning`` is true. ``/v1/messages/count_tokens`` is
 answered upstream (the native fallback, when the model has no local token counter) only by an
@@ -28,7 +33,7 @@ from __future__ import annotations
 import enum
 
 from iop.config.model import ProfileConfig
-from iop.runtime.kinds import ANTHROPIC_MESSAGES, OPENAI_CHAT
+from iop.runtime.kinds import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 
 __all__ = [
     "Route",
@@ -40,6 +45,7 @@ __all__ = [
 
 DRIVER_ANTHROPIC = ANTHROPIC_MESSAGES.name
 DRIVER_CHAT = OPENAI_CHAT.name
+DRIVER_RESPONSES = OPENAI_RESPONSES.name
 THINKING_EXTENSIONS = ("thinking", "reasoning")
 # For error messages: what a profile needs for thinking over the Chat bridge.
 THINKING_REQUIREMENT = "extensions.thinking or extensions.reasoning"
@@ -48,6 +54,7 @@ THINKING_REQUIREMENT = "extensions.thinking or extensions.reasoning"
 class Route(enum.StrEnum):
     NATIVE = "native"
     BRIDGE = "bridge"
+    OVER_RESPONSES = "over_responses"
 
 
 class Unsupported(Exception):
@@ -80,6 +87,9 @@ def check_messages(profile: ProfileConfig | None, *, stream: bool, tools: bool) 
     """
     if profile is None:
         return Route.BRIDGE
+    if profile.driver == DRIVER_RESPONSES:
+        _check_features(profile, stream=stream, tools=tools)
+        return Route.OVER_RESPONSES
     if profile.driver == DRIVER_ANTHROPIC:
         route, capability, operation = Route.NATIVE, "messages", "messages"
     elif profile.driver == DRIVER_CHAT:
@@ -87,13 +97,20 @@ def check_messages(profile: ProfileConfig | None, *, stream: bool, tools: bool) 
     else:
         raise Unsupported(
             f"protocol profile {profile.name!r} (driver {profile.driver!r}) cannot serve "
-            "Anthropic Messages: it needs driver anthropic_messages or openai_chat"
+            "Anthropic Messages: it needs driver anthropic_messages, openai_chat or "
+            "openai_responses"
         )
     if not _has(profile, capability, operation):
         raise Unsupported(
             f"protocol profile {profile.name!r} cannot serve Anthropic Messages: it lacks "
             f"{_missing(profile, capability, operation)}"
         )
+    _check_features(profile, stream=stream, tools=tools)
+    return route
+
+
+def _check_features(profile: ProfileConfig, *, stream: bool, tools: bool) -> None:
+    """Streaming needs the ``streaming`` capability, tools the ``tools`` capability."""
     if stream and "streaming" not in profile.capabilities:
         raise Unsupported(
             f"protocol profile {profile.name!r} does not support streaming "
@@ -103,7 +120,6 @@ def check_messages(profile: ProfileConfig | None, *, stream: bool, tools: bool) 
         raise Unsupported(
             f"protocol profile {profile.name!r} does not support tools (no 'tools' capability)"
         )
-    return route
 
 
 def thinking_allowed(profile: ProfileConfig | None) -> bool:

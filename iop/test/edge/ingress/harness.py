@@ -82,7 +82,7 @@ def profiles() -> tuple[ProfileConfig, ...]:
             name="openai-responses",
             driver="openai_responses",
             operations=(("responses", "/responses"),),
-            capabilities=("streaming",),
+            capabilities=("streaming", "tools"),
         ),
     )
 

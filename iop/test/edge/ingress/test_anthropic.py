@@ -373,12 +373,6 @@ class PolicyTests(IngressCase):
             "invalid_request_error",
             "streaming",
         )
-        self.assertAnthropicError(
-            self.edge.post("/v1/messages", {**MESSAGES, "model": "resp"}),
-            400,
-            "invalid_request_error",
-            "openai_responses",
-        )
         self.assertEqual(self.edge.sent, [])
 
 

@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import ProfileConfig
 from iop.edge.ingress.openai import RunEventsToChunks, check_chat, check_responses
 from iop.edge.ingress.profiles import Route, Unsupported
 from iop.formats.sse import SSEParser
@@ -36,7 +37,7 @@ from iop.test.edge.ingress.harness import (
     start,
     usage,
 )
-from iop.testing.fake_openai import FakeOpenAI
+from iop.testing.fake_openai import FAIL_500_MODEL, FakeOpenAI, fake_text
 
 TOOLS = [
     {
@@ -201,14 +202,6 @@ class CapabilityTests(IngressCase):
             "tools",
         )
 
-    def test_other_drivers_do_not_serve_chat(self) -> None:
-        # (An anthropic_messages profile does: iop.test.edge.ingress.test_chat_messages.)
-        for name in ("resp",):
-            self.assertOpenAIError(
-                self.edge.post("/v1/chat/completions", {**CHAT, "model": name}), 400, "chat"
-            )
-        self.assertEqual(self.edge.sent, [])
-
     def test_check_functions(self) -> None:
         chat, plain, native, responses = profiles()
         check_chat(None, stream=True, tools=True)
@@ -216,7 +209,12 @@ class CapabilityTests(IngressCase):
         self.assertRaises(Unsupported, check_chat, plain, stream=True, tools=False)
         self.assertEqual(check_chat(chat, stream=True, tools=True), Route.NATIVE)
         self.assertEqual(check_chat(native, stream=True, tools=True), Route.BRIDGE)
-        self.assertRaises(Unsupported, check_chat, responses, stream=False, tools=False)
+        # Every driver serves chat: Messages and Responses through their bridges
+        # (iop.test.edge.ingress.test_chat_messages, test_chat_responses).
+        self.assertEqual(check_chat(responses, stream=True, tools=True), Route.BRIDGE)
+        bare = ProfileConfig(name="bare", driver="openai_responses")
+        self.assertEqual(check_chat(bare, stream=False, tools=False), Route.BRIDGE)
+        self.assertRaises(Unsupported, check_chat, bare, stream=False, tools=True)
         self.assertEqual(check_responses(responses, stream=True), Route.NATIVE)
         self.assertEqual(check_responses(None, stream=True, tools=True), Route.BRIDGE)
         self.assertEqual(check_responses(chat, stream=True, tools=True), Route.BRIDGE)
@@ -572,6 +570,67 @@ class FakeResponsesUpstreamTests(SynchronousTestCase):
             "tok0 tok1 tok2 tok3 tok4",
         )
         self.assertEqual([p.sequence_number for p in parsed], list(range(len(parsed))))
+
+    def stream(self, request: dict[str, Any]) -> list[Any]:
+        code, data = self.post({**request, "stream": True})
+        self.assertEqual(code, 200)
+        parser = SSEParser()
+        adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
+        parsed = [adapter.validate_python(json.loads(e.data)) for e in parser.feed(data)]
+        self.assertEqual([p.sequence_number for p in parsed], list(range(len(parsed))))
+        return parsed
+
+    def test_instructions_are_cached_prompt_tokens(self) -> None:
+        code, data = self.post({"model": "m", "instructions": "be brief", "input": "say hello"})
+        self.assertEqual(code, 200)
+        usage = Response.model_validate(json.loads(data)).usage
+        assert usage is not None
+        self.assertEqual((usage.input_tokens, usage.input_tokens_details.cached_tokens), (4, 2))
+
+    def test_function_call_then_text(self) -> None:
+        tool = {
+            "type": "function",
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            "strict": False,
+        }
+        hosted = {"type": "web_search"}
+        ask: dict[str, Any] = {"model": "m", "input": "weather?", "tools": [hosted, tool]}
+        code, data = self.post(ask)
+        self.assertEqual(code, 200)
+        whole = Response.model_validate(json.loads(data))
+        [call] = whole.output
+        assert call.type == "function_call"
+        self.assertEqual((call.name, json.loads(call.arguments)), ("get_weather", {"city": "fake"}))
+        self.assertEqual(whole.status, "completed")
+        parsed = self.stream(ask)
+        self.assertEqual(
+            [p.type for p in parsed],
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ],
+        )
+        pieces = [p.delta for p in parsed if p.type == "response.function_call_arguments.delta"]
+        self.assertEqual(json.loads("".join(pieces)), {"city": "fake"})
+        # Once the call's output is in the conversation, or with tool_choice none: the text.
+        output = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+        answered = {**ask, "input": [{"role": "user", "content": "weather?"}, output]}
+        for request in (answered, {**ask, "tool_choice": "none"}):
+            code, data = self.post(request)
+            self.assertEqual(Response.model_validate(json.loads(data)).output_text, fake_text(5))
+
+    def test_injected_failure(self) -> None:
+        code, data = self.post({"model": FAIL_500_MODEL, "input": "hi"})
+        self.assertEqual(code, 500)
+        self.assertIn("injected", json.loads(data)["error"]["message"])
 
     def test_off_by_default(self) -> None:
         http: Any = StubTreq(FakeOpenAI(Clock()).resource())

@@ -63,8 +63,11 @@ class CheckMessagesTests(SynchronousTestCase):
             (profile("anthropic_messages", ("messages",)), True, False, None),
             (profile("anthropic_messages", ("messages",)), False, True, None),
             (profile("anthropic_messages", ("messages",)), False, False, Route.NATIVE),
-            # The Responses driver serves neither.
-            (profile("openai_responses"), False, False, None),
+            # The Responses driver: over Responses, the driver alone (no capability names it).
+            (profile("openai_responses"), True, True, Route.OVER_RESPONSES),
+            (profile("openai_responses", (), ()), False, False, Route.OVER_RESPONSES),
+            (profile("openai_responses", ("tools",), ()), True, False, None),
+            (profile("openai_responses", ("streaming",), ()), False, True, None),
         ]
         for p, stream, tools, expected in table:
             where = (p and (p.driver, p.capabilities, p.operations), stream, tools)

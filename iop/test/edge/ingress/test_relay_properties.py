@@ -43,9 +43,9 @@ from iop.test.edge.ingress.harness import (
 MODELS = ["chat", "native", "resp", "plain", "bare", "llama", "counted", "cli", "nope"]
 # The models that serve each route (on both wires, pooled and direct).
 SERVING = {
-    "/v1/chat/completions": ["chat", "bare", "plain", "native", "llama", "cli"],
+    "/v1/chat/completions": ["chat", "bare", "plain", "native", "resp", "llama", "cli"],
     "/v1/responses": ["resp"],
-    "/v1/messages": ["bare", "chat", "native", "llama", "cli"],
+    "/v1/messages": ["bare", "chat", "native", "resp", "llama", "cli"],
     "/v1/messages/count_tokens": ["native", "counted"],
 }
 PROVIDERS = ["p-chat", "p-native", "p-resp", "p-plain", "p-bare", "p-llama"]
@@ -222,6 +222,35 @@ MESSAGE_EVENTS = b"".join(
     for e in _EVENTS
 )
 
+# A native Responses provider's answer (Chat and Messages over an openai_responses profile;
+# a native Responses request passes it through).
+_ITEM = {
+    "type": "message",
+    "id": "msg_1",
+    "status": "completed",
+    "role": "assistant",
+    "content": [{"type": "output_text", "text": "h", "annotations": []}],
+}
+_RESPONSE = {
+    "id": "r",
+    "object": "response",
+    "status": "completed",
+    "output": [_ITEM],
+    "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
+}
+RESPONSE = json.dumps(_RESPONSE).encode()
+_RESPONSE_EVENTS: list[dict[str, Any]] = [
+    {"type": "response.created", "response": {**_RESPONSE, "status": "in_progress"}},
+    {"type": "response.output_item.added", "output_index": 0, "item": {**_ITEM, "content": []}},
+    {"type": "response.output_text.delta", "item_id": "msg_1", "delta": "h"},
+    {"type": "response.output_item.done", "output_index": 0, "item": _ITEM},
+    {"type": "response.completed", "response": _RESPONSE},
+]
+RESPONSE_EVENTS = b"".join(
+    b"event: " + str(e["type"]).encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
+    for e in _RESPONSE_EVENTS
+)
+
 
 def strict_loads(data: bytes | str) -> Any:
     """JSON as RFC 8259 has it: no NaN/Infinity (Python's decoder accepts them by default)."""
@@ -255,6 +284,8 @@ class Scenario:
         good = CHUNKS if stream else COMPLETION
         if request.operation == "messages":
             good = MESSAGE_EVENTS if stream else MESSAGE
+        elif request.operation == "responses":
+            good = RESPONSE_EVENTS if stream else RESPONSE
         if kind == "ok":
             content_type = "text/event-stream" if stream else "application/json"
             edge.frames(run_id, start(200, content_type), body(good), usage(1, 1), END)
