@@ -155,12 +155,15 @@ _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
-# Client keys, their lifecycle, teams, limits and budgets. The accounting
-# (iop.edge.quota.Quota.use_config) takes a new config live, but the client API authenticates
-# with the ClientAPIConfig it was built with: until the pipeline follows the running config
-# too, they are restart-required. Switching them live is this one line (and the README table).
+# Client keys and their lifecycle: the client API authenticates with the ClientAPIConfig it was
+# built with, so until the pipeline follows the running config they are restart-required;
+# switching them live is this one line (and the README table). Limits, budgets and teams are
+# the accounting's (iop.edge.quota.QuotaGate.use_config, a refresh listener): live.
 _AUTH = "the client API authenticates with the client keys it was built with, at start"
 _AUTH_CLASS: ChangeClass = RESTART
+_QUOTA = (
+    "the accounting takes the running config: new requests see it, running ones end as admitted"
+)
 
 RULES: dict[type, dict[str, Rule]] = {
     EdgeConfig: {
@@ -315,9 +318,9 @@ RULES: dict[type, dict[str, Rule]] = {
         "listen_backlog": Leaf("listen_backlog", RESTART, _OPENAI),
         "reuse_port": Leaf("reuse_port", RESTART, _OPENAI),
         "cors": Record("cors", CorsConfig, RESTART, _OPENAI),
-        "teams": Keyed("auth.teams", Team, "name", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "default_limits": Leaf("auth.default_limits", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "default_budgets": Leaf("auth.default_budgets", _AUTH_CLASS, _AUTH, origin=PROJECT),
+        "teams": Keyed("auth.teams", Team, "name", LIVE, _QUOTA, origin=PROJECT),
+        "default_limits": Leaf("auth.default_limits", LIVE, _QUOTA, origin=PROJECT),
+        "default_budgets": Leaf("auth.default_budgets", LIVE, _QUOTA, origin=PROJECT),
     },
     ClientKey: {
         "name": Key(),
@@ -326,14 +329,14 @@ RULES: dict[type, dict[str, Rule]] = {
         "previous_digest": Leaf("previous_key", _AUTH_CLASS, _AUTH, secret="value", origin=PROJECT),
         "previous_valid_until": Leaf("previous_valid_until", _AUTH_CLASS, _AUTH, origin=PROJECT),
         "disabled": Leaf("disabled", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "team": Leaf("team", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "limits": Leaf("limits", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "budgets": Leaf("budgets", _AUTH_CLASS, _AUTH, origin=PROJECT),
+        "team": Leaf("team", LIVE, _QUOTA, origin=PROJECT),
+        "limits": Leaf("limits", LIVE, _QUOTA, origin=PROJECT),
+        "budgets": Leaf("budgets", LIVE, _QUOTA, origin=PROJECT),
     },
     Team: {
         "name": Key(),
-        "limits": Leaf("limits", _AUTH_CLASS, _AUTH, origin=PROJECT),
-        "budgets": Leaf("budgets", _AUTH_CLASS, _AUTH, origin=PROJECT),
+        "limits": Leaf("limits", LIVE, _QUOTA, origin=PROJECT),
+        "budgets": Leaf("budgets", LIVE, _QUOTA, origin=PROJECT),
     },
     CorsConfig: {
         "allow_origins": Leaf("allow_origins", RESTART, _OPENAI),
