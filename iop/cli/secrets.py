@@ -7,7 +7,10 @@ the digest entry edge.yaml takes instead of it.
   the node reads it (``token_file:`` or ``token: ${VAR}`` in node.yaml), edge.yaml keeps only
   ``nodes[].token_sha256``.
 - ``iop key new NAME``: a client API key ``sk-iop-…`` (256 random bits); the client sends it,
-  edge.yaml keeps only the ``openai.auth.keys[]`` entry ``{name, key_sha256}``.
+  edge.yaml keeps only the ``openai.auth.keys[]`` entry ``{name, key_sha256}``. With
+  ``--rotate`` it replaces key NAME's current one: the entry printed keeps the old digest as
+  ``previous_key_sha256`` (a placeholder to fill in: the command never reads edge.yaml), valid
+  until ``--grace-days`` (default 7) from now, so clients can move over before it stops working.
 
 The secret is written to stdout only (never to a log or a file) and cannot be shown again: the
 Edge keeps only its sha256, as the lines printed after it say. The digest is the hex sha256 of
@@ -17,6 +20,7 @@ the secret's UTF-8 bytes, as :mod:`iop.config.secrets` checks it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import re
 import secrets
@@ -26,6 +30,8 @@ from iop.cli.command import CommandError, Report
 
 TOKEN_BYTES = 32
 KEY_PREFIX = "sk-iop-"
+# How long a rotated key's previous key stays valid, unless --grace-days says otherwise.
+DEFAULT_GRACE_DAYS = 7.0
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 
@@ -77,6 +83,19 @@ def register(subparsers: Any) -> None:
         ),
     )
     key_new.add_argument("name", metavar="NAME", help="the key's name, logged instead of the key")
+    key_new.add_argument(
+        "--rotate",
+        action="store_true",
+        help="replace key NAME's current key: its digest stays valid as previous_key_sha256 "
+        "for the grace period",
+    )
+    key_new.add_argument(
+        "--grace-days",
+        type=float,
+        default=DEFAULT_GRACE_DAYS,
+        metavar="DAYS",
+        help=f"with --rotate: how long the old key stays valid (default {DEFAULT_GRACE_DAYS:g})",
+    )
     key_new.set_defaults(run=run_key_new)
 
 
@@ -114,7 +133,22 @@ def run_key_new(args: argparse.Namespace, report: Report) -> int:
     print("x-api-key):", file=out)
     print(f"  {key}", file=out)
     print("", file=out)
-    print("edge.yaml, under openai.auth.keys:", file=out)
+    if not args.rotate:
+        print("edge.yaml, under openai.auth.keys:", file=out)
+        print(f"      - name: {args.name}", file=out)
+        print(f"        key_sha256: {sha256_hex(key)}", file=out)
+        return 0
+    if not 0 < args.grace_days <= 3650:
+        raise CommandError("--grace-days must be more than 0 and at most 3650")
+    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=args.grace_days)
+    print(
+        f"edge.yaml, the openai.auth.keys entry named {args.name}: the new digest, and its "
+        "current key_sha256 moved to previous_key_sha256 (both keys work until "
+        "previous_valid_until; then apply the config again):",
+        file=out,
+    )
     print(f"      - name: {args.name}", file=out)
     print(f"        key_sha256: {sha256_hex(key)}", file=out)
+    print("        previous_key_sha256: <the entry's current key_sha256>", file=out)
+    print(f'        previous_valid_until: "{until:%Y-%m-%dT%H:%M:%SZ}"', file=out)
     return 0

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -244,16 +245,94 @@ class ModelRoute:
     node_id: str | None = None
 
 
+# Per-key and per-team limits and budgets (``openai.auth``; enforced by iop.edge.quota).
+# Budget periods are calendar periods in UTC: ``week`` is the ISO week (Monday 00:00 UTC).
+BUDGET_PERIODS = ("day", "week", "month", "total")
+# Costs are integer micro-units of ``usage.currency`` everywhere in accounting: 1.0 = 1_000_000.
+MICROS_PER_UNIT = 1_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """
+    Rate and concurrency limits of one key or team; ``None`` = unlimited. The two per-minute
+    limits are a sliding window over the last 60 s; tokens are input + output (the worst case
+    reserved at admission, the reported usage once settled).
+    """
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    concurrent_requests: int | None = None
+
+    @property
+    def unlimited(self) -> bool:
+        return (
+            self.requests_per_minute is None
+            and self.tokens_per_minute is None
+            and self.concurrent_requests is None
+        )
+
+
+@dataclass(frozen=True)
+class Budget:
+    """
+    A budget over one calendar ``period`` (``BUDGET_PERIODS``, UTC): at most ``tokens`` and/or
+    ``cost_micros`` (micro-units of the usage currency) in it; ``None`` = no cap on that one.
+    """
+
+    period: str
+    tokens: int | None = None
+    cost_micros: int | None = None
+
+
+@dataclass(frozen=True)
+class Team:
+    """``openai.auth.teams[]``: a named group of keys whose usage adds up against its own
+    ``limits`` and ``budgets`` (on top of each key's)."""
+
+    name: str
+    limits: Limits = Limits()
+    budgets: tuple[Budget, ...] = ()
+
+
 @dataclass(frozen=True)
 class ClientKey:
-    """A client API key, held only as its sha256 digest; ``models`` empty = every model."""
+    """
+    A client API key, held only as its sha256 digest; ``models`` empty = every model.
+
+    Rotation: ``previous_digest`` (the key being replaced) is accepted too until
+    ``previous_valid_until`` (seconds since the epoch, UTC). ``disabled``: refused at once.
+    ``team``: the team whose limits and budgets the key's usage also counts against ("": none).
+    ``limits`` and ``budgets`` are the key's own, or the ``default_limits`` /
+    ``default_budgets`` of ``openai.auth`` when the key sets none (resolved at load).
+    """
 
     name: str
     digest: NodeToken
     models: tuple[str, ...] = ()
+    previous_digest: NodeToken | None = None
+    previous_valid_until: float | None = None
+    disabled: bool = False
+    team: str = ""
+    limits: Limits = Limits()
+    budgets: tuple[Budget, ...] = ()
 
     def allows(self, model: str) -> bool:
         return not self.models or model in self.models
+
+    def matches(self, presented: str, now: float) -> bool:
+        """
+        Whether ``presented`` is this key (or, until ``previous_valid_until``, the key it
+        replaced), at ``now`` (seconds since the epoch). Both digests are always compared, so
+        the time taken says nothing about which matched. A disabled key matches nothing.
+        """
+        current = self.digest.matches(presented)
+        previous = False
+        if self.previous_digest is not None:
+            previous = self.previous_digest.matches(presented)
+            if self.previous_valid_until is None or now >= self.previous_valid_until:
+                previous = False
+        return (current or previous) and not self.disabled
 
 
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
@@ -311,6 +390,9 @@ class ClientAPIConfig:
     ``cors`` None = no cross-origin access.
     ``reuse_port``: the listening socket has ``SO_REUSEPORT`` (Linux), so that several Edge
     processes on one host share the client port (:mod:`iop.edge.ingress.listen`).
+    ``teams``: ``openai.auth.teams``; ``default_limits`` / ``default_budgets``: what a key that
+    sets no ``limits`` / ``budgets`` gets (already resolved into each :class:`ClientKey`; kept
+    here for the refresh report and for display).
     """
 
     listen: str | None = None
@@ -326,6 +408,9 @@ class ClientAPIConfig:
     listen_backlog: int = DEFAULT_LISTEN_BACKLOG
     cors: CorsConfig | None = None
     reuse_port: bool = False
+    teams: tuple[Team, ...] = ()
+    default_limits: Limits = Limits()
+    default_budgets: tuple[Budget, ...] = ()
 
     @property
     def listen_endpoint(self) -> str | None:
@@ -334,13 +419,44 @@ class ClientAPIConfig:
             return None
         return with_backlog(self.listen, self.listen_backlog)
 
-    def key_for(self, presented: str) -> ClientKey | None:
-        """Constant-time over all keys: every digest is compared, whatever matches."""
+    def key_for(self, presented: str, now: float | None = None) -> ClientKey | None:
+        """
+        The key ``presented`` is, at ``now`` (seconds since the epoch; default: the wall
+        clock): its current digest, or its previous one until ``previous_valid_until``; never
+        a disabled key. Constant-time over all keys: every digest is compared, whatever
+        matches.
+        """
+        when = time.time() if now is None else now
         found: ClientKey | None = None
         for key in self.keys:
-            if key.digest.matches(presented) and found is None:
+            if key.matches(presented, when) and found is None:
                 found = key
         return found
+
+    def why_refused(self, presented: str, now: float | None = None) -> str | None:
+        """
+        For a key :meth:`key_for` did not accept, why, when it is one of ours: ``"disabled"``
+        (a disabled key's digest) or ``"rotated"`` (a replaced key past its
+        ``previous_valid_until``); ``None`` for a key unknown here. Only for the 401's message:
+        whoever presents the key holds it already, so saying which is safe.
+        """
+        when = time.time() if now is None else now
+        for key in self.keys:
+            if key.digest.matches(presented):
+                return "disabled" if key.disabled else None
+            if key.previous_digest is not None and key.previous_digest.matches(presented):
+                if key.disabled:
+                    return "disabled"
+                valid = key.previous_valid_until is not None and when < key.previous_valid_until
+                return None if valid else "rotated"
+        return None
+
+    def team(self, name: str) -> Team | None:
+        """The team called ``name``, if any."""
+        for team in self.teams:
+            if team.name == name:
+                return team
+        return None
 
 
 TOKEN_COUNTERS = frozenset({"approximate"})

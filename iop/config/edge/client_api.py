@@ -6,18 +6,37 @@ body, the client keys (``auth``) with their model scopes, browser origins (``cor
 ``model_routes`` that send a model id straight to one adapter.
 
 Absent, the Edge serves no client API.
+
+Limits and budgets (``openai.auth``; enforced by :mod:`iop.edge.quota`): each key may set
+``limits`` (``requests_per_minute``, ``tokens_per_minute``, ``concurrent_requests``) and
+``budgets`` (a list, one entry per ``period`` — ``day``, ``week``, ``month``, ``total``,
+calendar periods in UTC — with ``tokens`` and/or ``cost``), and belong to a ``team``
+(``openai.auth.teams[]``: a name, its own ``limits`` and ``budgets``; the team's usage is the
+sum of its keys'). A key that sets no ``limits`` (no ``budgets``) gets ``default_limits``
+(``default_budgets``); ``limits: {}`` / ``budgets: []`` say "unlimited" explicitly. Every
+number must be positive; a field left out is unlimited. ``cost`` is a decimal in the usage
+currency, kept as integer micro-units (rounded half up to 0.000001).
+
+Key lifecycle: ``disabled: true`` refuses the key at once (401); rotation gives the new key as
+``key``/``key_file``/``key_sha256`` and the old one as ``previous_key``/``previous_key_file``/
+``previous_key_sha256`` with ``previous_valid_until`` (an ISO 8601 time with its zone, e.g.
+``2026-12-10T00:00:00Z``): both are accepted until then, only the new one after.
 """
 
 from __future__ import annotations
 
+import datetime
+import math
 import re
 from collections.abc import Mapping
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from iop.config.checks import MAX_FRAME_BYTES_LIMIT, check_tcp_endpoint, is_loopback_host
 from iop.config.edge import links
-from iop.config.errors import Section, as_section
+from iop.config.errors import MISSING, Section, as_section, type_name
 from iop.config.model import (
+    BUDGET_PERIODS,
     DEFAULT_CLIENT_IDLE_TIMEOUT_SEC,
     DEFAULT_CORS_MAX_AGE_SEC,
     DEFAULT_LISTEN_BACKLOG,
@@ -26,12 +45,17 @@ from iop.config.model import (
     DEFAULT_REQUEST_BODY_MIN_RATE,
     DEFAULT_REQUEST_BODY_TIMEOUT_SEC,
     DEFAULT_REQUEST_HEAD_TIMEOUT_SEC,
+    MICROS_PER_UNIT,
+    Budget,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
+    Limits,
     ModelConfig,
     ModelRoute,
     NodeConfig,
+    NodeToken,
+    Team,
 )
 from iop.config.secrets import edge_node_token
 
@@ -62,10 +86,24 @@ def client_api_section(
     routes = _model_routes(openai, nodes, models)
     auth = True
     keys: list[ClientKey] = []
+    teams: tuple[Team, ...] = ()
+    default_limits = Limits()
+    default_budgets: tuple[Budget, ...] = ()
     auth_section = openai.section("auth")
     if auth_section is not None:
         auth = auth_section.boolean("enabled", True)
-        keys = _keys(auth_section, models, routes, base_dir=base_dir, environ=environ)
+        teams = _teams(auth_section)
+        default_limits = _limits(auth_section, "default_limits") or Limits()
+        default_budgets = _budgets(auth_section, "default_budgets") or ()
+        keys = _keys(
+            auth_section,
+            models,
+            routes,
+            teams,
+            (default_limits, default_budgets),
+            base_dir=base_dir,
+            environ=environ,
+        )
         auth_section.finish()
     if listen is not None:
         if not auth and not (interface is not None and is_loopback_host(interface)):
@@ -83,6 +121,9 @@ def client_api_section(
         keys=tuple(keys),
         max_body_bytes=max_body,
         cors=cors,
+        teams=teams,
+        default_limits=default_limits,
+        default_budgets=default_budgets,
         **limits,
     )
 
@@ -91,13 +132,19 @@ def _keys(
     auth: Section,
     models: tuple[ModelConfig, ...],
     routes: tuple[ModelRoute, ...],
+    teams: tuple[Team, ...],
+    defaults: tuple[Limits, tuple[Budget, ...]],
     *,
     base_dir: str,
     environ: Mapping[str, str],
 ) -> list[ClientKey]:
-    """``auth.keys``: each a unique name, a token (kept as a digest) and a model scope."""
+    """
+    ``auth.keys``: each a unique name, a token (kept as a digest), a model scope, and its
+    lifecycle (rotation, ``disabled``), team, limits and budgets (``defaults`` when unset).
+    """
     keys: list[ClientKey] = []
     names: set[str] = set()
+    team_names = {team.name for team in teams}
     for path, item in auth.items("keys") or ():
         key_section = as_section(auth.issues, path, item)
         if key_section is None:
@@ -109,10 +156,193 @@ def _keys(
         digest = edge_node_token(key_section, base_dir=base_dir, environ=environ, name="key")
         allowed = tuple(key_section.string_list("models"))
         links.key_models(key_section, allowed, models, routes)
+        previous, until = _previous_key(key_section, base_dir=base_dir, environ=environ)
+        if previous is not None and digest is not None and previous == digest:
+            given = next(k for k in _PREVIOUS if key_section.has(k))
+            auth.issues.add(
+                key_section.path_of(given),
+                "is the same key as the current one: give the key being replaced",
+            )
+        disabled = key_section.boolean("disabled", False)
+        team = key_section.string("team", nonempty=True)
+        if team and team not in team_names:
+            known = ", ".join(repr(t) for t in sorted(team_names)) or "none"
+            auth.issues.add(
+                key_section.path_of("team"),
+                f"no team {team!r} in openai.auth.teams (teams: {known})",
+            )
+        key_limits = _limits(key_section, "limits")
+        key_budgets = _budgets(key_section, "budgets")
         key_section.finish()
         if digest is not None:
-            keys.append(ClientKey(name=name, digest=digest, models=allowed))
+            keys.append(
+                ClientKey(
+                    name=name,
+                    digest=digest,
+                    models=allowed,
+                    previous_digest=previous,
+                    previous_valid_until=until,
+                    disabled=disabled,
+                    team=team,
+                    limits=defaults[0] if key_limits is None else key_limits,
+                    budgets=defaults[1] if key_budgets is None else key_budgets,
+                )
+            )
     return keys
+
+
+_PREVIOUS = ("previous_key", "previous_key_file", "previous_key_sha256")
+
+
+def _previous_key(
+    section: Section, *, base_dir: str, environ: Mapping[str, str]
+) -> tuple[NodeToken | None, float | None]:
+    """A rotated key's ``previous_key*`` and ``previous_valid_until`` (both or neither)."""
+    given = [key for key in _PREVIOUS if section.has(key)]
+    until = _utc_time(section, "previous_valid_until")
+    if not given:
+        if until is not None:
+            section.issues.add(
+                section.path_of("previous_valid_until"),
+                "has no previous key: give previous_key, previous_key_file or "
+                "previous_key_sha256 (or remove it)",
+            )
+        for key in _PREVIOUS:
+            section.raw(key)  # an explicit null is no previous key, not an unknown key
+        return None, None
+    previous = edge_node_token(section, base_dir=base_dir, environ=environ, name="previous_key")
+    if until is None and not section.has("previous_valid_until"):
+        section.issues.add(
+            section.path_of("previous_valid_until"),
+            "is required with a previous key: until when the replaced key stays valid "
+            "(e.g. 2026-12-10T00:00:00Z)",
+        )
+    return previous, until
+
+
+def _utc_time(section: Section, key: str) -> float | None:
+    """An ISO 8601 time with its zone (YAML's timestamp or a string), as epoch seconds."""
+    value = section.raw(key)
+    if value is MISSING:
+        return None
+    path = section.path_of(key)
+    shape = "must be a time with its zone, e.g. 2026-12-10T00:00:00Z"
+    when: datetime.datetime | None = None
+    if isinstance(value, datetime.datetime):
+        when = value
+    elif isinstance(value, str):
+        text = value.strip()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        try:
+            when = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            section.issues.add(path, f"{shape} (got {value!r})")
+            return None
+    else:
+        section.issues.add(path, f"{shape}, got {type_name(value)}")
+        return None
+    if when.tzinfo is None or when.utcoffset() is None:
+        section.issues.add(path, f"{shape}: add the zone (Z for UTC)")
+        return None
+    return when.timestamp()
+
+
+def _teams(auth: Section) -> tuple[Team, ...]:
+    """``auth.teams``: each a unique name with its own limits and budgets."""
+    teams: list[Team] = []
+    names: set[str] = set()
+    for path, item in auth.items("teams") or ():
+        section = as_section(auth.issues, path, item)
+        if section is None:
+            continue
+        name = section.string("name", required=True, nonempty=True)
+        if name in names:
+            auth.issues.add(section.path_of("name"), f"duplicate team name {name!r}")
+        names.add(name)
+        limits = _limits(section, "limits") or Limits()
+        budgets = _budgets(section, "budgets") or ()
+        section.finish()
+        teams.append(Team(name=name, limits=limits, budgets=budgets))
+    return tuple(teams)
+
+
+def _limits(parent: Section, key: str) -> Limits | None:
+    """``parent.<key>``: a :class:`Limits` (each field a positive integer, absent =
+    unlimited); ``None`` when the key is absent."""
+    section = parent.section(key)
+    if section is None:
+        return None
+    limits = Limits(
+        requests_per_minute=_positive(section, "requests_per_minute"),
+        tokens_per_minute=_positive(section, "tokens_per_minute"),
+        concurrent_requests=_positive(section, "concurrent_requests"),
+    )
+    section.finish()
+    return limits
+
+
+def _budgets(parent: Section, key: str) -> tuple[Budget, ...] | None:
+    """``parent.<key>``: a list of budgets, at most one per period; ``None`` when absent."""
+    items = parent.items(key)
+    if items is None:
+        return None
+    budgets: list[Budget] = []
+    periods: dict[str, str] = {}
+    for path, item in items:
+        section = as_section(parent.issues, path, item)
+        if section is None:
+            continue
+        period = section.choice("period", BUDGET_PERIODS, required=True)
+        tokens = _positive(section, "tokens")
+        cost = _cost(section, "cost")
+        section.finish()
+        if (
+            tokens is None
+            and cost is None
+            and not section.has("tokens")
+            and not section.has("cost")
+        ):
+            parent.issues.add(path, "a budget needs tokens, cost or both")
+        if period in periods:
+            parent.issues.add(
+                section.path_of("period"),
+                f"a second {period!r} budget (also {periods[period]}): give tokens and cost "
+                "in one entry",
+            )
+        elif period:
+            periods[period] = path
+        budgets.append(Budget(period=period, tokens=tokens, cost_micros=cost))
+    return tuple(budgets)
+
+
+def _positive(section: Section, key: str) -> int | None:
+    """An optional integer >= 1."""
+    if not section.has(key):
+        section.raw(key)
+        return None
+    return section.optional_integer(key, minimum=1)
+
+
+def _cost(section: Section, key: str) -> int | None:
+    """An optional positive decimal amount of the currency, as integer micro-units."""
+    value = section.raw(key)
+    if value is MISSING:
+        return None
+    path = section.path_of(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        section.issues.add(path, f"must be a number, got {type_name(value)}")
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        section.issues.add(path, "must be a finite number")
+        return None
+    micros = int(
+        (Decimal(str(value)) * MICROS_PER_UNIT).quantize(Decimal(1), rounding=ROUND_HALF_UP)
+    )
+    if micros <= 0:
+        section.issues.add(path, "must be > 0 (at least 0.000001)")
+        return None
+    return micros
 
 
 def _cors(openai: Section, auth: bool) -> CorsConfig | None:

@@ -359,6 +359,21 @@ class RedisLeaseStore:
             self.offset_ms = view.now_ms - (sent + received) * 500
         return view
 
+    # -- for the cluster's other tables (the quota table) ---------------------------------------
+
+    def key(self, *parts: str) -> str:
+        """A key of this cluster's table: ``{P}:<parts joined by ':'>``."""
+        return self._key(*parts)
+
+    def deadline(self) -> int:
+        """When Redis should no longer run a call sent now (ms, its clock); 0: unknown."""
+        return self._deadline()
+
+    def run(self, script: Script, keys: list[str], args: list[Any]) -> Deferred[Any]:
+        """Run another table's ``script`` on this connection, with the same timeout, script
+        reloading and failures (:class:`ClusterUnavailable`)."""
+        return self._run(script, keys, args)
+
     # -- transport -----------------------------------------------------------------------------
 
     def _run(self, script: Script, keys: list[str], args: list[Any]) -> Deferred[Any]:

@@ -1,13 +1,15 @@
 # -*- test-case-name: tests.test_cluster_edges -*-
 """
 The cluster's part of an Edge: :func:`build` makes it from ``edge.yaml`` — the connection to the
-cluster's Redis, the lease table the Edge's pool grants from, and the service that runs them —
-so the Edge's composition root only hands the table to its pool and the service to its tree.
+cluster's Redis, the lease table the Edge's pool grants from, the quota table its keys' limits
+and budgets are counted in (:mod:`~iop.edge.cluster.quota`), and the service that runs them —
+so the Edge's composition root only hands the tables to their users and the service to its
+tree.
 
 At start the service connects to the cluster's Redis (the lease connection, then the wake-up
-subscription on a connection of its own) and starts the table's periodic work (lease renewal,
-waiter re-tries, the cluster view); at stop it ends both. Nothing waits for Redis: until it
-answers, grants fail with ``cluster_unavailable``.
+subscription on a connection of its own) and starts the tables' periodic work (lease and
+quota slot renewal, waiter re-tries, the cluster view); at stop it ends it. Nothing waits for
+Redis: until it answers, grants and reservations fail with ``cluster_unavailable``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList
 
 from iop.config.model import ClusterConfig, EdgeConfig
+from iop.edge.cluster.quota import ClusterQuotaTable
 from iop.edge.cluster.redis import RedisConnection, WakeSubscription, prepare, subscribe
 from iop.edge.cluster.table import ClusterLeaseTable
 
@@ -40,7 +43,13 @@ def build(config: EdgeConfig, reactor: Any) -> ClusterService | None:
         lease_ttl_sec=config.cluster.lease_ttl_sec,
         provider_ids=[p.id for node in config.nodes for p in node.providers],
     )
-    service = ClusterService(config.cluster, table, connection, reactor)
+    quota = ClusterQuotaTable(
+        connection.leases,
+        reactor,
+        edge_id=config.cluster.edge_id,
+        ttl_sec=config.cluster.lease_ttl_sec,
+    )
+    service = ClusterService(config.cluster, table, connection, reactor, quota=quota)
     service.setName("cluster")
     return service
 
@@ -54,10 +63,14 @@ class ClusterService(Service):
         table: ClusterLeaseTable,
         connection: RedisConnection,
         reactor: Any,
+        *,
+        quota: ClusterQuotaTable | None = None,
     ) -> None:
         self._config = config
         #: The lease table the Edge's pool grants from.
         self.table = table
+        #: The quota table the client keys' limits and budgets are counted in.
+        self.quota = quota
         self._connection = connection
         self._reactor = reactor
         self._wakeups: WakeSubscription | None = None
@@ -70,6 +83,8 @@ class ClusterService(Service):
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
         self._connection.when_each_connected(self.table.reconnected)
+        if self.quota is not None:
+            self._connection.when_each_connected(self.quota.reconnected)
         self._connection.start()
         self._wakeups = subscribe(
             self._config,
@@ -78,10 +93,14 @@ class ClusterService(Service):
             self.table.wake,
         )
         self.table.start()
+        if self.quota is not None:
+            self.quota.start()
 
     def stopService(self) -> Deferred[Any]:
         super().stopService()  # type: ignore[no-untyped-call]
         self.table.stop()
+        if self.quota is not None:
+            self.quota.stop()
         closing = [self._connection.close()]
         if self._wakeups is not None:
             closing.append(self._wakeups.close())

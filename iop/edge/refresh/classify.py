@@ -24,8 +24,10 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Literal
 
 from iop.config.model import (
+    MICROS_PER_UNIT,
     AdapterConfig,
     AdminConfig,
+    Budget,
     ClientAPIConfig,
     ClientKey,
     ClusterConfig,
@@ -34,6 +36,7 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
+    Limits,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
@@ -42,6 +45,7 @@ from iop.config.model import (
     ProfileConfig,
     ProviderConfig,
     ServerTLS,
+    Team,
 )
 from iop.edge.refresh.report import (
     ABSENT,
@@ -151,6 +155,15 @@ _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
+# Client keys and their lifecycle: the client API authenticates with the ClientAPIConfig it was
+# built with, so until the pipeline follows the running config they are restart-required;
+# switching them live is this one line (and the README table). Limits, budgets and teams are
+# the accounting's (iop.edge.quota.QuotaGate.use_config, a refresh listener): live.
+_AUTH = "the client API authenticates with the client keys it was built with, at start"
+_AUTH_CLASS: ChangeClass = RESTART
+_QUOTA = (
+    "the accounting takes the running config: new requests see it, running ones end as admitted"
+)
 
 RULES: dict[type, dict[str, Rule]] = {
     EdgeConfig: {
@@ -294,7 +307,7 @@ RULES: dict[type, dict[str, Rule]] = {
     ClientAPIConfig: {
         "listen": Leaf("listen", RESTART, _OPENAI),
         "auth": Leaf("auth.enabled", RESTART, _OPENAI),
-        "keys": Keyed("auth.keys", ClientKey, "name", RESTART, _OPENAI),
+        "keys": Keyed("auth.keys", ClientKey, "name", _AUTH_CLASS, _AUTH),
         "max_body_bytes": Leaf("max_body_bytes", RESTART, _OPENAI),
         "request_head_timeout_sec": Leaf("request_head_timeout_sec", RESTART, _OPENAI),
         "request_body_timeout_sec": Leaf("request_body_timeout_sec", RESTART, _OPENAI),
@@ -305,11 +318,25 @@ RULES: dict[type, dict[str, Rule]] = {
         "listen_backlog": Leaf("listen_backlog", RESTART, _OPENAI),
         "reuse_port": Leaf("reuse_port", RESTART, _OPENAI),
         "cors": Record("cors", CorsConfig, RESTART, _OPENAI),
+        "teams": Keyed("auth.teams", Team, "name", LIVE, _QUOTA, origin=PROJECT),
+        "default_limits": Leaf("auth.default_limits", LIVE, _QUOTA, origin=PROJECT),
+        "default_budgets": Leaf("auth.default_budgets", LIVE, _QUOTA, origin=PROJECT),
     },
     ClientKey: {
         "name": Key(),
-        "digest": Leaf("key", RESTART, _OPENAI, secret="value"),
-        "models": Leaf("models", RESTART, _OPENAI),
+        "digest": Leaf("key", _AUTH_CLASS, _AUTH, secret="value"),
+        "models": Leaf("models", _AUTH_CLASS, _AUTH),
+        "previous_digest": Leaf("previous_key", _AUTH_CLASS, _AUTH, secret="value", origin=PROJECT),
+        "previous_valid_until": Leaf("previous_valid_until", _AUTH_CLASS, _AUTH, origin=PROJECT),
+        "disabled": Leaf("disabled", _AUTH_CLASS, _AUTH, origin=PROJECT),
+        "team": Leaf("team", LIVE, _QUOTA, origin=PROJECT),
+        "limits": Leaf("limits", LIVE, _QUOTA, origin=PROJECT),
+        "budgets": Leaf("budgets", LIVE, _QUOTA, origin=PROJECT),
+    },
+    Team: {
+        "name": Key(),
+        "limits": Leaf("limits", LIVE, _QUOTA, origin=PROJECT),
+        "budgets": Leaf("budgets", LIVE, _QUOTA, origin=PROJECT),
     },
     CorsConfig: {
         "allow_origins": Leaf("allow_origins", RESTART, _OPENAI),
@@ -564,6 +591,8 @@ def _show(value: object, mapping: bool = False) -> str:
         return redact_secrets(value) if value else '""'
     if isinstance(value, ModelProviderRef):
         return f"{value.provider_id} ({redact_secrets(value.target)})"
+    if isinstance(value, Limits | Budget):
+        return _show_record(value)
     if isinstance(value, tuple):
         return "[" + ", ".join(_show(v) for v in value) + "]"
     if is_dataclass(value):
@@ -642,3 +671,17 @@ def markdown_table() -> str:
         qualifier = f" {qualifier}" if qualifier else ""
         lines.append(f"| `{shown}`{qualifier} | {change_class} | {origin} | {why} |")
     return "\n".join(lines) + "\n"
+
+
+def _show_record(value: Limits | Budget) -> str:
+    """Limits or a budget as edge.yaml spells them (cost in the currency, not micro-units)."""
+    parts: list[str] = []
+    for f in fields(value):
+        item = getattr(value, f.name)
+        if item is None:
+            continue
+        if f.name == "cost_micros":
+            parts.append(f"cost: {item / MICROS_PER_UNIT:g}")
+        else:
+            parts.append(f"{f.name}: {item}")
+    return "{" + ", ".join(parts) + "}"

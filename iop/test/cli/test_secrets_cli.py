@@ -6,6 +6,7 @@ its digest entry is what the edge.yaml loader accepts for it, and each run makes
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import re
 
@@ -50,3 +51,22 @@ class KeyNewTests(SynchronousTestCase):
         result = run(["key", "new", "a b"])
         self.assertEqual(result.code, 1)
         self.assertIn("key name 'a b'", result.err)
+
+    def test_rotate(self) -> None:
+        result = run(["key", "new", "team-a", "--rotate", "--grace-days", "2"])
+        self.assertEqual((result.code, result.err), (0, ""))
+        key = re.search(r"^  (sk-iop-\S+)$", result.out, re.MULTILINE)
+        assert key is not None
+        digest = hashlib.sha256(key.group(1).encode()).hexdigest()
+        self.assertIn(f"      - name: team-a\n        key_sha256: {digest}\n", result.out)
+        self.assertIn("previous_key_sha256: <the entry's current key_sha256>", result.out)
+        until = re.search(r'previous_valid_until: "(\S+)"', result.out)
+        assert until is not None
+        when = datetime.datetime.fromisoformat(until.group(1).replace("Z", "+00:00"))
+        left = when - datetime.datetime.now(datetime.UTC)
+        self.assertTrue(datetime.timedelta(days=1.99) < left <= datetime.timedelta(days=2))
+
+    def test_rotate_grace_bounds(self) -> None:
+        result = run(["key", "new", "team-a", "--rotate", "--grace-days", "0"])
+        self.assertEqual(result.code, 1)
+        self.assertIn("--grace-days", result.err)

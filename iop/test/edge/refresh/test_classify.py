@@ -23,6 +23,7 @@ from iop.config import model as config_model
 from iop.config.model import (
     AdapterConfig,
     AdminConfig,
+    Budget,
     ClientAPIConfig,
     ClientKey,
     ClusterConfig,
@@ -31,6 +32,7 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
+    Limits,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
@@ -41,6 +43,7 @@ from iop.config.model import (
     ProviderConfig,
     Secret,
     ServerTLS,
+    Team,
 )
 from iop.edge.refresh.classify import RULES, candidate_result, classify, markdown_table
 from iop.edge.refresh.report import ABSENT, SECRET_CHANGED, ChangeReport
@@ -154,9 +157,17 @@ def base_config() -> EdgeConfig:
             listen="tcp:0:interface=127.0.0.1",
             keys=(
                 ClientKey("ops", NodeToken.from_plaintext("ops-key-plaintext")),
-                ClientKey("team-a", NodeToken.from_plaintext(CLIENT_KEY), ("pool",)),
+                ClientKey(
+                    "team-a",
+                    NodeToken.from_plaintext(CLIENT_KEY),
+                    ("pool",),
+                    team="backend",
+                    limits=Limits(requests_per_minute=60),
+                    budgets=(Budget("day", tokens=1000),),
+                ),
             ),
             cors=CorsConfig(("https://app.example.com",)),
+            teams=(Team("frontend"), Team("backend", Limits(concurrent_requests=4))),
         ),
         security=EdgeSecurity(mode="managed", signing_key_file="issuer.key"),
         credentials=(
@@ -186,6 +197,8 @@ def _other(value: Any, hint: Any) -> Any:
         return NodeToken.from_plaintext(OTHER_SECRET)
     if isinstance(value, Secret):
         return Secret(OTHER_SECRET)
+    if isinstance(value, Limits):
+        return dataclasses.replace(value, tokens_per_minute=(value.tokens_per_minute or 0) + 1)
     if value is None:
         args = typing.get_args(hint)
         return 7 if int in args else "set-now"
@@ -243,6 +256,10 @@ LOCATORS: dict[type, Locator] = {
     CorsConfig: lambda c, f: dataclasses.replace(
         c, client_api=dataclasses.replace(c.client_api, cors=f(c.client_api.cors))
     ),
+    Team: lambda c, f: dataclasses.replace(
+        c,
+        client_api=dataclasses.replace(c.client_api, teams=_nth(c.client_api.teams, 1, f)),
+    ),
     EdgeSecurity: lambda c, f: dataclasses.replace(c, security=f(c.security)),
     CredentialSlot: lambda c, f: dataclasses.replace(c, credentials=_nth(c.credentials, 1, f)),
     AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
@@ -257,6 +274,9 @@ M = "models[1]"
 PR = "protocol_profiles[1]"
 R = "openai.model_routes[1]"
 K = "openai.auth.keys[1]"
+T = "openai.auth.teams[1]"
+# The client keys' rows (restart until the client API follows the running config).
+AUTH = RESTART
 C = "credentials[1]"
 
 # (dataclass, field) → the reports changing that field alone gives: (path, class) each.
@@ -341,9 +361,22 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (ClientAPIConfig, "max_connections_per_peer"): [("openai.max_connections_per_peer", RESTART)],
     (ClientAPIConfig, "listen_backlog"): [("openai.listen_backlog", RESTART)],
     (ClientAPIConfig, "reuse_port"): [("openai.reuse_port", RESTART)],
-    (ClientKey, "name"): [(K, RESTART), (K, RESTART)],
-    (ClientKey, "digest"): [(f"{K}.key", RESTART)],
-    (ClientKey, "models"): [(f"{K}.models", RESTART)],
+    # Client keys and their lifecycle (AUTH: see classify's _AUTH_CLASS); limits, budgets and
+    # teams are the accounting's: live.
+    (ClientAPIConfig, "default_limits"): [("openai.auth.default_limits", LIVE)],
+    (ClientAPIConfig, "default_budgets"): [("openai.auth.default_budgets", LIVE)],
+    (ClientKey, "name"): [(K, AUTH), (K, AUTH)],
+    (ClientKey, "digest"): [(f"{K}.key", AUTH)],
+    (ClientKey, "models"): [(f"{K}.models", AUTH)],
+    (ClientKey, "previous_digest"): [(f"{K}.previous_key", AUTH)],
+    (ClientKey, "previous_valid_until"): [(f"{K}.previous_valid_until", AUTH)],
+    (ClientKey, "disabled"): [(f"{K}.disabled", AUTH)],
+    (ClientKey, "team"): [(f"{K}.team", LIVE)],
+    (ClientKey, "limits"): [(f"{K}.limits", LIVE)],
+    (ClientKey, "budgets"): [(f"{K}.budgets", LIVE)],
+    (Team, "name"): [(T, LIVE), (T, LIVE)],
+    (Team, "limits"): [(f"{T}.limits", LIVE)],
+    (Team, "budgets"): [(f"{T}.budgets", LIVE)],
     (CorsConfig, "allow_origins"): [("openai.cors.allow_origins", RESTART)],
     (CorsConfig, "max_age_sec"): [("openai.cors.max_age_sec", RESTART)],
     # Managed-mode security: fixed at start.
@@ -391,11 +424,12 @@ CONTAINERS = {
     (NodeConfig, "providers"),
     (ClientAPIConfig, "keys"),
     (ClientAPIConfig, "cors"),
+    (ClientAPIConfig, "teams"),
 }
 
 
 # Compared as one value (a secret's digest), not walked field by field.
-ATOMIC = {NodeToken}
+ATOMIC = {NodeToken, Limits, Budget}
 
 
 def config_dataclasses() -> set[type]:
