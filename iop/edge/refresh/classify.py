@@ -34,14 +34,17 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
+    LedgerConfig,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
     NodeConfig,
+    Price,
     ProfileConfig,
     ProviderConfig,
     ServerTLS,
+    UsageConfig,
 )
 from iop.edge.refresh.report import (
     ABSENT,
@@ -151,6 +154,9 @@ _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
+_PRICE = "models[].price: read when a finished request's usage is priced"
+_LEDGER = "the usage ledger's file is opened, and its pruning scheduled, when the Edge starts"
+_CURRENCY = "the label written beside every cost; cost budgets' running totals are in it"
 
 RULES: dict[type, dict[str, Rule]] = {
     EdgeConfig: {
@@ -189,6 +195,7 @@ RULES: dict[type, dict[str, Rule]] = {
         "admin": Record("admin", AdminConfig),
         "logging": Record("logging", LoggingConfig),
         "cluster": Record("cluster", ClusterConfig, RESTART, _CLUSTER, origin=PROJECT),
+        "usage": Record("usage", UsageConfig, RESTART, _LEDGER, origin=PROJECT),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
     },
     ServerTLS: {
@@ -271,6 +278,23 @@ RULES: dict[type, dict[str, Rule]] = {
         "min_max_tokens": Leaf("min_max_tokens", LIVE, _POLICY),
         "default_thinking_token_budget": Leaf("default_thinking_token_budget", LIVE, _POLICY),
         "token_counter": Leaf("token_counter", LIVE, _POLICY, origin=PROJECT),
+        "price": Record("price", Price, LIVE, _PRICE, origin=PROJECT),
+    },
+    Price: {
+        "input": Leaf("input", LIVE, _PRICE, origin=PROJECT),
+        "output": Leaf("output", LIVE, _PRICE, origin=PROJECT),
+        "cached_input": Leaf("cached_input", LIVE, _PRICE, origin=PROJECT),
+        "cache_write": Leaf("cache_write", LIVE, _PRICE, origin=PROJECT),
+        "reasoning": Leaf("reasoning", LIVE, _PRICE, origin=PROJECT),
+    },
+    UsageConfig: {
+        "currency": Leaf("currency", RESTART, _CURRENCY, origin=PROJECT),
+        "ledger": Record("ledger", LedgerConfig, RESTART, _LEDGER, origin=PROJECT),
+    },
+    LedgerConfig: {
+        "path": Leaf("path", RESTART, _LEDGER, origin=PROJECT),
+        "retention_days": Leaf("retention_days", RESTART, _LEDGER, origin=PROJECT),
+        "enabled": Leaf("enabled", RESTART, _LEDGER, origin=PROJECT),
     },
     ModelProviderRef: {
         "provider_id": Folded("providers", "an entry of models[].providers"),
