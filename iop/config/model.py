@@ -230,6 +230,8 @@ class ModelConfig:
     default_thinking_token_budget: int | None = None
     # A local token counter answering Anthropic count_tokens without a provider ("" = none).
     token_counter: str = ""
+    # What its tokens cost (None: no price, cost unknown).
+    price: Price | None = None
 
 
 @dataclass(frozen=True)
@@ -594,6 +596,7 @@ class EdgeConfig:
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig | None = None
+    usage: UsageConfig = field(default_factory=lambda: UsageConfig())
     source_path: str = ""
 
     @property
@@ -617,6 +620,13 @@ class EdgeConfig:
         for slot in self.credentials:
             if slot.name == name:
                 return slot
+        return None
+
+    def model(self, model_id: str) -> ModelConfig | None:
+        """The ``models[]`` entry ``model_id``, if any."""
+        for m in self.models:
+            if m.id == model_id:
+                return m
         return None
 
 
@@ -711,3 +721,52 @@ class NodeDaemonConfig:
         if not self.edges:
             first = EdgeAddress(self.edge_host, self.edge_port, self.tls, self.plaintext)
             object.__setattr__(self, "edges", (first,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Prices and usage (``models[].price``, ``usage:`` in edge.yaml)
+
+#: Costs are integer micro-units of ``usage.currency`` everywhere (1 USD = 1_000_000).
+MICROS_PER_UNIT = 1_000_000
+DEFAULT_CURRENCY = "USD"
+DEFAULT_LEDGER_PATH = "usage.sqlite3"
+DEFAULT_LEDGER_RETENTION_DAYS = 90
+
+
+@dataclass(frozen=True)
+class Price:
+    """
+    ``models[].price``: what one million tokens of each kind cost, held as integer micro-units
+    of ``usage.currency`` (edge.yaml's ``3.75`` per million is ``3_750_000`` here, so one token
+    costs this many *millionths* of a micro-unit and a cost is exact integer arithmetic).
+    ``cached_input`` (prompt tokens read from a cache) and ``cache_write`` (written to one)
+    default to ``input``, ``reasoning`` to ``output``; the loader fills them in.
+    """
+
+    input: int
+    output: int
+    cached_input: int
+    cache_write: int
+    reasoning: int
+
+
+@dataclass(frozen=True)
+class LedgerConfig:
+    """
+    ``usage.ledger``: the SQLite file of one record per finished request on this Edge
+    (``path`` absolute once loaded) and how many days of records it keeps (0 = forever).
+    ``enabled`` False: no ledger (``GET /usage`` answers 503).
+    """
+
+    path: str
+    retention_days: int = DEFAULT_LEDGER_RETENTION_DAYS
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class UsageConfig:
+    """``usage:`` in edge.yaml: the currency prices and cost budgets are in (a label, an ISO
+    4217 code) and the usage ledger."""
+
+    currency: str = DEFAULT_CURRENCY
+    ledger: LedgerConfig | None = None

@@ -7,9 +7,12 @@ integral value (some servers serialise counts as ``12.0``); anything else (absen
 fractional, a boolean, a string) is "not reported". A count that is not reported is 0 for
 ``input_tokens``/``output_tokens`` and None for the optional details, which are never estimated.
 
-``input_tokens`` is always the whole prompt and ``cached_input_tokens`` the part read from a
-cache (OpenAI's way of counting): Anthropic's ``input_tokens`` leaves cache reads and writes out,
-so :func:`anthropic_usage` adds them in.
+``input_tokens`` is always the whole prompt, ``cached_input_tokens`` the part read from a cache
+and ``cache_write_tokens`` the part written to one (OpenAI's way of counting; OpenAI reports no
+cache writes): Anthropic's ``input_tokens`` leaves cache reads and writes out, so
+:func:`anthropic_usage` adds them in. ``output_tokens`` always includes ``reasoning_tokens``
+(OpenAI's ``completion_tokens`` does; Anthropic counts thinking in ``output_tokens`` and reports
+no split). A price (:mod:`iop.usage.price`) relies on both rules.
 """
 
 from __future__ import annotations
@@ -73,8 +76,8 @@ def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
     """
     Anthropic Messages ``usage`` (also Claude Code's ``result.usage``). Anthropic's
     ``input_tokens`` leaves out cache reads and writes; ``input_tokens`` here is the whole prompt
-    (as OpenAI's ``prompt_tokens`` is), and ``cached_input_tokens`` the cache reads, when
-    reported.
+    (as OpenAI's ``prompt_tokens`` is), ``cached_input_tokens`` the cache reads and
+    ``cache_write_tokens`` the cache writes (``cache_creation_input_tokens``), when reported.
     """
     cache_read = token_count(raw.get("cache_read_input_tokens"))
     cache_write = token_count(raw.get("cache_creation_input_tokens"))
@@ -83,4 +86,5 @@ def anthropic_usage(raw: Mapping[str, Any]) -> Usage:
         input_tokens=prompt,
         output_tokens=token_count(raw.get("output_tokens")) or 0,
         cached_input_tokens=cache_read,
+        cache_write_tokens=cache_write,
     )

@@ -25,14 +25,18 @@ TERMINAL_TYPES = frozenset({EventType.COMPLETE, EventType.ERROR, EventType.CANCE
 @dataclass(frozen=True)
 class Usage:
     """
-    Token counts as the provider reported them. ``reasoning_tokens`` and
-    ``cached_input_tokens`` are None unless the provider reported them; never estimated.
+    Token counts as the provider reported them, in OpenAI's way of counting:
+    ``input_tokens`` is the whole prompt, of which ``cached_input_tokens`` were read from a
+    prompt cache and ``cache_write_tokens`` written to one (Anthropic's cache creation);
+    ``output_tokens`` is the whole answer, of which ``reasoning_tokens`` were reasoning. The
+    details are None unless the provider reported them; never estimated.
     """
 
     input_tokens: int = 0
     output_tokens: int = 0
     reasoning_tokens: int | None = None
     cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
 
     def as_dict(self) -> dict[str, int]:
         out = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
@@ -40,6 +44,8 @@ class Usage:
             out["reasoning_tokens"] = self.reasoning_tokens
         if self.cached_input_tokens is not None:
             out["cached_input_tokens"] = self.cached_input_tokens
+        if self.cache_write_tokens is not None:
+            out["cache_write_tokens"] = self.cache_write_tokens
         return out
 
 

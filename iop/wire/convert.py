@@ -28,6 +28,8 @@ def usage_to_proto(usage: Usage) -> pb.Usage:
         message.reasoning_tokens = usage.reasoning_tokens
     if usage.cached_input_tokens is not None:
         message.cached_input_tokens = usage.cached_input_tokens
+    if usage.cache_write_tokens is not None:
+        message.cache_write_tokens = usage.cache_write_tokens
     return message
 
 
@@ -40,6 +42,9 @@ def usage_from_proto(message: pb.Usage) -> Usage:
         ),
         cached_input_tokens=(
             message.cached_input_tokens if message.HasField("cached_input_tokens") else None
+        ),
+        cache_write_tokens=(
+            message.cache_write_tokens if message.HasField("cache_write_tokens") else None
         ),
     )
 

@@ -347,16 +347,18 @@ class RunRequest(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., adapter: _Optional[str] = ..., target: _Optional[str] = ..., workspace: _Optional[str] = ..., input: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., session_id: _Optional[str] = ..., background: _Optional[bool] = ..., timeout_sec: _Optional[int] = ..., max_tokens: _Optional[int] = ..., thinking_token_budget: _Optional[int] = ..., collect: _Optional[bool] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens")
+    __slots__ = ("input_tokens", "output_tokens", "reasoning_tokens", "cached_input_tokens", "cache_write_tokens")
     INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASONING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     CACHED_INPUT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CACHE_WRITE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     input_tokens: int
     output_tokens: int
     reasoning_tokens: int
     cached_input_tokens: int
-    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ...) -> None: ...
+    cache_write_tokens: int
+    def __init__(self, input_tokens: _Optional[int] = ..., output_tokens: _Optional[int] = ..., reasoning_tokens: _Optional[int] = ..., cached_input_tokens: _Optional[int] = ..., cache_write_tokens: _Optional[int] = ...) -> None: ...
 
 class RunEvent(_message.Message):
     __slots__ = ("run_id", "sequence", "type", "delta", "error", "usage", "metadata", "session_id", "timestamp_unix_ms")

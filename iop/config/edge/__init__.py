@@ -11,9 +11,9 @@ Each top-level section has a module of its own, read in the order :func:`_edge_c
 (:mod:`.listeners`), ``security``, ``node_transport`` (:mod:`.transport`),
 ``protocol_profiles`` (:mod:`.profiles`), ``credentials``, ``nodes`` (with :mod:`.adapters` and
 :mod:`.providers`), ``models``, ``openai`` (:mod:`.client_api`), ``logging``
-(:mod:`iop.config.logs`, shared with node.yaml) and ``cluster``. Every check that ties one
-section to another is in :mod:`.links`; what a section makes known to later ones is in
-:mod:`.known`.
+(:mod:`iop.config.logs`, shared with node.yaml), ``cluster`` and ``usage`` (:mod:`.usage`).
+Every check that ties one section to another is in :mod:`.links`; what a section makes known to
+later ones is in :mod:`.known`.
 
 Managed mode (``security.mode: managed``) adds the ``credentials[]`` catalog and its rules:
 mTLS node transport, the lease-signing key, each node's recipient key, and credentials that
@@ -48,6 +48,7 @@ from iop.config.edge.nodes import nodes_section
 from iop.config.edge.profiles import profiles_section
 from iop.config.edge.security import security_section
 from iop.config.edge.transport import transport_section
+from iop.config.edge.usage import usage_section
 from iop.config.errors import Issues, as_section, read_yaml_file
 from iop.config.logs import logging_section
 from iop.config.model import EdgeConfig
@@ -130,6 +131,7 @@ def _edge_config(
         environ=environ,
         heartbeat_timeout_sec=transport.heartbeat.timeout_sec,
     )
+    usage = usage_section(top, base_dir=base_dir)
     top.finish()
 
     if issues:
@@ -153,5 +155,6 @@ def _edge_config(
         admin=admin,
         logging=logging,
         cluster=cluster,
+        usage=usage,
         source_path=source_path,
     )

@@ -2,19 +2,30 @@
 """
 ``models:`` in edge.yaml: the model ids clients ask for, each served by one or more providers
 (``nodes[].providers[]`` ids, optionally with the upstream ``target`` model to ask for), with
-its display name, token defaults and token counter.
+its display name, token defaults, token counter and price.
+
+``price`` is per million tokens in ``usage.currency``::
+
+    price: {input: 3.0, output: 15.0, cached_input: 0.3, cache_write: 3.75, reasoning: 15.0}
+
+``input`` and ``output`` are required; ``cached_input`` and ``cache_write`` default to
+``input``, ``reasoning`` to ``output``. A price is a number >= 0 (a local model may cost
+nothing) with at most six decimals: it is held as integer micro-units per million tokens
+(:class:`~iop.config.model.Price`), so every cost is exact integer arithmetic and a finer price
+would be silently rounded. No ``price``: the model's cost is unknown, never invented.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 
 from iop.config.edge import links
 from iop.config.edge.known import ProviderIndex
-from iop.config.errors import Section, as_section, type_name
-from iop.config.model import TOKEN_COUNTERS, ModelConfig, ModelProviderRef
+from iop.config.errors import MISSING, Section, as_section, type_name
+from iop.config.model import MICROS_PER_UNIT, TOKEN_COUNTERS, ModelConfig, ModelProviderRef, Price
 
-__all__ = ["models_section"]
+__all__ = ["models_section", "price_section"]
 
 
 def models_section(top: Section, providers: ProviderIndex) -> tuple[ModelConfig, ...]:
@@ -49,6 +60,7 @@ def models_section(top: Section, providers: ProviderIndex) -> tuple[ModelConfig,
                 section.path_of("token_counter"),
                 f"unknown token counter {counter!r} (one of: {', '.join(sorted(TOKEN_COUNTERS))})",
             )
+        price = price_section(section)
         section.finish()
         result.append(
             ModelConfig(
@@ -59,9 +71,61 @@ def models_section(top: Section, providers: ProviderIndex) -> tuple[ModelConfig,
                 min_max_tokens=min_max,
                 default_thinking_token_budget=thinking,
                 token_counter=counter,
+                price=price,
             )
         )
     return tuple(result)
+
+
+def price_section(model: Section) -> Price | None:
+    """``models[].price`` as a :class:`Price` (defaults filled in); None when absent or bad."""
+    section = model.section("price")
+    if section is None:
+        return None
+    before = len(section.issues)
+    given = {
+        name: _micros(section, name, required=name in ("input", "output"))
+        for name in ("input", "output", "cached_input", "cache_write", "reasoning")
+    }
+    section.finish()
+    input_price, output_price = given["input"], given["output"]
+    if len(section.issues) > before or input_price is None or output_price is None:
+        return None
+    return Price(
+        input=input_price,
+        output=output_price,
+        cached_input=_or(given["cached_input"], input_price),
+        cache_write=_or(given["cache_write"], input_price),
+        reasoning=_or(given["reasoning"], output_price),
+    )
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _micros(section: Section, key: str, *, required: bool) -> int | None:
+    """A price per million tokens as micro-units: a number >= 0 with at most six decimals."""
+    value = section.require(key) if required else section.raw(key)
+    if value is MISSING:
+        return None
+    path = section.path_of(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        section.issues.add(path, f"must be a number, got {type_name(value)}")
+        return None
+    # The decimal the YAML spelled (repr of a float is its shortest round-trip text).
+    exact = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+    if not exact.is_finite():
+        section.issues.add(path, "must be a finite number")
+        return None
+    if exact < 0:
+        section.issues.add(path, "must be >= 0")
+        return None
+    micros = exact * MICROS_PER_UNIT
+    if micros != micros.to_integral_value():
+        section.issues.add(path, "must have at most 6 decimal places")
+        return None
+    return int(micros)
 
 
 def _model_providers(

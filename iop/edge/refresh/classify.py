@@ -37,15 +37,18 @@ from iop.config.model import (
     EdgeSecurity,
     HeartbeatConfig,
     Limits,
+    LedgerConfig,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
     NodeConfig,
+    Price,
     ProfileConfig,
     ProviderConfig,
     ServerTLS,
     Team,
+    UsageConfig,
 )
 from iop.edge.refresh.report import (
     ABSENT,
@@ -164,6 +167,9 @@ _AUTH_CLASS: ChangeClass = RESTART
 _QUOTA = (
     "the accounting takes the running config: new requests see it, running ones end as admitted"
 )
+_PRICE = "models[].price: read when a finished request's usage is priced"
+_LEDGER = "the usage ledger's file is opened, and its pruning scheduled, when the Edge starts"
+_CURRENCY = "the label written beside every cost; cost budgets' running totals are in it"
 
 RULES: dict[type, dict[str, Rule]] = {
     EdgeConfig: {
@@ -202,6 +208,7 @@ RULES: dict[type, dict[str, Rule]] = {
         "admin": Record("admin", AdminConfig),
         "logging": Record("logging", LoggingConfig),
         "cluster": Record("cluster", ClusterConfig, RESTART, _CLUSTER, origin=PROJECT),
+        "usage": Record("usage", UsageConfig, RESTART, _LEDGER, origin=PROJECT),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
     },
     ServerTLS: {
@@ -284,6 +291,23 @@ RULES: dict[type, dict[str, Rule]] = {
         "min_max_tokens": Leaf("min_max_tokens", LIVE, _POLICY),
         "default_thinking_token_budget": Leaf("default_thinking_token_budget", LIVE, _POLICY),
         "token_counter": Leaf("token_counter", LIVE, _POLICY, origin=PROJECT),
+        "price": Record("price", Price, LIVE, _PRICE, origin=PROJECT),
+    },
+    Price: {
+        "input": Leaf("input", LIVE, _PRICE, origin=PROJECT),
+        "output": Leaf("output", LIVE, _PRICE, origin=PROJECT),
+        "cached_input": Leaf("cached_input", LIVE, _PRICE, origin=PROJECT),
+        "cache_write": Leaf("cache_write", LIVE, _PRICE, origin=PROJECT),
+        "reasoning": Leaf("reasoning", LIVE, _PRICE, origin=PROJECT),
+    },
+    UsageConfig: {
+        "currency": Leaf("currency", RESTART, _CURRENCY, origin=PROJECT),
+        "ledger": Record("ledger", LedgerConfig, RESTART, _LEDGER, origin=PROJECT),
+    },
+    LedgerConfig: {
+        "path": Leaf("path", RESTART, _LEDGER, origin=PROJECT),
+        "retention_days": Leaf("retention_days", RESTART, _LEDGER, origin=PROJECT),
+        "enabled": Leaf("enabled", RESTART, _LEDGER, origin=PROJECT),
     },
     ModelProviderRef: {
         "provider_id": Folded("providers", "an entry of models[].providers"),

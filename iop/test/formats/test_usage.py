@@ -59,6 +59,7 @@ class UsageTests(SynchronousTestCase):
             "cache_read_input_tokens": 14016,
         }
         self.assertEqual(
-            anthropic_usage(raw), Usage(12 + 2087 + 14016, 310, cached_input_tokens=14016)
+            anthropic_usage(raw),
+            Usage(12 + 2087 + 14016, 310, cached_input_tokens=14016, cache_write_tokens=2087),
         )
         self.assertEqual(anthropic_usage({"input_tokens": 3}), Usage(3, 0))

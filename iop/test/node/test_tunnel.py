@@ -836,7 +836,7 @@ class UsageTests(TunnelCase):
             {"type": "message_stop"},
         )
         usage = self.observed(chunks, operation="messages")
-        self.assertUsage(usage, Usage(40, 15, None, 10))
+        self.assertUsage(usage, Usage(40, 15, None, 10, 5))
 
     def test_anthropicStreamWithoutCacheFields(self) -> None:
         chunks = sse(

@@ -15,7 +15,12 @@ from iop.wire.convert import (
 
 class ConvertTests(SynchronousTestCase):
     def test_usage_round_trip_keeps_unreported_as_none(self) -> None:
-        for usage in (Usage(1, 2), Usage(1, 2, 3, 4), Usage(0, 0, 0, None)):
+        for usage in (
+            Usage(1, 2),
+            Usage(1, 2, 3, 4),
+            Usage(0, 0, 0, None),
+            Usage(9, 2, None, 3, 5),
+        ):
             self.assertEqual(usage_from_proto(usage_to_proto(usage)), usage)
 
     def test_event_round_trip(self) -> None:

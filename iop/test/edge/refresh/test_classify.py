@@ -33,17 +33,20 @@ from iop.config.model import (
     EdgeSecurity,
     HeartbeatConfig,
     Limits,
+    LedgerConfig,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
     NodeConfig,
     NodeToken,
+    Price,
     ProfileConfig,
     ProviderConfig,
     Secret,
     ServerTLS,
     Team,
+    UsageConfig,
 )
 from iop.edge.refresh.classify import RULES, candidate_result, classify, markdown_table
 from iop.edge.refresh.report import ABSENT, SECRET_CHANGED, ChangeReport
@@ -129,6 +132,7 @@ def base_config() -> EdgeConfig:
                 min_max_tokens=16,
                 default_thinking_token_budget=0,
                 token_counter="approximate",
+                price=Price(3_000_000, 15_000_000, 300_000, 3_750_000, 15_000_000),
             ),
         ),
         protocol_profiles=(
@@ -179,6 +183,7 @@ def base_config() -> EdgeConfig:
             edge_id="edge-1",
             password=Secret("redis-password-value-0006"),
         ),
+        usage=UsageConfig(ledger=LedgerConfig("/var/lib/iop/usage.sqlite3")),
         source_path="edge.yaml",
     )
 
@@ -265,6 +270,13 @@ LOCATORS: dict[type, Locator] = {
     AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
     LoggingConfig: lambda c, f: dataclasses.replace(c, logging=f(c.logging)),
     ClusterConfig: lambda c, f: dataclasses.replace(c, cluster=f(c.cluster)),
+    Price: lambda c, f: dataclasses.replace(
+        c, models=_nth(c.models, 1, lambda m: dataclasses.replace(m, price=f(m.price)))
+    ),
+    UsageConfig: lambda c, f: dataclasses.replace(c, usage=f(c.usage)),
+    LedgerConfig: lambda c, f: dataclasses.replace(
+        c, usage=dataclasses.replace(c.usage, ledger=f(c.usage.ledger))
+    ),
 }
 
 N = "nodes[1]"
@@ -400,6 +412,13 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (ClusterConfig, "password"): [("cluster.password", RESTART)],
     (ClusterConfig, "lease_ttl_sec"): [("cluster.lease_ttl_sec", RESTART)],
     (ClusterConfig, "key_prefix"): [("cluster.key_prefix", RESTART)],
+    # Prices are read when a finished request is priced: live.
+    **{(Price, f.name): [(f"{M}.price.{f.name}", LIVE)] for f in dataclasses.fields(Price)},
+    # The currency labels the ledger's rows and the budgets' totals; the ledger opens at start.
+    (UsageConfig, "currency"): [("usage.currency", RESTART)],
+    (LedgerConfig, "path"): [("usage.ledger.path", RESTART)],
+    (LedgerConfig, "retention_days"): [("usage.ledger.retention_days", RESTART)],
+    (LedgerConfig, "enabled"): [("usage.ledger.enabled", RESTART)],
 }
 
 # Whole sub-records and lists, walked by their own dataclass's rows (and the entry tests).
@@ -418,8 +437,11 @@ CONTAINERS = {
         "admin",
         "logging",
         "cluster",
+        "usage",
     )
 } | {
+    (ModelConfig, "price"),
+    (UsageConfig, "ledger"),
     (NodeConfig, "adapters"),
     (NodeConfig, "providers"),
     (ClientAPIConfig, "keys"),

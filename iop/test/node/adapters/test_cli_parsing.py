@@ -129,7 +129,10 @@ RESULT: dict[str, Any] = {
     "usage": CLAUDE_USAGE,
 }
 EXPECTED_CLAUDE_USAGE = Usage(
-    input_tokens=12 + 2087 + 14016, output_tokens=310, cached_input_tokens=14016
+    input_tokens=12 + 2087 + 14016,
+    output_tokens=310,
+    cached_input_tokens=14016,
+    cache_write_tokens=2087,
 )
 CLAUDE_STREAM: list[dict[str, Any]] = [
     INIT,

@@ -1,0 +1,27 @@
+"""Tests for :mod:`iop.usage.service`: the ledger the config asks for, or none."""
+
+from __future__ import annotations
+
+from twisted.internet.task import Clock
+from twisted.trial.unittest import SynchronousTestCase
+
+from iop.config.model import LedgerConfig, UsageConfig
+from iop.usage import service
+from iop.usage.ledger import ThreadWorker
+
+
+class BuildTests(SynchronousTestCase):
+    def test_none_without_a_ledger(self) -> None:
+        self.assertIsNone(service.build(UsageConfig(), Clock()))
+        disabled = UsageConfig(ledger=LedgerConfig("x.sqlite3", enabled=False))
+        self.assertIsNone(service.build(disabled, Clock()))
+
+    def test_ledger(self) -> None:
+        config = UsageConfig("EUR", LedgerConfig("/tmp/u.sqlite3", retention_days=7))
+        ledger = service.build(config, Clock())
+        assert ledger is not None
+        self.assertEqual(
+            (ledger.path, ledger.currency, ledger.retention_days, ledger.name, ledger.running),
+            ("/tmp/u.sqlite3", "EUR", 7, "usage-ledger", 0),
+        )
+        self.assertIsInstance(ledger._worker, ThreadWorker)
