@@ -102,7 +102,10 @@ class EdgeService(MultiService):
             self.snapshot, self.bus, reactor, self.link, self.pool, self.gateway, self.refresher
         )
         self.admin, self.metrics = self.admin_surface.app, self.admin_surface.metrics
-        self.client_api = ingress.build(self.gateway, config.client_api, self.bus, reactor)
+        # The client keys' limits and budgets: counted with the cluster's Redis, else here.
+        quota = self.cluster.quota if self.cluster is not None else None
+        self.client_api = ingress.build(self.gateway, config.client_api, self.bus, reactor, quota)
+        self.applier.add_listener(self.client_api.use_config)
         self.clients = self.client_api.app
 
     def _use_config(self, config: EdgeConfig) -> None:

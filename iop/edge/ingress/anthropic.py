@@ -169,6 +169,7 @@ class MessagesCodec:
     """``POST /v1/messages``: native over an ``anthropic_messages`` tunnel, else bridged."""
 
     needs_candidates = True
+    metered = True
 
     def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)
@@ -178,7 +179,13 @@ class MessagesCodec:
         if tools is not None and not isinstance(tools, list):
             raise bad_request("'tools' must be a list")
         check_anthropic_messages(body)
-        return Call(model, body, stream=stream, tools=bool(tools))
+        return Call(
+            model,
+            body,
+            stream=stream,
+            tools=bool(tools),
+            max_output_tokens=positive_int(body, "max_tokens"),
+        )
 
     def prepare(self, call: Call, policy: ModelConfig | None) -> Call:
         limit = max_tokens_for(positive_int(call.body, "max_tokens"), policy)
@@ -329,6 +336,8 @@ class CountTokensCodec:
     """``POST /v1/messages/count_tokens``: counted locally, or tunneled to a native provider."""
 
     needs_candidates = True
+    # count_tokens generates nothing: no key's limits or budgets apply.
+    metered = False
 
     def decode(self, body: dict[str, Any]) -> Call:
         model = required_model(body)

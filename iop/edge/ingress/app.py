@@ -49,6 +49,7 @@ from iop.edge.ingress.pipeline import Catalog, Codec, Pipeline
 from iop.edge.ingress.record import Publish, RequestRecord
 from iop.edge.ingress.relay import Exchange
 from iop.edge.ingress.sources import Gateway
+from iop.edge.quota import QuotaGate
 
 __all__ = ["ApiRoute", "ClientApp"]
 
@@ -91,12 +92,13 @@ class ClientApp:
         config: ClientAPIConfig,
         clock: IReactorTime,
         publish: Publish | None = None,
+        gate: QuotaGate | None = None,
     ) -> None:
         self._config = config
         self._clock = clock
         # Each finished request's record goes here (the Edge's event bus); None: not recorded.
         self._publish = publish
-        self.pipeline = Pipeline(gateway, config)
+        self.pipeline = Pipeline(gateway, config, clock, gate)
         self.chat = ChatCodec(gateway, clock)
         self.responses = ResponsesCodec(gateway, clock)
         self.messages = MessagesCodec()

@@ -23,7 +23,7 @@ upstream echoes never reaches a client in IOP's own error.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from iop.edge.errors import (
@@ -102,7 +102,10 @@ class ApiError(Exception):
     node address or token: it is redacted here, whatever the caller passed); ``code`` and
     ``param`` fill the OpenAI shape; ``headers`` are added to the response: the caller's, plus
     ``x-should-retry: false`` on a 4xx a retry cannot fix (all but 408, 409, 429) and
-    ``retry-after`` (:data:`RETRY_AFTER_SEC`) on 429/503/529 when the caller gave none.
+    ``retry-after`` (:data:`RETRY_AFTER_SEC`) on 429/503/529 when the caller gave none (and did
+    not say ``x-should-retry: false`` itself). ``surface_headers`` are added only on the named surface (each API's own rate-limit
+    headers); ``openai_type`` replaces the OpenAI error type the status implies (a spent
+    budget is ``insufficient_quota``).
     """
 
     def __init__(
@@ -113,6 +116,8 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         headers: Sequence[tuple[str, str]] = (),
+        surface_headers: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+        openai_type: str | None = None,
     ) -> None:
         message = redact_secrets(message)
         super().__init__(message)
@@ -121,9 +126,15 @@ class ApiError(Exception):
         self.code = code
         self.param = param
         self.headers = _with_retry_hints(status, tuple(headers))
+        self._surface_headers = {k: tuple(v) for k, v in (surface_headers or {}).items()}
+        self._openai_type = openai_type
+
+    def headers_for(self, surface: str) -> tuple[tuple[str, str], ...]:
+        """The response headers on ``surface``: every surface's, then that surface's own."""
+        return self.headers + self._surface_headers.get(surface, ())
 
     def openai_body(self) -> dict[str, Any]:
-        kind, _ = error_types(self.status)
+        kind = self._openai_type or error_types(self.status)[0]
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
@@ -144,7 +155,9 @@ def _with_retry_hints(
     if 400 <= status < 500 and status not in RETRYABLE_CLIENT_ERRORS:
         if "x-should-retry" not in names:
             extra.append(("x-should-retry", "false"))
-    if status in RETRY_LATER and "retry-after" not in names:
+    # A caller that said "do not retry" (a spent budget) gets no invented retry-after.
+    told_not_to = ("x-should-retry", "false") in ((n.lower(), v) for n, v in headers)
+    if status in RETRY_LATER and "retry-after" not in names and not told_not_to:
         extra.append(("retry-after", str(RETRY_AFTER_SEC)))
     return headers + tuple(extra)
 

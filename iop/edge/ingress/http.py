@@ -68,7 +68,7 @@ def render_error(request: IRequest, surface: str, error: ApiError) -> bytes:
     record = RequestRecord.of(request)
     if record is not None:
         record.error(error.code or error_types(error.status)[0])
-    for name, value in error.headers:
+    for name, value in error.headers_for(surface):
         request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
     return render_json(request, error.body(surface), error.status)
 

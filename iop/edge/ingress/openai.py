@@ -430,6 +430,7 @@ class ChatCodec:
     """``POST /v1/chat/completions``: native over a chat tunnel, converted from a run."""
 
     needs_candidates = False
+    metered = True
 
     def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
         self._gateway = gateway
@@ -453,6 +454,7 @@ class ChatCodec:
             stream=stream,
             tools=bool(chat.tools),
             prompt_tokens=estimate_prompt_tokens_openai(body),
+            max_output_tokens=limits["max_completion_tokens"] or limits["max_tokens"],
             facts={"limits": limits, "include_usage": include_usage},
         )
 
@@ -627,6 +629,7 @@ class ResponsesCodec:
     """``POST /v1/responses``: native over an ``openai_responses`` tunnel, else bridged."""
 
     needs_candidates = False
+    metered = True
 
     def __init__(self, gateway: Gateway, clock: IReactorTime) -> None:
         self._gateway = gateway
@@ -646,6 +649,7 @@ class ResponsesCodec:
             stream=stream,
             tools=bool(body.get("tools")),
             prompt_tokens=estimate_prompt_tokens_openai(body),
+            max_output_tokens=requested,
             facts={"max_output_tokens": requested},
         )
 

@@ -11,20 +11,29 @@ Generation routes (:meth:`Pipeline.generate`)::
 2. **decode** — the body read (:func:`~.http.read_json`: 400/413) and decoded by the route's
    codec into one :class:`Call`: the model, whether it streams, whether it has tools, the body
    as checked (:mod:`.validate`), the surface's own facts. 400 naming the param.
-3. **admit** — per-key policy on the decoded call (:meth:`Pipeline.admit`). Today: the key's
-   model scope (403, whether or not the model exists). Per-key limits and budgets go here.
+3. **admit** — per-key policy on the decoded call (:meth:`Pipeline.admit`): the key's model
+   scope (403, whether or not the model exists); then, once the model's policy has shaped the
+   call (below), the key's and its team's limits and budgets (:meth:`Pipeline.reserve`,
+   :mod:`.limits` over :mod:`iop.edge.quota`): the call's worst case is reserved before it is
+   placed (429 when a limit or budget says no, 503 when a cluster's counters cannot be asked)
+   and settled with the reported usage — or released when the work never reached a provider —
+   exactly once, in the one ``finally`` around placement and answer.
 4. **place** — the catalog (404 for a model that does not exist), the codec's preparation with
    the model's policy (``max_tokens``; an answer given locally, such as a counted
    ``count_tokens``), every candidate provider able to serve the call (400 ``unsupported``
-   before any provider is chosen: the pool picks by load, never by capability), then the
-   gateway's :class:`~iop.edge.placement.Placement`, made for the principal
-   (:func:`~.relay.with_placement`: queued if need be, released exactly once).
+   before any provider is chosen: the pool picks by load, never by capability), the
+   reservation (3), then the gateway's :class:`~iop.edge.placement.Placement`, made for the
+   principal (:func:`~.relay.with_placement`: queued if need be, released exactly once).
 5. **answer** — the codec, given the placement (:class:`~.relay.Work`), decides native or
    bridged from the provider's profile, opens a source (a tunnel or a run, :mod:`.sources`)
    and relays it through its encoder (:func:`~.relay.relay`).
 
 The catalog routes (:meth:`Pipeline.models`) run authenticate, then admit for one model.
 Which codec serves which path is the route table in :mod:`.app`, declared once.
+
+The client keys, and their limits and budgets, are the running config's
+(:meth:`Pipeline.use_config`, a refresh listener): a key added, disabled or rotated by a
+refresh is honoured from the next request on.
 """
 
 from __future__ import annotations
@@ -33,16 +42,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
-from iop.config.model import ClientAPIConfig, ClientKey, ModelConfig, ProfileConfig
+from iop.config.model import ClientAPIConfig, ClientKey, EdgeConfig, ModelConfig, ProfileConfig
 from iop.edge.ingress.auth import authenticate, authorize
 from iop.edge.ingress.errors import ApiError, unsupported
 from iop.edge.ingress.http import read_json, render_json
+from iop.edge.ingress.limits import charge_of, demand_of, refusal, unavailable
 from iop.edge.ingress.profiles import Unsupported
 from iop.edge.ingress.relay import Exchange, Work, with_placement
 from iop.edge.ingress.sources import Gateway
 from iop.edge.placement import Placement
+from iop.edge.quota import QuotaGate, QuotaUnavailable, Refused, Reservation
 
 __all__ = ["Call", "Catalog", "Codec", "Pipeline"]
 
@@ -58,6 +72,8 @@ class Call:
     tools: bool = False
     # The prompt's estimated size, for the pool's routing by prompt length.
     prompt_tokens: int = 0
+    # The output limit the request asked for (None: none; the model's policy applies).
+    max_output_tokens: int | None = None
     # The surface's own decoded facts (say, Chat's requested limits, include_usage).
     facts: Mapping[str, Any] = field(default_factory=dict)
 
@@ -67,6 +83,8 @@ class Codec(Protocol):
 
     # Every candidate provider must exist (else 400): the Anthropic surface's rule.
     needs_candidates: bool
+    # A key's limits and budgets apply (generation routes; not count_tokens).
+    metered: bool
 
     def decode(self, body: dict[str, Any]) -> Call:
         """The body as a :class:`Call`; 400 (:class:`ApiError`) naming what is wrong."""
@@ -95,14 +113,30 @@ class Catalog(Protocol):
 class Pipeline:
     """Runs the stages (module docstring) for every client API route."""
 
-    def __init__(self, gateway: Gateway, config: ClientAPIConfig) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        config: ClientAPIConfig,
+        clock: IReactorTime,
+        gate: QuotaGate | None = None,
+    ) -> None:
         self._gateway = gateway
         self._config = config
+        # The client keys (auth), switched by a refresh; the listener's settings stay.
+        self._keys = config
+        self._gate = gate
+        self._clock = clock
+
+    def use_config(self, config: EdgeConfig) -> None:
+        """A refresh applied: the next request authenticates against its client keys (and the
+        gate, a listener of its own, counts against its limits and budgets)."""
+        if config.client_api is not None:
+            self._keys = config.client_api
 
     # -- the stages ----------------------------------------------------------------------------
 
     def authenticate(self, request: IRequest) -> ClientKey | None:
-        return authenticate(request, self._config)
+        return authenticate(request, self._keys)
 
     def decode(self, request: IRequest, codec: Codec) -> Call:
         return codec.decode(read_json(request, self._config.max_body_bytes))
@@ -110,6 +144,29 @@ class Pipeline:
     def admit(self, principal: ClientKey | None, model: str) -> None:
         """Per-key policy: the key's model scope (403)."""
         authorize(principal, model)
+
+    async def reserve(
+        self,
+        exchange: Exchange,
+        principal: ClientKey | None,
+        call: Call,
+        policy: ModelConfig | None,
+    ) -> Reservation | None:
+        """The key's limits and budgets: ``call``'s worst case reserved (:mod:`.limits`), or
+        None when nothing is counted. A reservation the table grants after the client left is
+        released at once (the pipeline that asked is gone)."""
+        if self._gate is None or principal is None:
+            return None
+        demand = demand_of(call.prompt_tokens, call.max_output_tokens, policy)
+        try:
+            reservation = await _unless_abandoned(self._gate.reserve(principal, demand))
+        except Refused as e:
+            raise refusal(e, self._clock.seconds()) from None
+        except QuotaUnavailable as e:
+            raise unavailable(e) from None
+        # A cluster slot that can no longer be vouched for: this request ends now.
+        reservation.when_lost(exchange.abort)
+        return reservation
 
     def require(self, model: str) -> None:
         if model not in self._gateway.model_ids():
@@ -141,13 +198,35 @@ class Pipeline:
             return render_json(request, local)
         self.check_candidates(codec, call)
         gateway = self._gateway
+        reservation = (
+            await self.reserve(exchange, principal, call, policy) if codec.metered else None
+        )
+        works: list[Work] = []
 
         async def answer(placement: Placement) -> bytes:
-            return await codec.answer(Work(gateway, exchange, placement), call)
+            work = Work(gateway, exchange, placement)
+            works.append(work)
+            return await codec.answer(work, call)
 
-        return await with_placement(
-            gateway, exchange, call.model, call.prompt_tokens, answer, principal
-        )
+        if reservation is None:
+            return await with_placement(
+                gateway, exchange, call.model, call.prompt_tokens, answer, principal
+            )
+        closing = False
+        try:
+            return await with_placement(
+                gateway, exchange, call.model, call.prompt_tokens, answer, principal
+            )
+        except GeneratorExit:
+            # Collected with everything it waited on (as with_placement's lease).
+            closing = True
+            raise
+        finally:
+            if not closing:
+                record = exchange.record
+                usage = record.usage if record is not None else None
+                dispatched = any(work.opened for work in works)
+                reservation.end(charge_of(usage, policy), dispatched=dispatched)
 
     async def models(self, exchange: Exchange, catalog: Catalog, model_id: str | None) -> bytes:
         """The catalog (``model_id`` None) or one model, as the caller's key sees it."""
@@ -159,3 +238,27 @@ class Pipeline:
         self.admit(principal, model_id)
         self.require(model_id)
         return render_json(request, catalog.entry(model_id))
+
+
+def _unless_abandoned(asked: Deferred[Reservation]) -> Deferred[Reservation]:
+    """
+    ``asked``'s result for the pipeline to await. Cancelling the returned Deferred (the client
+    went away while the table was asked) does not cancel the table's call, whose reservation
+    may already exist: when it comes it is released at once, so nothing is held for a request
+    that is gone.
+    """
+    answer: Deferred[Reservation] = Deferred(lambda d: None)
+
+    def arrived(result: Reservation | Failure) -> None:
+        if answer.called:
+            if isinstance(result, Reservation):
+                result.release()
+            return None
+        if isinstance(result, Failure):
+            answer.errback(result)
+        else:
+            answer.callback(result)
+        return None
+
+    asked.addBoth(arrived)
+    return answer

@@ -406,6 +406,8 @@ class Work:
         self.gateway = gateway
         self.exchange = exchange
         self.placement = placement
+        # A source was opened: the work reached its node (what a key's reservation settles).
+        self.opened = False
 
     @property
     def request(self) -> IRequest:
@@ -414,6 +416,7 @@ class Work:
     def tunnel(
         self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
     ) -> TunnelSource:
+        self.opened = True
         return open_tunnel(
             self.gateway,
             self.placement,
@@ -425,6 +428,7 @@ class Work:
         )
 
     def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
+        self.opened = True
         return open_run(
             self.gateway,
             self.placement,

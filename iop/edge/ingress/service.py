@@ -16,13 +16,14 @@ from typing import Any
 from twisted.application.internet import StreamServerEndpointService
 from twisted.python import usage
 
-from iop.config.model import ClientAPIConfig
+from iop.config.model import ClientAPIConfig, EdgeConfig
 from iop.edge.accesslog import AccessLog
 from iop.edge.descriptors import ClientCaps
 from iop.edge.events import EventBus
 from iop.edge.ingress.app import ClientApp
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
 from iop.edge.ingress.sources import Gateway
+from iop.edge.quota import InProcessQuotaTable, IQuotaTable, QuotaGate
 
 __all__ = ["ClientApi", "build"]
 
@@ -34,6 +35,13 @@ class ClientApi:
     config: ClientAPIConfig
     app: ClientApp
     access_log: AccessLog
+    # The keys' and teams' limits and budgets the pipeline reserves against.
+    gate: QuotaGate
+
+    def use_config(self, config: EdgeConfig) -> None:
+        """A refresh applied: the client keys, their limits and budgets follow it."""
+        self.gate.use_config(config)
+        self.app.pipeline.use_config(config)
 
     def listener(self, caps: ClientCaps | None, reactor: Any) -> StreamServerEndpointService | None:
         """
@@ -57,11 +65,19 @@ class ClientApi:
         return clients
 
 
-def build(gateway: Gateway, config: ClientAPIConfig, bus: EventBus, reactor: Any) -> ClientApi:
-    """The client API over ``gateway``; its access log subscribes to ``bus`` at once."""
+def build(
+    gateway: Gateway,
+    config: ClientAPIConfig,
+    bus: EventBus,
+    reactor: Any,
+    quota: IQuotaTable | None = None,
+) -> ClientApi:
+    """The client API over ``gateway``; its access log subscribes to ``bus`` at once. The keys'
+    limits and budgets are counted in ``quota`` (a cluster's table; None: in this process)."""
+    gate = QuotaGate(config, quota if quota is not None else InProcessQuotaTable(reactor))
     # Every finished client request is published on the bus (metrics, access log, console).
-    app = ClientApp(gateway, config, reactor, bus.publish)
+    app = ClientApp(gateway, config, reactor, bus.publish, gate)
     # One access log line per finished client request.
     access_log = AccessLog(clock=reactor)
     bus.subscribe(access_log.observe)
-    return ClientApi(config, app, access_log)
+    return ClientApi(config, app, access_log, gate)

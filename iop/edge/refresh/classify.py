@@ -36,8 +36,8 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
-    Limits,
     LedgerConfig,
+    Limits,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
@@ -158,12 +158,11 @@ _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
-# Client keys and their lifecycle: the client API authenticates with the ClientAPIConfig it was
-# built with, so until the pipeline follows the running config they are restart-required;
-# switching them live is this one line (and the README table). Limits, budgets and teams are
-# the accounting's (iop.edge.quota.QuotaGate.use_config, a refresh listener): live.
-_AUTH = "the client API authenticates with the client keys it was built with, at start"
-_AUTH_CLASS: ChangeClass = RESTART
+# Client keys and their lifecycle: the client pipeline authenticates against the running
+# config's keys (iop.edge.ingress.pipeline.Pipeline.use_config, a refresh listener). Limits,
+# budgets and teams are the accounting's (iop.edge.quota.QuotaGate.use_config): live too.
+_AUTH = "the client pipeline authenticates against the running config's keys, from the next request"
+_AUTH_CLASS: ChangeClass = LIVE
 _QUOTA = (
     "the accounting takes the running config: new requests see it, running ones end as admitted"
 )

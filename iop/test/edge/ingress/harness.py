@@ -23,11 +23,13 @@ from twisted.web.server import Request
 
 from iop.config.model import (
     AdapterConfig,
+    Budget,
     ClientAPIConfig,
     ClientKey,
     CorsConfig,
     EdgeConfig,
     HeartbeatConfig,
+    Limits,
     ModelConfig,
     ModelProviderRef,
     ModelRoute,
@@ -41,6 +43,7 @@ from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress.app import ClientApp
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import ProviderPool
+from iop.edge.quota import InProcessQuotaTable, QuotaGate
 from iop.edge.registry import NodeRegistry
 from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import TunnelDispatcher
@@ -158,7 +161,13 @@ def ingress_config(auth: bool = True, cors: CorsConfig | None = None) -> EdgeCon
             listen=None,
             auth=auth,
             keys=(
-                ClientKey("all", NodeToken.from_plaintext(KEY)),
+                # Limited generously: every request of the suites reserves, settles, releases.
+                ClientKey(
+                    "all",
+                    NodeToken.from_plaintext(KEY),
+                    limits=Limits(concurrent_requests=64),
+                    budgets=(Budget("total", tokens=10**12),),
+                ),
                 ClientKey("limited", NodeToken.from_plaintext(LIMITED_KEY), ("chat",)),
             ),
             max_body_bytes=BODY_LIMIT,
@@ -206,7 +215,12 @@ class Ingress:
         self.conn = FakeConnection()
         self.registry.register(NODE_TOKEN, self.conn)
         self.registry.ready("node-a", self.conn)
-        self.app = ClientApp(self.gateway, self.config.client_api, self.clock, self.records.append)
+        # The keys' limits and budgets, counted in this process.
+        self.quota = InProcessQuotaTable(self.clock)
+        self.gate = QuotaGate(self.config.client_api, self.quota)
+        self.app = ClientApp(
+            self.gateway, self.config.client_api, self.clock, self.records.append, self.gate
+        )
         self.resource = Recording(self.app.resource())
         self.http: Any = StubTreq(self.resource)
         self._sequences: dict[str, int] = {}

@@ -32,8 +32,8 @@ from iop.config.model import (
     EdgeConfig,
     EdgeSecurity,
     HeartbeatConfig,
-    Limits,
     LedgerConfig,
+    Limits,
     LoggingConfig,
     ModelConfig,
     ModelProviderRef,
@@ -287,8 +287,8 @@ PR = "protocol_profiles[1]"
 R = "openai.model_routes[1]"
 K = "openai.auth.keys[1]"
 T = "openai.auth.teams[1]"
-# The client keys' rows (restart until the client API follows the running config).
-AUTH = RESTART
+# The client keys' rows: live (the pipeline follows the running config).
+AUTH = LIVE
 C = "credentials[1]"
 
 # (dataclass, field) → the reports changing that field alone gives: (path, class) each.
@@ -882,8 +882,8 @@ class EntryTests(SynchronousTestCase):
             (
                 dataclasses.replace(base, client_api=dataclasses.replace(base.client_api, keys=())),
                 [
-                    ("openai.auth.keys[0]", "ops", ABSENT, RESTART),
-                    ("openai.auth.keys[1]", "team-a", ABSENT, RESTART),
+                    ("openai.auth.keys[0]", "ops", ABSENT, AUTH),
+                    ("openai.auth.keys[1]", "team-a", ABSENT, AUTH),
                 ],
             ),
             (
