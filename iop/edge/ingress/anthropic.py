@@ -10,11 +10,11 @@ The Anthropic-compatible client surface.
   client's ``anthropic-version`` (default ``2023-06-01``) and ``anthropic-beta`` headers; the
   provider's status, content type and bytes come back untouched.
 - **bridge** on a tunnel provider (an ``openai_chat`` profile, or none):
-  :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions`` → the SSE
-  parsed with :class:`~iop.formats.sse.SSEParser` and converted by
-  :class:`~iop.edge.ingress.bridge.ChatStreamToMessages` (or one ``chat.completion`` by
-  :func:`~iop.edge.ingress.bridge.chat_completion_to_message`). An upstream error status comes
-  back with that status in the Anthropic error shape.
+  :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions``; the answer,
+  streamed or one ``chat.completion``, decoded into canonical events
+  (:class:`~iop.edge.ingress.chat_decode.ChatDecoder`) and encoded by
+  :class:`~iop.edge.ingress.bridge.MessagesEncoder` (:meth:`.Work.relay_chat`). An upstream
+  error status comes back with that status in the Anthropic error shape.
 - **bridge** on a run provider (Ollama, CLI agents): the converted chat request is the run input;
   :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
   :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
@@ -44,7 +44,6 @@ the Anthropic list shape (:class:`AnthropicCatalog`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -53,19 +52,19 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
+from iop.edge.ingress import canonical
 from iop.edge.ingress.bridge import (
     BridgeError,
-    ChatStreamToMessages,
     Event,
+    MessagesEncoder,
     RunEventsToMessages,
     UpstreamError,
-    chat_completion_to_message,
     format_sse,
     messages_to_chat,
     run_events_to_message,
     thinking_requested,
 )
-from iop.edge.ingress.errors import ApiError, bad_request, unsupported, upstream_error
+from iop.edge.ingress.errors import ApiError, bad_request, unsupported
 from iop.edge.ingress.http import (
     header,
     json_bytes,
@@ -83,7 +82,7 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import ChatStream, PassThrough, Work, json_headers
+from iop.edge.ingress.relay import PassThrough, Work, json_headers
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
@@ -213,23 +212,16 @@ class MessagesCodec:
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
         if placement.wire == "tunnel":
+            encoder = MessagesEncoder(model=model, thinking_allowed=show)
 
-            def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                if not _is_success(status):
-                    raise upstream_error(status, data)
-                try:
-                    completion = json.loads(data)
-                    message = chat_completion_to_message(
-                        completion, model=model, thinking_allowed=show
-                    )
-                except (ValueError, UpstreamError) as e:
-                    text = e.message if isinstance(e, UpstreamError) else "not JSON"
-                    raise ApiError(
-                        502, f"the provider's answer could not be converted: {text}"
-                    ) from None
-                return render_json(work.request, message)
+            def encode(events: list[canonical.Event]) -> bytes:
+                return _sse(encoder.encode(events))
 
-            return await work.relay_chat(stream, lambda: bridge_stream(model, show), convert, chat)
+            def as_message(events: list[canonical.Event]) -> bytes:
+                encoder.encode(events)
+                return render_json(work.request, encoder.message())
+
+            return await work.relay_chat(chat, stream, encode, as_message)
         converter = RunEventsToMessages(model=model, thinking_allowed=show)
 
         def feed(event: RuntimeEvent) -> bytes:
@@ -305,16 +297,6 @@ def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:
         elif thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
             budget = int(thinking["budget_tokens"])
     return budget
-
-
-def bridge_stream(model: str, show: bool) -> ChatStream[Event]:
-    """A streamed Chat answer through a tunnel as Anthropic stream events (an ``error`` event
-    ends a stream that cannot be converted)."""
-    return ChatStream(
-        ChatStreamToMessages(model=model, thinking_allowed=show),
-        _sse,
-        lambda events: any(name == "error" for name, _ in events),
-    )
 
 
 def _sse(events: list[Event]) -> bytes:

@@ -4,15 +4,14 @@ The Messages ↔ Chat bridge: Anthropic Messages requests served by OpenAI Chat 
 providers (over the provider tunnel) and by normalized runs (Ollama, CLI agents), with answers
 in the exact shapes of the Anthropic Messages API.
 
-Pure conversion: no I/O, no reactor. Four directions:
+Pure conversion: no I/O, no reactor. Two directions:
 
 - :func:`messages_to_chat`: a ``/v1/messages`` request body → a ``/chat/completions`` request
   body for the served target.
-- :func:`chat_completion_to_message`: a non-streaming ``chat.completion`` → a ``message``.
-- :class:`ChatStreamToMessages`: ``chat.completion.chunk`` dicts → Anthropic stream events.
 - :class:`MessagesEncoder`: the canonical answer stream (:mod:`.canonical`) → Anthropic stream
-  events and the whole ``message``; :class:`RunEventsToMessages` /
-  :func:`run_events_to_message` feed it a normalized run's events through the one run
+  events and the whole ``message``: a Chat provider's answer decoded by
+  :class:`~iop.edge.ingress.chat_decode.ChatDecoder` (streamed or whole), a normalized run's
+  events by :class:`RunEventsToMessages` / :func:`run_events_to_message` through the one run
   conversion (:class:`~iop.edge.ingress.canonical.RunDecoder`).
 
 Stream events are ``(event_name, data)`` tuples in the order of the Messages streaming API:
@@ -70,8 +69,9 @@ Answer mapping decisions:
   and thinking_requested(body)`` so that a client that did not ask for thinking never sees a
   thinking block, as with the real API.
 - ``stop_reason``: ``length`` → ``max_tokens``, ``content_filter`` → ``refusal``, any tool call →
-  ``tool_use``, a stop string reported by the backend (vLLM's ``stop_reason``) →
-  ``stop_sequence``, anything else → ``end_turn``.
+  ``tool_use``, a refusal (text marked :data:`~.canonical.REFUSAL`) → ``refusal``, a stop string
+  reported by the backend (vLLM's ``stop_reason``, the finish's ``stop``) → ``stop_sequence``,
+  anything else → ``end_turn``.
 - Usage: ``input_tokens`` is ``prompt_tokens`` minus cached tokens and
   ``cache_read_input_tokens`` the cached tokens (``prompt_tokens_details.cached_tokens``) when
   reported, as Anthropic counts them; ``output_tokens`` is ``completion_tokens``. Nothing is
@@ -80,9 +80,12 @@ Answer mapping decisions:
 - Tool arguments that are not a JSON object become ``{"raw_arguments": "<text>"}`` rather than
   being lost (an empty string is ``{}``).
 - Tool-call ids pass through unchanged, so a ``tool_result`` refers to the same id the backend
-  issued; a missing id gets a fresh ``toolu_…``.
-- Streaming tool calls are relayed by index as OpenAI servers send them, one after another; a
-  fragment for a call whose block was already closed (no known server does this) is dropped.
+  issued; a missing id gets a fresh ``toolu_…``; a call with no name is left out
+  (:func:`~.canonical.tool_call`).
+- Streamed tool calls (``TOOL_CALL_START`` / ``TOOL_CALL_DELTA``) are relayed as they come: the
+  block opens with the call's id and name, each argument fragment is an ``input_json_delta``,
+  and the whole ``message`` parses the fragments joined (by the rule above). A whole call's
+  arguments go out as one ``input_json_delta`` of the normalised input.
 - Normalized runs: ``metadata["openai_tool_calls"]`` become ``tool_use`` blocks; only when
   ``metadata["openai_text_tool_fallback"] == "true"`` are tool calls also parsed out of the text
   (:func:`iop.edge.ingress.tools.parse_text_tool_calls`). Text from a ``{`` or ```` ``` ````
@@ -96,15 +99,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from iop.edge.ingress import canonical
 from iop.edge.ingress.profiles import THINKING_REQUIREMENT
 from iop.edge.ingress.tools import new_call_id
-from iop.formats.errors import error_message
 from iop.formats.sse import format_event
-from iop.formats.usage import openai_chat_usage, token_count
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.kinds import Images
 from iop.security.redact import redact_secrets
@@ -116,12 +116,11 @@ __all__ = [
     "PING",
     "REFUSED_FIELDS",
     "BridgeError",
-    "ChatStreamToMessages",
     "Event",
+    "MessagesEncoder",
     "RunEventsToMessages",
     "UpstreamError",
     "anthropic_error",
-    "chat_completion_to_message",
     "format_sse",
     "messages_to_chat",
     "new_message_id",
@@ -636,58 +635,7 @@ def messages_to_chat(
     return chat
 
 
-# -- answers: shared pieces --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Usage:
-    """Reported usage: ``prompt`` includes ``cached`` (OpenAI's way of counting)."""
-
-    prompt: int | None = None
-    completion: int | None = None
-    cached: int | None = None
-
-    @classmethod
-    def from_openai(cls, raw: Any) -> _Usage:
-        if not isinstance(raw, dict):
-            return cls()
-        usage = openai_chat_usage(raw)
-        # Usage says 0 for a count that was not reported; here a missing prompt count matters
-        # (the estimate stands in for it).
-        reported = token_count(raw.get("prompt_tokens")) is not None
-        return cls(
-            usage.input_tokens if reported else None,
-            usage.output_tokens,
-            usage.cached_input_tokens,
-        )
-
-    @classmethod
-    def from_runtime(cls, usage: Usage | None) -> _Usage:
-        if usage is None:
-            return cls()
-        return cls(usage.input_tokens, usage.output_tokens, usage.cached_input_tokens)
-
-    def input_tokens(self) -> int | None:
-        if self.prompt is None:
-            return None
-        return max(0, self.prompt - (self.cached or 0))
-
-    def as_message_usage(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {
-            "input_tokens": self.input_tokens() or 0,
-            "output_tokens": self.completion or 0,
-        }
-        if self.cached is not None:
-            usage["cache_read_input_tokens"] = self.cached
-        return usage
-
-    def as_delta_usage(self) -> dict[str, Any]:
-        usage: dict[str, Any] = {"output_tokens": self.completion or 0}
-        if self.prompt is not None:
-            usage["input_tokens"] = self.input_tokens()
-        if self.cached is not None:
-            usage["cache_read_input_tokens"] = self.cached
-        return usage
+# -- answers: canonical events → Messages ------------------------------------------------------
 
 
 def stop_reason_for(finish_reason: Any, *, tool_calls: bool) -> str:
@@ -701,14 +649,8 @@ def stop_reason_for(finish_reason: Any, *, tool_calls: bool) -> str:
     return "end_turn"
 
 
-def _tool_input(arguments: Any) -> dict[str, Any]:
+def _tool_input(arguments: str) -> dict[str, Any]:
     """Tool-call arguments (JSON text) as a ``tool_use`` input object."""
-    if isinstance(arguments, dict):
-        return arguments
-    if arguments is None:
-        return {}
-    if not isinstance(arguments, str):
-        return {"raw_arguments": json.dumps(arguments)}
     if not arguments.strip():
         return {}
     try:
@@ -720,231 +662,235 @@ def _tool_input(arguments: Any) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {"raw_arguments": arguments}
 
 
-def _reasoning_text(source: Mapping[str, Any]) -> str:
-    for key in ("reasoning_content", "reasoning"):
-        value = source.get(key)
-        if isinstance(value, str) and value:
-            return value
-    return ""
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            part["text"]
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
-        )
-    return ""
-
-
-def _tool_use_block(call: Any) -> dict[str, Any] | None:
-    if not isinstance(call, dict):
-        return None
-    function = call.get("function")
-    source = function if isinstance(function, dict) else call
-    name = source.get("name")
-    call_id = call.get("id")
-    return {
-        "type": "tool_use",
-        "id": call_id if isinstance(call_id, str) and call_id else new_tool_use_id(),
-        "name": name if isinstance(name, str) else "",
-        "input": _tool_input(source.get("arguments")),
+def _message_usage(usage: Usage | None, input_tokens: int) -> dict[str, Any]:
+    """A message's ``usage``: Anthropic counts input without the cache reads; ``input_tokens``
+    (the caller's figure) stands in when nothing was reported."""
+    if usage is None:
+        return {"input_tokens": input_tokens, "output_tokens": 0}
+    cached = usage.cached_input_tokens
+    out: dict[str, Any] = {
+        "input_tokens": max(0, usage.input_tokens - (cached or 0)),
+        "output_tokens": usage.output_tokens,
     }
+    if cached is not None:
+        out["cache_read_input_tokens"] = cached
+    return out
 
 
-def chat_completion_to_message(
-    completion: dict[str, Any], *, model: str, thinking_allowed: bool
-) -> dict[str, Any]:
+def _delta_usage(usage: Usage | None) -> dict[str, Any]:
+    """The final ``message_delta``'s cumulative ``usage`` (only what was reported)."""
+    if usage is None:
+        return {"output_tokens": 0}
+    return _message_usage(usage, 0)
+
+
+def _run_failure(event: RuntimeEvent) -> str:
+    if event.type == EventType.CANCELLED:
+        return f"the run was cancelled: {event.error or 'cancelled'}"
+    return event.error or "the run failed"
+
+
+class MessagesEncoder:
     """
-    A non-streaming OpenAI ``chat.completion`` as an Anthropic ``message`` (``model`` is the
-    client's model name). Raises :class:`UpstreamError` when it has no choice to convert.
-    """
-    if not isinstance(completion, dict):
-        raise UpstreamError("the provider's answer is not a JSON object")
-    choices = completion.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise UpstreamError("the provider's answer has no choices")
-    choice = choices[0]
-    message = choice.get("message")
-    if not isinstance(message, dict):
-        raise UpstreamError("the provider's answer has no message")
+    Canonical answer events (:mod:`.canonical`) in, Anthropic stream events out
+    (:meth:`encode`); the same object keeps the message as streamed, :meth:`message`, the whole
+    ``message`` once finished.
 
-    content: list[dict[str, Any]] = []
-    reasoning = _reasoning_text(message)
-    if reasoning and thinking_allowed:
-        content.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    text = _content_text(message.get("content"))
-    refusal = message.get("refusal")
-    if not text and isinstance(refusal, str) and refusal:
-        text = refusal
-    if text:
-        content.append({"type": "text", "text": text})
-    calls = message.get("tool_calls")
-    for call in calls if isinstance(calls, list) else ():
-        block = _tool_use_block(call)
-        if block is not None:
-            content.append(block)
-
-    has_calls = any(block["type"] == "tool_use" for block in content)
-    finish = choice.get("finish_reason")
-    stop_reason = stop_reason_for(finish, tool_calls=has_calls)
-    stop_sequence = None
-    if isinstance(refusal, str) and refusal and not message.get("content"):
-        stop_reason = "refusal"
-    elif finish == "stop" and not has_calls and isinstance(choice.get("stop_reason"), str):
-        stop_reason, stop_sequence = "stop_sequence", choice["stop_reason"]
-    return {
-        "id": new_message_id(),
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": stop_reason,
-        "stop_sequence": stop_sequence,
-        "usage": _Usage.from_openai(completion.get("usage")).as_message_usage(),
-    }
-
-
-# -- answers: streams --------------------------------------------------------------------------
-
-
-class _MessageStream:
-    """
-    Emits the Anthropic event sequence for one message and keeps a snapshot of it. Blocks open
-    lazily and never interleave: opening one closes the one before.
+    Blocks open lazily and never interleave (opening one closes the one before): text, thinking
+    (only when ``thinking_allowed``), each tool call a ``tool_use`` block — opened with its id
+    (a fresh ``toolu_…`` when it has none) and name, its arguments as ``input_json_delta``
+    events, a whole call's as one (its input normalised), a streamed call's fragment by fragment
+    as they come (the whole message parses them joined). The finish is ``message_delta`` +
+    ``message_stop``, a failure one ``error`` event; nothing after either.
     """
 
-    def __init__(self, model: str, message_id: str | None, input_tokens: int) -> None:
+    def __init__(
+        self,
+        *,
+        model: str,
+        thinking_allowed: bool,
+        message_id: str | None = None,
+        input_tokens: int = 0,
+    ) -> None:
         self.message_id = message_id or new_message_id()
         self.model = model
+        self._thinking = thinking_allowed
         self._input_tokens = input_tokens
-        self.started = False
+        self._started = False
         self.done = False
+        # The error message, once the answer failed.
         self.failed: str | None = None
-        self.content: list[dict[str, Any]] = []
+        self._content: list[dict[str, Any]] = []
+        # The argument text of each tool_use block (by its index).
         self._tool_json: dict[int, str] = {}
-        # The open block: its kind ("text", "thinking", "tool_use") and key (a tool's index).
-        self._open: tuple[str, Any] | None = None
-        self.stop_reason: str | None = None
-        self.stop_sequence: str | None = None
-        self.usage = _Usage()
+        # The open block's type, if a block is open.
+        self._open: str | None = None
+        self._refused = False
+        self._stop_reason: str | None = None
+        self._stop_sequence: str | None = None
+        self._usage: Usage | None = None
 
-    def start(self, out: list[Event]) -> None:
-        if self.started or self.done:
+    def start(self) -> list[Event]:
+        """``message_start`` now (else it goes out with the answer's first event)."""
+        out: list[Event] = []
+        self._start(out)
+        return out
+
+    def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
+        out: list[Event] = []
+        for event in events:
+            if self.done:
+                break
+            kind = event.kind
+            if kind == canonical.Kind.TEXT:
+                self._text(event.text, out)
+                if event.reason == canonical.REFUSAL and event.text:
+                    self._refused = True
+            elif kind == canonical.Kind.TOOL_CALL_DELTA:
+                self._tool_json_delta(event.text, out)
+            elif kind == canonical.Kind.START:
+                self._start(out)
+            elif kind == canonical.Kind.REASONING:
+                self._start(out)
+                if self._thinking and event.text:
+                    self._thinking_delta(event.text, out)
+            elif kind == canonical.Kind.TOOL_CALL:
+                call = canonical.tool_call(event.call, prefix="toolu_")
+                if call is not None:
+                    function = call["function"]
+                    self._open_tool(call["id"], function["name"], out)
+                    normalised = _tool_input(function["arguments"])
+                    self._tool_json_delta(json.dumps(normalised, ensure_ascii=False), out)
+            elif kind == canonical.Kind.TOOL_CALL_START:
+                self._open_tool(event.call.get("id"), event.call.get("name"), out)
+            elif kind == canonical.Kind.FINISH:
+                self._finish(event, out)
+            elif kind == canonical.Kind.FAILED:
+                assert event.terminal is not None
+                self._fail(_run_failure(event.terminal), "api_error", out)
+        return out
+
+    def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
+        """The answer is lost (say, its node went away): one ``error`` event."""
+        out: list[Event] = []
+        self._fail(message, error_type, out)
+        return out
+
+    def message(self) -> dict[str, Any]:
+        """The message as streamed so far (complete once the stream finished)."""
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [self._snapshot(i, block) for i, block in enumerate(self._content)],
+            "stop_reason": self._stop_reason,
+            "stop_sequence": self._stop_sequence,
+            "usage": _message_usage(self._usage, self._input_tokens),
+        }
+
+    # -- the event sequence ----------------------------------------------------------------------
+
+    def _start(self, out: list[Event]) -> None:
+        if self._started or self.done:
             return
-        self.started = True
-        out.append(
-            (
-                "message_start",
-                {
-                    "type": "message_start",
-                    "message": {
-                        "id": self.message_id,
-                        "type": "message",
-                        "role": "assistant",
-                        "model": self.model,
-                        "content": [],
-                        "stop_reason": None,
-                        "stop_sequence": None,
-                        "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
-                    },
-                },
-            )
-        )
+        self._started = True
+        message: dict[str, Any] = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self._input_tokens, "output_tokens": 0},
+        }
+        out.append(("message_start", {"type": "message_start", "message": message}))
 
-    @property
-    def open_key(self) -> tuple[str, Any] | None:
-        return self._open
-
-    def close(self, out: list[Event]) -> None:
+    def _close(self, out: list[Event]) -> None:
         if self._open is None:
             return
         self._open = None
-        index = len(self.content) - 1
+        index = len(self._content) - 1
         out.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
 
-    def _begin(self, key: tuple[str, Any], block: dict[str, Any], out: list[Event]) -> int:
-        self.close(out)
-        self.start(out)
-        self.content.append(block)
-        index = len(self.content) - 1
-        self._open = key
-        started = dict(block)
-        if block["type"] == "tool_use":
-            started["input"] = {}
+    def _begin(self, block: dict[str, Any], out: list[Event]) -> None:
+        self._close(out)
+        self._start(out)
+        self._content.append(block)
+        index = len(self._content) - 1
+        self._open = block["type"]
+        started = {**block, "input": {}} if block["type"] == "tool_use" else dict(block)
         out.append(
             (
                 "content_block_start",
                 {"type": "content_block_start", "index": index, "content_block": started},
             )
         )
-        return index
 
     def _delta(self, delta: dict[str, Any], out: list[Event]) -> None:
-        index = len(self.content) - 1
+        index = len(self._content) - 1
         out.append(
             ("content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta})
         )
 
-    def text(self, text: str, out: list[Event]) -> None:
-        if not text or self.done:
+    def _text(self, text: str, out: list[Event]) -> None:
+        if not text:
             return
-        if self._open != ("text", None):
-            self._begin(("text", None), {"type": "text", "text": ""}, out)
-        self.content[-1]["text"] += text
+        if self._open != "text":
+            self._begin({"type": "text", "text": ""}, out)
+        self._content[-1]["text"] += text
         self._delta({"type": "text_delta", "text": text}, out)
 
-    def thinking(self, text: str, out: list[Event]) -> None:
-        if not text or self.done:
-            return
-        if self._open != ("thinking", None):
-            self._begin(
-                ("thinking", None), {"type": "thinking", "thinking": "", "signature": ""}, out
-            )
-        self.content[-1]["thinking"] += text
+    def _thinking_delta(self, text: str, out: list[Event]) -> None:
+        if self._open != "thinking":
+            self._begin({"type": "thinking", "thinking": "", "signature": ""}, out)
+        self._content[-1]["thinking"] += text
         self._delta({"type": "thinking_delta", "thinking": text}, out)
 
-    def open_tool(self, key: Any, call_id: str, name: str, out: list[Event]) -> None:
-        block = {"type": "tool_use", "id": call_id or new_tool_use_id(), "name": name, "input": {}}
-        index = self._begin(("tool_use", key), block, out)
-        self._tool_json[index] = ""
-
-    def tool_json(self, partial: str, out: list[Event]) -> None:
-        """Argument text for the open tool block."""
-        if not partial or self._open is None or self._open[0] != "tool_use":
+    def _open_tool(self, call_id: Any, name: Any, out: list[Event]) -> None:
+        if not isinstance(name, str) or not name:
+            # A call nobody can run (canonical.tool_call): none of its fragments may reach the
+            # block before it.
+            self._close(out)
             return
-        index = len(self.content) - 1
-        self._tool_json[index] += partial
+        call_id = call_id if isinstance(call_id, str) and call_id else new_tool_use_id()
+        self._begin({"type": "tool_use", "id": call_id, "name": name, "input": {}}, out)
+        self._tool_json[len(self._content) - 1] = ""
+
+    def _tool_json_delta(self, partial: str, out: list[Event]) -> None:
+        """Argument text for the open tool block (none open: dropped)."""
+        if not partial or self._open != "tool_use":
+            return
+        self._tool_json[len(self._content) - 1] += partial
         self._delta({"type": "input_json_delta", "partial_json": partial}, out)
 
-    def has_tool_use(self) -> bool:
-        return any(block["type"] == "tool_use" for block in self.content)
-
-    def finish(
-        self, stop_reason: str, stop_sequence: str | None, usage: _Usage, out: list[Event]
-    ) -> None:
-        if self.done:
-            return
-        self.start(out)
-        self.close(out)
+    def _finish(self, event: canonical.Event, out: list[Event]) -> None:
+        self._start(out)
+        self._close(out)
+        has_calls = bool(self._tool_json)
+        stop_reason = stop_reason_for(event.reason, tool_calls=has_calls)
+        stop_sequence = None
+        if self._refused and not has_calls:
+            stop_reason = "refusal"
+        elif event.reason == "stop" and not has_calls and event.stop is not None:
+            stop_reason, stop_sequence = "stop_sequence", event.stop
         self.done = True
-        self.stop_reason, self.stop_sequence, self.usage = stop_reason, stop_sequence, usage
+        self._stop_reason, self._stop_sequence, self._usage = (
+            stop_reason,
+            stop_sequence,
+            event.usage,
+        )
+        delta = {"stop_reason": stop_reason, "stop_sequence": stop_sequence}
         out.append(
             (
                 "message_delta",
-                {
-                    "type": "message_delta",
-                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                    "usage": usage.as_delta_usage(),
-                },
+                {"type": "message_delta", "delta": delta, "usage": _delta_usage(event.usage)},
             )
         )
         out.append(("message_stop", {"type": "message_stop"}))
 
-    def fail(self, message: str, error_type: str, out: list[Event]) -> None:
+    def _fail(self, message: str, error_type: str, out: list[Event]) -> None:
         if self.done:
             return
         self.done = True
@@ -954,271 +900,9 @@ class _MessageStream:
         out.append(("error", anthropic_error(message, error_type)))
 
     def _snapshot(self, index: int, block: dict[str, Any]) -> dict[str, Any]:
-        copy = dict(block)
         if index in self._tool_json:
-            copy["input"] = _tool_input(self._tool_json[index])
-        return copy
-
-    def message(self) -> dict[str, Any]:
-        """The message as streamed so far (complete once the stream finished)."""
-        usage = self.usage.as_message_usage()
-        if self.usage.prompt is None:
-            usage["input_tokens"] = self._input_tokens
-        return {
-            "id": self.message_id,
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [self._snapshot(i, block) for i, block in enumerate(self.content)],
-            "stop_reason": self.stop_reason,
-            "stop_sequence": self.stop_sequence,
-            "usage": usage,
-        }
-
-
-@dataclass
-class _PendingCall:
-    id: str = ""
-    name: str = ""
-    arguments: str = ""
-    # pending (no block yet), open, or closed
-    state: str = "pending"
-
-
-class ChatStreamToMessages:
-    """
-    OpenAI ``chat.completion.chunk`` dicts in, Anthropic stream events out.
-
-    :meth:`feed` each parsed ``data:`` chunk (not ``[DONE]``), then :meth:`finish` at
-    ``[DONE]`` or the end of the body; or :meth:`fail` when the upstream failed. Each returns
-    the events to send, in order; after a terminal (``message_stop`` or ``error``) nothing more
-    is produced. ``message_start`` is sent with the first chunk. Only the first choice is
-    followed (the bridge never asks for ``n`` > 1).
-    """
-
-    def __init__(
-        self,
-        *,
-        model: str,
-        thinking_allowed: bool,
-        message_id: str | None = None,
-        input_tokens: int = 0,
-    ) -> None:
-        self._stream = _MessageStream(model, message_id, input_tokens)
-        self._thinking = thinking_allowed
-        self._calls: dict[int, _PendingCall] = {}
-        self._finish_reason: Any = None
-        self._stop_string: str | None = None
-        self._refused = False
-        self._usage = _Usage()
-
-    @property
-    def message_id(self) -> str:
-        return self._stream.message_id
-
-    @property
-    def done(self) -> bool:
-        return self._stream.done
-
-    def message(self) -> dict[str, Any]:
-        """The message as converted so far: a whole ``message`` once finished."""
-        return self._stream.message()
-
-    def start(self) -> list[Event]:
-        """``message_start`` now (else it goes out with the first chunk)."""
-        out: list[Event] = []
-        self._stream.start(out)
-        return out
-
-    def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
-        out: list[Event] = []
-        if self._stream.done:
-            return out
-        if not isinstance(chunk, Mapping):
-            self._stream.fail("the provider sent a malformed stream chunk", "api_error", out)
-            return out
-        choices = chunk.get("choices")
-        error = chunk.get("error")
-        if error is not None and not choices:
-            text = error_message(chunk) or "the provider failed"
-            self._stream.fail(text, "api_error", out)
-            return out
-        self._stream.start(out)
-        if isinstance(chunk.get("usage"), dict):
-            self._usage = _Usage.from_openai(chunk["usage"])
-        if not isinstance(choices, list) or not choices:
-            return out
-        choice = choices[0]
-        if not isinstance(choice, dict):
-            return out
-        delta = choice.get("delta")
-        if isinstance(delta, dict):
-            reasoning = _reasoning_text(delta)
-            if reasoning and self._thinking:
-                self._stream.thinking(reasoning, out)
-            text = _content_text(delta.get("content"))
-            if text:
-                self._stream.text(text, out)
-            refusal = delta.get("refusal")
-            if isinstance(refusal, str) and refusal:
-                self._refused = True
-                self._stream.text(refusal, out)
-            calls = delta.get("tool_calls")
-            for position, call in enumerate(calls if isinstance(calls, list) else ()):
-                self._tool_delta(position, call, out)
-        if choice.get("finish_reason") is not None:
-            self._finish_reason = choice["finish_reason"]
-        if isinstance(choice.get("stop_reason"), str):
-            self._stop_string = choice["stop_reason"]
-        return out
-
-    def _tool_delta(self, position: int, delta: Any, out: list[Event]) -> None:
-        if not isinstance(delta, dict):
-            return
-        index = delta.get("index")
-        if not _is_int(index):
-            index = position
-        call = self._calls.setdefault(index, _PendingCall())
-        if call.state == "closed":
-            return
-        if call.state == "open" and self._stream.open_key != ("tool_use", index):
-            # Another block opened since: this call's block is closed for good.
-            call.state = "closed"
-            return
-        if isinstance(delta.get("id"), str) and delta["id"] and not call.id:
-            call.id = delta["id"]
-        function = delta.get("function")
-        fragment = ""
-        if isinstance(function, dict):
-            name = function.get("name")
-            if call.state == "pending" and isinstance(name, str) and name and name != call.name:
-                call.name = name if not call.name else call.name + name
-            arguments = function.get("arguments")
-            if isinstance(arguments, str):
-                fragment = arguments
-            elif isinstance(arguments, dict):
-                fragment = json.dumps(arguments, ensure_ascii=False)
-        if call.state == "pending":
-            call.arguments += fragment
-            if call.name:
-                self._open_call(index, call, out)
-        else:
-            self._stream.tool_json(fragment, out)
-
-    def _open_call(self, index: int, call: _PendingCall, out: list[Event]) -> None:
-        for other, pending in self._calls.items():
-            if pending.state == "open" and other != index:
-                pending.state = "closed"
-        self._stream.open_tool(index, call.id, call.name, out)
-        call.state = "open"
-        self._stream.tool_json(call.arguments, out)
-
-    def finish(self) -> list[Event]:
-        """The end of the upstream stream: open calls still pending, then the message's end."""
-        out: list[Event] = []
-        if self._stream.done:
-            return out
-        for index in sorted(self._calls):
-            call = self._calls[index]
-            if call.state == "pending":
-                self._open_call(index, call, out)
-        has_calls = self._stream.has_tool_use()
-        stop_reason = stop_reason_for(self._finish_reason, tool_calls=has_calls)
-        stop_sequence = None
-        if self._refused and not has_calls:
-            stop_reason = "refusal"
-        elif self._finish_reason == "stop" and not has_calls and self._stop_string is not None:
-            stop_reason, stop_sequence = "stop_sequence", self._stop_string
-        self._stream.finish(stop_reason, stop_sequence, self._usage, out)
-        return out
-
-    def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
-        """The upstream failed: one ``error`` event (nothing if already terminated)."""
-        out: list[Event] = []
-        self._stream.fail(message, error_type, out)
-        return out
-
-
-class MessagesEncoder:
-    """
-    Canonical answer events (:mod:`.canonical`) in, Anthropic stream events out
-    (:meth:`encode`): text, thinking (only when ``thinking_allowed``), each tool call as a
-    ``tool_use`` block, the finish as ``message_delta`` + ``message_stop``, a failure as one
-    ``error`` event. :meth:`message` is the whole ``message`` once finished.
-    """
-
-    def __init__(
-        self,
-        *,
-        model: str,
-        thinking_allowed: bool,
-        message_id: str | None = None,
-        input_tokens: int = 0,
-    ) -> None:
-        self._stream = _MessageStream(model, message_id, input_tokens)
-        self._thinking = thinking_allowed
-
-    @property
-    def message_id(self) -> str:
-        return self._stream.message_id
-
-    @property
-    def done(self) -> bool:
-        return self._stream.done
-
-    @property
-    def failed(self) -> str | None:
-        """The error message, once the answer failed."""
-        return self._stream.failed
-
-    def message(self) -> dict[str, Any]:
-        return self._stream.message()
-
-    def start(self) -> list[Event]:
-        out: list[Event] = []
-        self._stream.start(out)
-        return out
-
-    def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
-        out: list[Event] = []
-        stream = self._stream
-        for event in events:
-            if stream.done:
-                break
-            kind = event.kind
-            if kind == canonical.Kind.TEXT:
-                stream.text(event.text, out)
-            elif kind == canonical.Kind.START:
-                stream.start(out)
-            elif kind == canonical.Kind.REASONING:
-                stream.start(out)
-                if self._thinking and event.text:
-                    stream.thinking(event.text, out)
-            elif kind == canonical.Kind.TOOL_CALL:
-                block = _tool_use_block(event.call)
-                if block is not None:
-                    stream.open_tool(None, block["id"], block["name"], out)
-                    stream.tool_json(json.dumps(block["input"], ensure_ascii=False), out)
-            elif kind == canonical.Kind.FINISH:
-                has_calls = stream.has_tool_use()
-                stop_reason = stop_reason_for(event.reason, tool_calls=has_calls)
-                stream.finish(stop_reason, None, _Usage.from_runtime(event.usage), out)
-            elif kind == canonical.Kind.FAILED:
-                assert event.terminal is not None
-                stream.fail(_run_failure(event.terminal), "api_error", out)
-        return out
-
-    def fail(self, message: str, error_type: str = "api_error") -> list[Event]:
-        """The answer is lost (say, its node went away): one ``error`` event."""
-        out: list[Event] = []
-        self._stream.fail(message, error_type, out)
-        return out
-
-
-def _run_failure(event: RuntimeEvent) -> str:
-    if event.type == EventType.CANCELLED:
-        return f"the run was cancelled: {event.error or 'cancelled'}"
-    return event.error or "the run failed"
+            return {**block, "input": _tool_input(self._tool_json[index])}
+        return dict(block)
 
 
 class RunEventsToMessages(MessagesEncoder):

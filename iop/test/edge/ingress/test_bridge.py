@@ -17,18 +17,18 @@ from twisted.trial.unittest import SkipTest, SynchronousTestCase
 from iop.edge.ingress.bridge import (
     PING,
     BridgeError,
-    ChatStreamToMessages,
     Event,
+    MessagesEncoder,
     RunEventsToMessages,
     UpstreamError,
     anthropic_error,
-    chat_completion_to_message,
     format_sse,
     messages_to_chat,
     run_events_to_message,
     stop_reason_for,
     thinking_requested,
 )
+from iop.edge.ingress.chat_decode import ChatDecoder
 from iop.runtime.events import RuntimeEvent, Usage
 
 try:
@@ -578,9 +578,23 @@ def completion(
     }
 
 
+def chat_message(
+    data: Any, *, thinking: bool = False, model: str = "claude-x"
+) -> tuple[dict[str, Any], str | None]:
+    """A whole ``chat.completion`` decoded and encoded as a ``message`` (and the decoder's
+    failure), as the Messages surface answers one from a Chat tunnel."""
+    decoder = ChatDecoder(fragments=False)
+    encoder = MessagesEncoder(model=model, thinking_allowed=thinking)
+    encoder.encode(decoder.completion(data))
+    return encoder.message(), decoder.failed
+
+
 class ChatCompletionToMessageTests(SynchronousTestCase):
+    """A whole Chat answer (:class:`ChatDecoder`) as a Messages ``message``."""
+
     def convert(self, data: dict[str, Any], thinking: bool = False) -> dict[str, Any]:
-        message = chat_completion_to_message(data, model="claude-x", thinking_allowed=thinking)
+        message, failed = chat_message(data, thinking=thinking)
+        self.assertIsNone(failed)
         validate_message(message)
         return message
 
@@ -710,20 +724,32 @@ class ChatCompletionToMessageTests(SynchronousTestCase):
         self.assertEqual(message["content"], [{"type": "text", "text": "I can't."}])
         self.assertEqual(message["stop_reason"], "refusal")
 
+    def test_toolCallsOutrankARefusal(self) -> None:
+        """As streamed: a refusal beside tool calls is text, the stop reason ``tool_use``."""
+        call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        data = completion({"role": "assistant", "refusal": "no", "tool_calls": [call]})
+        message = self.convert(data)
+        self.assertEqual([b["type"] for b in message["content"]], ["text", "tool_use"])
+        self.assertEqual(message["stop_reason"], "tool_use")
+
+    def test_namelessCallLeftOut(self) -> None:
+        call = {"id": "a", "type": "function", "function": {"arguments": "{}"}}
+        message = self.convert(completion({"role": "assistant", "tool_calls": [call]}))
+        self.assertEqual((message["content"], message["stop_reason"]), ([], "end_turn"))
+
+    def test_contentParts(self) -> None:
+        parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+        message = self.convert(completion({"role": "assistant", "content": parts}))
+        self.assertEqual(message["content"], [{"type": "text", "text": "ab"}])
+
     def test_empty(self) -> None:
         message = self.convert(completion({"role": "assistant", "content": ""}))
         self.assertEqual(message["content"], [])
 
     def test_malformed(self) -> None:
-        for data in [{}, {"choices": []}, {"choices": [{"index": 0}]}, {"choices": ["x"]}]:
-            error = self.assertRaises(
-                UpstreamError,
-                chat_completion_to_message,
-                data,
-                model="m",
-                thinking_allowed=False,
-            )
-            self.assertEqual(error.error_type, "api_error")
+        for data in [[], {}, {"choices": []}, {"choices": [{"index": 0}]}, {"choices": ["x"]}]:
+            _, failed = chat_message(data)
+            self.assertTrue(failed, data)
 
 
 # -- streamed Chat answers ---------------------------------------------------------------------
@@ -775,18 +801,22 @@ def tool_delta(
 
 
 class ChatStreamTests(StreamChecks):
+    """A streamed Chat answer (:class:`ChatDecoder`) as Messages stream events."""
+
     def convert(
         self, chunks: list[dict[str, Any]], thinking: bool = False
     ) -> tuple[list[Event], dict[str, Any]]:
-        converter = ChatStreamToMessages(model="claude-x", thinking_allowed=thinking)
+        decoder = ChatDecoder()
+        encoder = MessagesEncoder(model="claude-x", thinking_allowed=thinking)
         events: list[Event] = []
         for item in chunks:
-            events.extend(converter.feed(item))
-        events.extend(converter.finish())
-        self.assertTrue(converter.done)
-        self.assertEqual(converter.finish(), [])
-        self.assertEqual(converter.feed(chunk({"content": "late"})), [])
-        message = converter.message()
+            events.extend(encoder.encode(decoder.feed(item)))
+        events.extend(encoder.encode(decoder.end()))
+        self.assertTrue(decoder.done)
+        self.assertTrue(encoder.done)
+        self.assertEqual(decoder.end(), [])
+        self.assertEqual(decoder.feed(chunk({"content": "late"})), [])
+        message = encoder.message()
         self.check_stream(events, message)
         return events, message
 
@@ -928,13 +958,32 @@ class ChatStreamTests(StreamChecks):
         self.assertEqual([d["partial_json"] for d in deltas(events)], ['{"x":1}'])
         self.assertEqual(message["content"][0]["input"], {"x": 1})
 
-    def test_toolCallWithoutNameFlushedAtEnd(self) -> None:
+    def test_toolCallWithoutNameLeftOut(self) -> None:
+        """A call that never gets a name cannot be run: left out (ChatDecoder's docstring)."""
         events, message = self.convert(
-            [chunk(tool_delta(0, arguments="{}")), chunk({}, "tool_calls")]
+            [
+                chunk({"content": "x"}),
+                chunk(tool_delta(0, arguments="{}")),
+                chunk({}, "tool_calls"),
+            ]
         )
-        self.assertEqual(len(blocks(events)), 1)
-        self.assertEqual(message["content"][0]["name"], "")
-        self.assertTrue(message["content"][0]["id"].startswith("toolu_"))
+        self.assertEqual(blocks(events), [{"type": "text", "text": ""}])
+        self.assertEqual(message["content"], [{"type": "text", "text": "x"}])
+        self.assertEqual(message["stop_reason"], "end_turn")
+
+    def test_toolCallWithoutIdOrArguments(self) -> None:
+        """A fresh ``toolu_`` id, and ``{}`` for arguments that never came."""
+        events, message = self.convert([chunk(tool_delta(0, name="now")), chunk({}, "tool_calls")])
+        [block] = message["content"]
+        self.assertTrue(block["id"].startswith("toolu_"))
+        self.assertEqual((block["name"], block["input"]), ("now", {}))
+        self.assertEqual([d["partial_json"] for d in deltas(events)], ["{}"])
+
+    def test_argumentsAsAnObject(self) -> None:
+        fragment = {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f"}}]}
+        more = {"tool_calls": [{"index": 0, "function": {"arguments": {"k": 1}}}]}
+        _events, message = self.convert([chunk(fragment), chunk(more), chunk({}, "tool_calls")])
+        self.assertEqual(message["content"][0]["input"], {"k": 1})
 
     def test_fragmentForClosedCallDropped(self) -> None:
         chunks = [
@@ -973,6 +1022,12 @@ class ChatStreamTests(StreamChecks):
             final_delta(events)["delta"], {"stop_reason": "stop_sequence", "stop_sequence": "END"}
         )
 
+    def test_reasoningNewerName(self) -> None:
+        chunks = [chunk({"reasoning": "hm"}), chunk({"content": "x"}), chunk({}, finish="stop")]
+        _events, message = self.convert(chunks, thinking=True)
+        self.assertEqual(message["content"][0], {"type": "thinking", "thinking": "hm",
+                                                 "signature": ""})  # fmt: skip
+
     def test_refusal(self) -> None:
         events, message = self.convert([chunk({"refusal": "I can't."}), chunk({}, "stop")])
         self.assertEqual(message["content"], [{"type": "text", "text": "I can't."}])
@@ -988,10 +1043,12 @@ class ChatStreamTests(StreamChecks):
         self.assertEqual([b["type"] for b in message["content"]], ["tool_use", "text"])
 
     def test_upstreamErrorChunk(self) -> None:
-        converter = ChatStreamToMessages(model="claude-x", thinking_allowed=False)
-        events = converter.feed(chunk({"content": "par"}))
-        events += converter.feed({"error": {"message": "overloaded", "type": "server_error"}})
-        self.assertEqual(converter.finish(), [])
+        decoder = ChatDecoder()
+        encoder = MessagesEncoder(model="claude-x", thinking_allowed=False)
+        events = encoder.encode(decoder.feed(chunk({"content": "par"})))
+        error = {"error": {"message": "overloaded", "type": "server_error"}}
+        events += encoder.encode(decoder.feed(error))
+        self.assertEqual(decoder.end(), [])
         self.check_stream(events)
         self.assertEqual(
             events[-1],
@@ -999,15 +1056,16 @@ class ChatStreamTests(StreamChecks):
         )
 
     def test_fail(self) -> None:
-        converter = ChatStreamToMessages(
+        decoder = ChatDecoder()
+        encoder = MessagesEncoder(
             model="claude-x", thinking_allowed=False, message_id="msg_fixed", input_tokens=42
         )
-        events = converter.start()
+        events = encoder.start()
         self.assertEqual(events[0][1]["message"]["id"], "msg_fixed")
         self.assertEqual(events[0][1]["message"]["usage"]["input_tokens"], 42)
-        events += converter.feed(chunk({"content": "x"}))
-        events += converter.fail("the upstream went away")
-        self.assertEqual(converter.fail("again"), [])
+        events += encoder.encode(decoder.feed(chunk({"content": "x"})))
+        events += encoder.fail("the upstream went away")
+        self.assertEqual(encoder.fail("again"), [])
         self.check_stream(events)
         self.assertEqual(events[-1][1]["error"]["message"], "the upstream went away")
 
@@ -1271,8 +1329,9 @@ class SDKClientTests(SynchronousTestCase):
         def respond(body: dict[str, Any]) -> Any:
             chat = messages_to_chat(body, target="served", thinking_allowed=True)
             self.assertEqual(chat["reasoning_effort"], "low")
-            converter = ChatStreamToMessages(model=body["model"], thinking_allowed=True)
-            events = [*converter.start(), PING]
+            decoder = ChatDecoder()
+            encoder = MessagesEncoder(model=body["model"], thinking_allowed=True)
+            events = [*encoder.start(), PING]
             for item in [
                 chunk({"reasoning_content": "think"}),
                 chunk({"content": "Checking."}),
@@ -1280,8 +1339,8 @@ class SDKClientTests(SynchronousTestCase):
                 chunk(tool_delta(0, arguments='"Paris"}'), finish="tool_calls"),
                 usage_chunk(10, 5),
             ]:
-                events += converter.feed(item)
-            return self.sse(events + converter.finish())
+                events += encoder.encode(decoder.feed(item))
+            return self.sse(events + encoder.encode(decoder.end()))
 
         client = self.client(respond)
         with client.messages.stream(
@@ -1324,9 +1383,7 @@ class SDKClientTests(SynchronousTestCase):
     def test_whole(self) -> None:
         def respond(body: dict[str, Any]) -> Any:
             answer = completion({"role": "assistant", "content": "ok"})
-            message = chat_completion_to_message(
-                answer, model=body["model"], thinking_allowed=False
-            )
+            message, _ = chat_message(answer, model=body["model"])
             return HTTP.Response(200, json=message)
 
         message = self.client(respond).messages.create(
