@@ -13,12 +13,12 @@ The Anthropic-compatible client surface.
   :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions``; the answer,
   streamed or one ``chat.completion``, decoded into canonical events
   (:class:`~iop.edge.ingress.chat_decode.ChatDecoder`) and encoded by
-  :class:`~iop.edge.ingress.bridge.MessagesEncoder` (:meth:`.Work.relay_chat`). An upstream
-  error status comes back with that status in the Anthropic error shape.
+  :class:`~iop.edge.ingress.messages_encode.MessagesEncoder` (:meth:`.Work.relay_chat`). An
+  upstream error status comes back with that status in the Anthropic error shape.
 - **bridge** on a run provider (Ollama, CLI agents): the converted chat request is the run input;
-  :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
-  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
-  through the Messages encoder).
+  :class:`~iop.edge.ingress.messages_encode.RunEventsToMessages` /
+  :func:`~iop.edge.ingress.messages_encode.run_events_to_message` answer (the run's canonical
+  events through the Messages encoder).
 
 Thinking blocks reach the client only when the profile allows them over the bridge
 (:func:`~iop.edge.ingress.profiles.thinking_allowed`) and the request asked for thinking. A
@@ -53,17 +53,7 @@ from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress import canonical
-from iop.edge.ingress.bridge import (
-    BridgeError,
-    Event,
-    MessagesEncoder,
-    RunEventsToMessages,
-    UpstreamError,
-    format_sse,
-    messages_to_chat,
-    run_events_to_message,
-    thinking_requested,
-)
+from iop.edge.ingress.bridge import BridgeError, messages_to_chat, thinking_requested
 from iop.edge.ingress.errors import ApiError, bad_request, unsupported
 from iop.edge.ingress.http import (
     header,
@@ -72,6 +62,14 @@ from iop.edge.ingress.http import (
     positive_int,
     render_json,
     required_model,
+)
+from iop.edge.ingress.messages_encode import (
+    Event,
+    MessagesEncoder,
+    RunEventsToMessages,
+    UpstreamError,
+    format_sse,
+    run_events_to_message,
 )
 from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for

@@ -30,7 +30,7 @@ the call ends where the next call, text, reasoning or the finish begins. A decod
 fragment for a call that has ended.
 
 Each surface has a stream encoder and a whole-body encoder over these events
-(:class:`~.openai.ChatEncoder`, :class:`~.bridge.MessagesEncoder`,
+(:class:`~.openai.ChatEncoder`, :class:`~.messages_encode.MessagesEncoder`,
 :class:`~.responses.ResponsesEncoder`), and each reads every kind: a whole ``TOOL_CALL`` is
 encoded as a start and its arguments in one fragment. The decoders: :class:`RunDecoder` (a
 normalized run), :class:`~.chat_decode.ChatDecoder` (a Chat Completions answer through the

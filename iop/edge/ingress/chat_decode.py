@@ -4,7 +4,7 @@ A Chat Completions answer read once: :class:`ChatDecoder` turns a provider's
 ``chat.completion.chunk`` stream (:meth:`ChatDecoder.feed`, :meth:`ChatDecoder.end`) or one
 whole ``chat.completion`` (:meth:`ChatDecoder.completion`) into the canonical answer stream
 (:mod:`.canonical`). It serves every surface that is not Chat over an ``openai_chat`` provider:
-Anthropic Messages (:class:`~.bridge.MessagesEncoder`) and Responses
+Anthropic Messages (:class:`~.messages_encode.MessagesEncoder`) and Responses
 (:class:`~.responses.ResponsesEncoder`). A Chat client on a Chat provider needs none of it: the
 tunnel passes the provider's bytes through.
 

@@ -30,7 +30,11 @@ from iop.test.edge.ingress.harness import (
     start,
     usage,
 )
-from iop.test.edge.ingress.test_bridge import check_order, validate_events, validate_message
+from iop.test.edge.ingress.test_messages_encode import (
+    check_order,
+    validate_events,
+    validate_message,
+)
 from iop.testing.fake_openai import FakeOpenAI
 from iop.wire import runtime_pb2 as pb
 

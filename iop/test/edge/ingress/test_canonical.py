@@ -8,8 +8,8 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.ingress.bridge import MessagesEncoder
 from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
+from iop.edge.ingress.messages_encode import MessagesEncoder
 from iop.edge.ingress.openai import ChatEncoder
 from iop.edge.ingress.responses import ResponsesEncoder
 from iop.runtime.events import RuntimeEvent, Usage

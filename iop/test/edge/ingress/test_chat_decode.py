@@ -10,9 +10,9 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.ingress.bridge import MessagesEncoder
 from iop.edge.ingress.canonical import REFUSAL, Event, Kind
 from iop.edge.ingress.chat_decode import ChatDecoder
+from iop.edge.ingress.messages_encode import MessagesEncoder
 from iop.edge.ingress.responses import ResponsesEncoder
 from iop.runtime.events import Usage
 
