@@ -10,21 +10,21 @@ The Anthropic-compatible client surface.
   client's ``anthropic-version`` (default ``2023-06-01``) and ``anthropic-beta`` headers; the
   provider's status, content type and bytes come back untouched.
 - **bridge** on a tunnel provider (an ``openai_chat`` profile, or none):
-  :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions`` → the SSE
-  parsed with :class:`~iop.formats.sse.SSEParser` and converted by
-  :class:`~iop.edge.ingress.bridge.ChatStreamToMessages` (or one ``chat.completion`` by
-  :func:`~iop.edge.ingress.bridge.chat_completion_to_message`). An upstream error status comes
-  back with that status in the Anthropic error shape.
+  :func:`~iop.edge.ingress.bridge.messages_to_chat` → tunnel ``chat_completions``; the answer,
+  streamed or one ``chat.completion``, decoded into canonical events
+  (:class:`~iop.edge.ingress.chat_decode.ChatDecoder`) and encoded by
+  :class:`~iop.edge.ingress.messages_encode.MessagesEncoder` (:meth:`.Work.relay_chat`). An
+  upstream error status comes back with that status in the Anthropic error shape.
 - **bridge** on a run provider (Ollama, CLI agents): the converted chat request is the run input;
-  :class:`~iop.edge.ingress.bridge.RunEventsToMessages` /
-  :func:`~iop.edge.ingress.bridge.run_events_to_message` answer (the run's canonical events
-  through the Messages encoder).
+  :class:`~iop.edge.ingress.messages_encode.RunEventsToMessages` /
+  :func:`~iop.edge.ingress.messages_encode.run_events_to_message` answer (the run's canonical
+  events through the Messages encoder).
 - **over Responses** (an ``openai_responses`` profile): :func:`over_responses` — the bridge's
   Chat request translated once more (:func:`~iop.edge.ingress.chat_responses.chat_to_responses`),
   tunnel ``responses``, the answer decoded into canonical events
   (:class:`~iop.edge.ingress.chat_responses.ResponsesDecoder`) and encoded by
-  :class:`~iop.edge.ingress.bridge.MessagesEncoder`. An upstream error status comes back with
-  that status in the Anthropic error shape.
+  :class:`~iop.edge.ingress.messages_encode.MessagesEncoder`. An upstream error status comes
+  back with that status in the Anthropic error shape.
 
 Thinking blocks reach the client only when the profile allows them over the bridge
 (:func:`~iop.edge.ingress.profiles.thinking_allowed`) and the request asked for thinking. A
@@ -60,19 +60,7 @@ from twisted.web.iweb import IRequest
 
 from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress import canonical
-from iop.edge.ingress.bridge import (
-    BridgeError,
-    ChatStreamToMessages,
-    Event,
-    MessagesEncoder,
-    RunEventsToMessages,
-    UpstreamError,
-    chat_completion_to_message,
-    format_sse,
-    messages_to_chat,
-    run_events_to_message,
-    thinking_requested,
-)
+from iop.edge.ingress.bridge import BridgeError, messages_to_chat, thinking_requested
 from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
 from iop.edge.ingress.errors import ApiError, bad_request, unsupported, upstream_error
 from iop.edge.ingress.http import (
@@ -83,6 +71,14 @@ from iop.edge.ingress.http import (
     render_json,
     required_model,
 )
+from iop.edge.ingress.messages_encode import (
+    Event,
+    MessagesEncoder,
+    RunEventsToMessages,
+    UpstreamError,
+    format_sse,
+    run_events_to_message,
+)
 from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import (
@@ -92,14 +88,7 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import (
-    ChatStream,
-    Collect,
-    DecodedStream,
-    PassThrough,
-    Work,
-    json_headers,
-)
+from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
@@ -240,23 +229,16 @@ class MessagesCodec:
             raise bad_request(e.message) from None
         show = allowed and thinking_requested(body)
         if placement.wire == "tunnel":
+            encoder = MessagesEncoder(model=model, thinking_allowed=show)
 
-            def convert(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                if not _is_success(status):
-                    raise upstream_error(status, data)
-                try:
-                    completion = json.loads(data)
-                    message = chat_completion_to_message(
-                        completion, model=model, thinking_allowed=show
-                    )
-                except (ValueError, UpstreamError) as e:
-                    text = e.message if isinstance(e, UpstreamError) else "not JSON"
-                    raise ApiError(
-                        502, f"the provider's answer could not be converted: {text}"
-                    ) from None
-                return render_json(work.request, message)
+            def encode(events: list[canonical.Event]) -> bytes:
+                return _sse(encoder.encode(events))
 
-            return await work.relay_chat(stream, lambda: bridge_stream(model, show), convert, chat)
+            def as_message(events: list[canonical.Event]) -> bytes:
+                encoder.encode(events)
+                return render_json(work.request, encoder.message())
+
+            return await work.relay_chat(chat, stream, encode, as_message)
         converter = RunEventsToMessages(model=model, thinking_allowed=show)
 
         def feed(event: RuntimeEvent) -> bytes:
@@ -284,8 +266,8 @@ async def over_responses(work: Work, body: dict[str, Any]) -> bytes:
     A Messages request on a native Responses provider: Messages → Chat (the bridge's request
     rules) → Responses (:func:`~.chat_responses.chat_to_responses`), tunnel ``responses``; the
     answer decoded into canonical events (:class:`~.chat_responses.ResponsesDecoder`) and
-    encoded by :class:`~.bridge.MessagesEncoder`, streamed or whole. An upstream error status
-    comes back with that status in the Anthropic shape.
+    encoded by :class:`~.messages_encode.MessagesEncoder`, streamed or whole. An upstream
+    error status comes back with that status in the Anthropic shape.
     """
     placement = work.placement
     stream = body.get("stream") is True
@@ -303,14 +285,13 @@ async def over_responses(work: Work, body: dict[str, Any]) -> bytes:
         model=placement.model, thinking_allowed=allowed and thinking_requested(body)
     )
     source = work.tunnel("responses", request, stream, json_headers(stream))
-    # Whole TOOL_CALL events (fragments=False) until the Messages encoder reads streamed
-    # tool-call fragments; then a streamed answer can pass them on as they come.
+    # Tool calls stream as they come (the Messages encoder reads their fragments).
     if stream:
 
         def encode(events: list[canonical.Event]) -> bytes:
             return _sse(encoder.encode(events))
 
-        return await work.relay(DecodedStream(ResponsesDecoder(fragments=False), encode), source)
+        return await work.relay(DecodedStream(ResponsesDecoder(), encode), source)
 
     def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
         if not _is_success(status):
@@ -319,7 +300,7 @@ async def over_responses(work: Work, body: dict[str, Any]) -> bytes:
             response = json.loads(data)
         except ValueError:
             response = None
-        decoder = ResponsesDecoder(fragments=False)
+        decoder = ResponsesDecoder()
         encoder.encode(decoder.response(response))
         if decoder.failed is not None:
             raise ApiError(
@@ -387,16 +368,6 @@ def _thinking_budget(body: dict[str, Any], policy: ModelConfig | None) -> int:
         elif thinking.get("type") == "enabled" and isinstance(thinking.get("budget_tokens"), int):
             budget = int(thinking["budget_tokens"])
     return budget
-
-
-def bridge_stream(model: str, show: bool) -> ChatStream[Event]:
-    """A streamed Chat answer through a tunnel as Anthropic stream events (an ``error`` event
-    ends a stream that cannot be converted)."""
-    return ChatStream(
-        ChatStreamToMessages(model=model, thinking_allowed=show),
-        _sse,
-        lambda events: any(name == "error" for name, _ in events),
-    )
 
 
 def _sse(events: list[Event]) -> bytes:

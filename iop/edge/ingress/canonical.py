@@ -8,31 +8,36 @@ A source's answer, whatever wire carried it, becomes a sequence of canonical eve
 ==============  ============================================================================
 ``START``       the answer started (a surface's opening event: ``message_start``, the role
                 chunk, ``response.created``)
-``TEXT``        answer text (``text``)
+``TEXT``        answer text (``text``); ``reason`` is :data:`REFUSAL` when the text is the
+                model's refusal (OpenAI's ``refusal`` field): shown as text, and the Messages
+                surface's ``stop_reason`` is ``refusal``
 ``REASONING``   reasoning text (``text``, may be empty: a surface decides what it shows)
 ``TOOL_CALL``   one whole tool call (``call``: the provider's object, its ``id``, ``name`` and
                 ``arguments`` as given — each surface normalises them its own way)
 ``REVISED``     the text so far is really ``text`` (a text tool-call reply parsed out of an
                 answer that was not held back: a whole-body encoder reads it; a stream has
                 already sent what it sent)
-``FINISH``      the answer ended well: the provider's ``reason`` (as reported, or None) and
-                its ``usage``
+``FINISH``      the answer ended well: the provider's ``reason`` (OpenAI's finish reasons, as
+                reported, or None), its ``usage``, and ``stop``: the stop string that ended it
+                when the provider names it (vLLM's ``stop_reason``; Messages'
+                ``stop_sequence``), else None
 ``FAILED``      the answer failed: ``terminal`` is the failing run event
 ==============  ============================================================================
 
-A tool call may also stream as it comes: ``TOOL_CALL_START`` (``call``: its ``id`` and
-``name``), then ``TOOL_CALL_DELTA`` events (``text``: the next argument fragment); the call ends
-where the next call, text or the finish begins.
+A tool call may also stream as it comes: ``TOOL_CALL_START`` (``call``: its ``id``, possibly
+empty, and ``name``), then ``TOOL_CALL_DELTA`` events (``text``: the next argument fragment);
+the call ends where the next call, text, reasoning or the finish begins. A decoder sends no
+fragment for a call that has ended.
 
 Each surface has a stream encoder and a whole-body encoder over these events
-(:class:`~.openai.ChatEncoder`, :class:`~.bridge.MessagesEncoder`,
-:class:`~.responses.ChatToResponses` via :meth:`~.responses.ChatToResponses.encode`). Besides
-:class:`RunDecoder` (a normalized run), two decoders read a native provider's answer in another
-protocol than the client's: :class:`~.chat_messages.MessagesDecoder` (Anthropic Messages, for
-Chat or Responses) and :class:`~.chat_responses.ResponsesDecoder` (OpenAI Responses, for Chat or
-Messages). Streamed tool-call fragments (``TOOL_CALL_START``/``TOOL_CALL_DELTA``) are read by
-the Chat and Responses encoders; a decoder feeding another encoder gives whole ``TOOL_CALL``
-events instead.
+(:class:`~.openai.ChatEncoder`, :class:`~.messages_encode.MessagesEncoder`,
+:class:`~.responses.ResponsesEncoder`), and each reads every kind: a whole ``TOOL_CALL`` is
+encoded as a start and its arguments in one fragment. The decoders: :class:`RunDecoder` (a
+normalized run), :class:`~.chat_decode.ChatDecoder` (a Chat Completions answer through the
+tunnel, for the Messages and Responses surfaces), :class:`~.chat_messages.MessagesDecoder` (a
+native Messages answer, for the Chat and Responses surfaces) and
+:class:`~.chat_responses.ResponsesDecoder` (a native Responses answer, for the Chat and
+Messages surfaces). No code converts one wire's answer into another's directly.
 
 :class:`RunDecoder` is the one place a normalized run's events are read: ``delta`` → text,
 ``reasoning_delta`` → reasoning, ``complete`` → tool calls (``metadata["openai_tool_calls"]``,
@@ -58,12 +63,23 @@ from iop.edge.ingress.tools import (
 )
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 
-__all__ = ["FINISH_REASONS", "Event", "Kind", "RunDecoder", "finish_reason", "tool_call"]
+__all__ = [
+    "FINISH_REASONS",
+    "REFUSAL",
+    "START",
+    "Event",
+    "Kind",
+    "RunDecoder",
+    "finish_reason",
+    "tool_call",
+]
 
 # Where a text tool-call reply may begin: a JSON object or a code fence.
 _CANDIDATE = re.compile(r"[{`]")
 # The finish reasons an answer reports as they are (OpenAI's vocabulary).
 FINISH_REASONS = frozenset({"stop", "length", "tool_calls", "content_filter", "function_call"})
+# The ``reason`` of a TEXT event that is the model's refusal.
+REFUSAL = "refusal"
 
 
 def finish_reason(reported: Any, *, tool_calls: bool) -> str:
@@ -76,9 +92,10 @@ def finish_reason(reported: Any, *, tool_calls: bool) -> str:
     return "stop"
 
 
-def tool_call(call: Any) -> dict[str, Any] | None:
+def tool_call(call: Any, *, prefix: str = "call_") -> dict[str, Any] | None:
     """One tool call in the canonical shape, OpenAI's ``message.tool_calls`` entry (a name, the
-    arguments as JSON text, an id made up when it has none), or None when it has no name."""
+    arguments as JSON text, an id made up with ``prefix`` when it has none), or None when it
+    has no name: a call nobody can run is left out, on every surface."""
     if not isinstance(call, dict):
         return None
     function = call.get("function")
@@ -93,7 +110,7 @@ def tool_call(call: Any) -> dict[str, Any] | None:
         arguments = json.dumps(arguments, ensure_ascii=False)
     call_id = call.get("id")
     return {
-        "id": call_id if isinstance(call_id, str) and call_id else new_call_id(),
+        "id": call_id if isinstance(call_id, str) and call_id else new_call_id(prefix),
         "type": "function",
         "function": {"name": name, "arguments": arguments},
     }
@@ -120,6 +137,7 @@ class Event(NamedTuple):
     reason: Any = None
     usage: Usage | None = None
     terminal: RuntimeEvent | None = None
+    stop: str | None = None
 
 
 START = Event(Kind.START)

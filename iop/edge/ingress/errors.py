@@ -103,9 +103,9 @@ class ApiError(Exception):
     ``param`` fill the OpenAI shape; ``headers`` are added to the response: the caller's, plus
     ``x-should-retry: false`` on a 4xx a retry cannot fix (all but 408, 409, 429) and
     ``retry-after`` (:data:`RETRY_AFTER_SEC`) on 429/503/529 when the caller gave none (and did
-    not say ``x-should-retry: false`` itself). ``surface_headers`` are added only on the named surface (each API's own rate-limit
-    headers); ``openai_type`` replaces the OpenAI error type the status implies (a spent
-    budget is ``insufficient_quota``).
+    not say ``x-should-retry: false`` itself). ``surface_headers`` are added only on the named
+    surface (each API's own rate-limit headers); ``openai_type`` replaces the OpenAI error type
+    the status implies (a spent budget is ``insufficient_quota``).
     """
 
     def __init__(

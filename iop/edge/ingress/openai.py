@@ -42,7 +42,7 @@ The OpenAI-compatible client surface.
     :mod:`iop.edge.ingress.responses` turns the request into a chat request (tunnel
     ``chat_completions``, or the run input) and the answer into Responses events or one
     ``response`` object; a run's canonical events are encoded as Responses events directly
-    (:meth:`~iop.edge.ingress.responses.ChatToResponses.encode`), a whole answer through the
+    (:meth:`~iop.edge.ingress.responses.ResponsesEncoder.encode`), a whole answer through the
     Chat encoder's ``chat.completion``.
   - **bridge over Messages** (an ``anthropic_messages`` provider, as Chat's bridge): the chat
     request is translated once more (:func:`~iop.edge.ingress.chat_messages.chat_to_messages`,
@@ -89,11 +89,10 @@ from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
 from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
-    ChatToResponses,
+    ResponsesEncoder,
     RunEventsToResponses,
     chat_completion_to_response,
     format_events,
-    responses_stream,
     responses_to_chat,
 )
 from iop.edge.ingress.sources import Gateway
@@ -709,7 +708,7 @@ class ResponsesCodec:
         headers = [*json_headers(stream), ("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]
         source = work.tunnel("messages", request, stream, headers)
         if stream:
-            converter = ChatToResponses(
+            converter = ResponsesEncoder(
                 model=placement.model, request=body, created=created, names=bridged.names
             )
 
@@ -758,32 +757,19 @@ class ResponsesCodec:
             body, target=placement.target, reasoning_allowed=allowed, max_tokens=limit
         )
         created = int(self._clock.seconds())
-        converter = ChatToResponses(model=model, request=body, created=created, names=bridged.names)
+        converter = ResponsesEncoder(
+            model=model, request=body, created=created, names=bridged.names
+        )
         if not run:
 
-            def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-                if not 200 <= status < 300:
-                    raise upstream_error(status, data)
-                try:
-                    completion = json.loads(data)
-                except ValueError:
-                    completion = None
-                if not isinstance(completion, dict):
-                    raise ApiError(502, "the provider's answer is not JSON", code="upstream_error")
-                return render_json(
-                    work.request,
-                    chat_completion_to_response(
-                        completion,
-                        model=model,
-                        request=body,
-                        created=created,
-                        names=bridged.names,
-                    ),
-                )
+            def encode(events: list[Event]) -> bytes:
+                return format_events(converter.encode(events))
 
-            return await work.relay_chat(
-                stream, lambda: responses_stream(converter), whole, bridged.chat
-            )
+            def as_response(events: list[Event]) -> bytes:
+                converter.encode(events)
+                return render_json(work.request, converter.response())
+
+            return await work.relay_chat(bridged.chat, stream, encode, as_response)
         chunker = RunEventsToChunks(model=model, include_usage=True, created=created)
         events = RunEventsToResponses(
             converter, hold_back=stream and bool(bridged.chat.get("tools"))

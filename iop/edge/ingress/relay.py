@@ -23,18 +23,17 @@ Relay (:func:`relay`)
     placement's lease lives exactly as long as the work on the node.
 
 Transforms here: :class:`PassThrough` (tunnel bytes untouched), :class:`Collect` (a tunnel's
-whole body, for a caller that converts it), :class:`ChatStream` (a tunnel's Chat SSE answer,
-converted chunk by chunk: the Anthropic and Responses bridges), :class:`DecodedStream` (a
-tunnel's SSE in another protocol decoded into canonical events and encoded for the client:
-Chat over a native Messages provider), :class:`RunStream` (each run
-event converted) and :class:`RunCollect` (all of a run's events, one answer). The admin NDJSON
-stream is defined where it is used.
+whole body, for a caller that converts it), :class:`DecodedStream` (a tunnel's SSE in another
+protocol than the client's, decoded into canonical events and encoded for the client: Messages
+or Responses over a Chat provider, Chat or Responses over a native Messages provider),
+:class:`RunStream` (each run event converted) and :class:`RunCollect` (all of a run's events,
+one answer). The admin NDJSON stream is defined where it is used.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -46,6 +45,7 @@ from twisted.web.iweb import IRequest
 from iop.config.model import ClientKey
 from iop.edge.errors import DispatchError, PoolError
 from iop.edge.ingress import canonical
+from iop.edge.ingress.chat_decode import ChatDecoder
 from iop.edge.ingress.errors import ApiError, run_error, upstream_error
 from iop.edge.ingress.record import RequestRecord
 from iop.edge.ingress.sources import (
@@ -68,8 +68,6 @@ __all__ = [
     "CLIENT_GONE",
     "MAX_COLLECTED_BYTES",
     "PASSTHROUGH_HEADERS",
-    "ChatStream",
-    "ChatStreamConverter",
     "Collect",
     "Cut",
     "DecodedStream",
@@ -457,17 +455,42 @@ class Work:
 
     def relay_chat(
         self,
-        stream: bool,
-        streamed: Callable[[], ChatStream[Any]],
-        whole: Callable[[int, HeaderList, bytes], bytes],
         chat: dict[str, Any],
+        stream: bool,
+        encode: Callable[[list[canonical.Event]], bytes],
+        whole: Callable[[list[canonical.Event]], bytes],
     ) -> Coroutine[Any, Any, bytes]:
         """
-        Send ``chat`` through the provider's Chat Completions tunnel and answer it in the
-        surface's shape: each SSE chunk converted (``streamed()``'s transform), or the whole
-        body (``whole(status, headers, body)``).
+        Send ``chat`` through the provider's Chat Completions tunnel and answer in the client's
+        surface: the answer decoded once (:class:`~.chat_decode.ChatDecoder`) and its canonical
+        events encoded — streamed, each SSE batch's events through ``encode``
+        (:class:`DecodedStream`); whole, all the answer's events (tool calls whole) through
+        ``whole`` for the response body. An upstream error status is answered with that status
+        in the surface's shape; a whole answer that is not a chat completion is a 502.
         """
-        transform: ChatStream[Any] | Collect = streamed() if stream else Collect(whole)
+        transform: DecodedStream | Collect
+        if stream:
+            transform = DecodedStream(ChatDecoder(), encode)
+        else:
+
+            def answer(status: int, headers: HeaderList, data: bytes) -> bytes:
+                if not 200 <= status < 300:
+                    raise upstream_error(status, data)
+                try:
+                    completion = json.loads(data)
+                except ValueError:
+                    completion = None
+                decoder = ChatDecoder(fragments=False)
+                events = decoder.completion(completion)
+                if decoder.failed is not None:
+                    raise ApiError(
+                        502,
+                        f"the provider's answer could not be converted: {decoder.failed}",
+                        code="upstream_error",
+                    )
+                return whole(events)
+
+            transform = Collect(answer)
         return self.relay(
             transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
         )
@@ -512,108 +535,12 @@ class PassThrough:
         return b""
 
 
-class ChatStreamConverter(Protocol[E]):
-    """A Chat stream chunk converter (the Anthropic and Responses bridges' streams)."""
-
-    @property
-    def done(self) -> bool: ...
-
-    def feed(self, chunk: Mapping[str, Any]) -> list[E]: ...
-
-    def finish(self) -> list[E]: ...
-
-    def fail(self, message: str) -> list[E]: ...
-
-
-class ChatStream(Generic[E]):
-    """
-    A streamed Chat answer through a tunnel, converted chunk by chunk for another surface. An
-    upstream error status is collected and answered with that status in the surface's shape; a
-    provider stream that cannot be converted (bad SSE, a chunk that is not a JSON object, or a
-    chunk the converter fails on — ``failed``) ends with the converter's failure and stops the
-    provider. ``encode`` writes the converter's events as SSE.
-    """
-
-    def __init__(
-        self,
-        converter: ChatStreamConverter[E],
-        encode: Callable[[list[E]], bytes],
-        failed: Callable[[list[E]], bool],
-    ) -> None:
-        self._converter = converter
-        self._encode = encode
-        self._failed = failed
-        self._parser = SSEParser()
-        self._status = 0
-        self._error: list[bytes] | None = None
-
-    def head(self, start: tuple[int, HeaderList]) -> Head | None:
-        self._status, _ = start
-        if not 200 <= self._status < 300:
-            self._error = []
-            return None
-        return Head(200, "text/event-stream")
-
-    def feed(self, item: bytes) -> bytes:
-        if self._error is not None:
-            self._error.append(item)
-            return b""
-        converter = self._converter
-        if converter.done:
-            return b""
-        out: list[E] = []
-        try:
-            events = self._parser.feed(item)
-        except SSEError as e:
-            out += converter.fail(f"the provider's stream is malformed: {e}")
-            raise Stop(_UNCONVERTIBLE, self._encode(out)) from None
-        self._convert(events, out)
-        if self._failed(out):
-            # The answer failed before the provider's body ended: stop the provider.
-            raise Stop(_UNCONVERTIBLE, self._encode(out))
-        return self._encode(out)
-
-    def end(self, ending: TunnelOutcome) -> bytes:
-        if self._error is not None:
-            raise upstream_error(self._status, b"".join(self._error))
-        converter = self._converter
-        if converter.done:
-            return b""
-        out: list[E] = []
-        try:
-            self._convert(self._parser.finish(), out)
-        except SSEError as e:
-            out += converter.fail(f"the provider's stream is malformed: {e}")
-        if not converter.done:
-            if ending.ok:
-                out += converter.finish()
-            else:
-                out += converter.fail(f"the provider's stream failed: {ending.error}")
-        return self._encode(out)
-
-    def _convert(self, events: list[SSEEvent], out: list[E]) -> None:
-        converter = self._converter
-        for event in events:
-            if converter.done:
-                return
-            if event.is_done:
-                out += converter.finish()
-                continue
-            try:
-                chunk = json.loads(event.data)
-            except ValueError:
-                chunk = None
-            if not isinstance(chunk, dict):
-                out += converter.fail("the provider sent a malformed stream chunk")
-                return
-            out += converter.feed(chunk)
-
-
 _UNCONVERTIBLE = "the provider's stream could not be converted"
 
 
 class CanonicalDecoder(Protocol):
-    """A provider's stream events in, canonical events out (:mod:`.chat_messages`)."""
+    """A provider's stream events in, canonical events out (:class:`~.chat_decode.ChatDecoder`,
+    :class:`~.chat_messages.MessagesDecoder`)."""
 
     @property
     def done(self) -> bool: ...
@@ -629,8 +556,10 @@ class DecodedStream:
     data decoded into canonical events (``decoder``) and encoded for the client's surface
     (``encode``: the events as the response's bytes). An upstream error status is collected and
     answered with that status in the surface's shape. A stream that cannot be parsed, or whose
-    answer failed (an ``error`` event), ends with the encoder's failure and stops the provider;
-    one that ends before its answer finished fails the same way.
+    answer failed (an error event or chunk, data that is not JSON), ends with the encoder's
+    failure and stops the provider; a body cut before its end fails the same way. ``data:
+    [DONE]`` (OpenAI's end of a stream) ends the answer as the body's clean end does
+    (``decoder.end()``: a Chat answer finishes; a Messages answer that did not finish fails).
     """
 
     def __init__(
@@ -693,6 +622,9 @@ class DecodedStream:
         decoder = self._decoder
         for event in events:
             if decoder.done:
+                break
+            if event.is_done:
+                out += decoder.end()
                 break
             try:
                 data = json.loads(event.data)

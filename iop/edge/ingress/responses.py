@@ -5,17 +5,18 @@ provider tunnel), by normalized runs (Ollama, CLI agents) and by native Messages
 Chat request translated once more, :mod:`.chat_messages`), answered in the exact shapes of the
 OpenAI Responses API. Native Responses providers never come here (the raw tunnel serves them).
 
-Pure conversion, plus the relay transform of a bridged tunnel stream:
+Pure conversion, no I/O:
 
 - :func:`responses_to_chat`: a ``/v1/responses`` body → a ``/chat/completions`` body (and the
   names of the flattened namespace tools, to map calls back).
-- :class:`ChatToResponses`: ``chat.completion.chunk`` dicts → Responses stream events; the same
-  object builds the final ``response``. :func:`chat_completion_to_response` feeds it one whole
-  ``chat.completion`` (so streamed and whole answers have the same output items).
-- :class:`RunEventsToResponses`: a normalized run's events → the canonical answer stream (the
-  one run conversion, :class:`~iop.edge.ingress.canonical.RunDecoder`) → Responses events
-  (:meth:`ChatToResponses.encode`).
-- :func:`responses_stream`: the relay transform of a streamed Chat answer over a tunnel.
+- :class:`ResponsesEncoder`: the surface's one encoder, canonical answer events
+  (:mod:`.canonical`) → Responses stream events; the same object builds the final
+  ``response``, so streamed and whole answers have the same output items. Whatever the source —
+  a Chat tunnel's answer (:class:`~.chat_decode.ChatDecoder`), a native Messages answer
+  (:class:`~.chat_messages.MessagesDecoder`), a run (:class:`RunEventsToResponses`, through
+  :class:`~iop.edge.ingress.canonical.RunDecoder`) — it is decoded into canonical events first.
+  :func:`chat_completion_to_response` encodes one whole ``chat.completion`` (a whole run's or
+  Messages answer, as the Chat encoder made it).
 
 Request mapping:
 
@@ -68,21 +69,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from iop.edge.ingress import canonical
+from iop.edge.ingress.chat_decode import ChatDecoder
 from iop.edge.ingress.errors import ApiError, bad_request, run_error
-from iop.edge.ingress.relay import ChatStream
 from iop.edge.ingress.tools import new_call_id
 from iop.formats.sse import format_event
-from iop.formats.usage import openai_chat_usage
 from iop.runtime.events import RuntimeEvent, Usage
 
 __all__ = [
     "NAMESPACE_JOIN",
     "Bridged",
-    "ChatToResponses",
+    "ResponsesEncoder",
     "RunEventsToResponses",
     "chat_completion_to_response",
     "format_events",
-    "responses_stream",
     "responses_to_chat",
 ]
 
@@ -357,12 +356,6 @@ def format_events(events: list[Event]) -> bytes:
     return b"".join(format_event(e, e["type"]) for e in events)
 
 
-def _usage(raw: Any) -> dict[str, Any] | None:
-    if not isinstance(raw, Mapping):
-        return None
-    return _response_usage(openai_chat_usage(raw))
-
-
 def _response_usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.input_tokens,
@@ -378,10 +371,6 @@ def _response_usage(usage: Usage) -> dict[str, Any]:
 
 def _output_text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def _object(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 @dataclass
@@ -421,19 +410,13 @@ class _Item:
         return item
 
 
-@dataclass
-class _Pending:
-    call_id: str | None = None
-    name: str = ""
-    arguments: str = ""
-    item: _Item | None = None
-
-
-class ChatToResponses:
+class ResponsesEncoder:
     """
-    ``chat.completion.chunk`` dicts in, Responses stream events out (:meth:`start`,
-    :meth:`feed`, :meth:`finish`, :meth:`fail`, each returning events); :meth:`response` is
-    the response as it stands (the final one once done).
+    Canonical answer events (:mod:`.canonical`) in, Responses stream events out
+    (:meth:`encode`); :meth:`response` is the response as it stands (the final one once done).
+    Tool calls whole or streamed (start, then argument fragments) become a ``function_call``
+    item and its ``arguments.delta`` events; a flattened namespace tool's calls come back with
+    their ``namespace`` and ``name`` (``names``).
     """
 
     def __init__(
@@ -454,9 +437,6 @@ class ChatToResponses:
         self._started = False
         self._items: list[_Item] = []
         self._open: _Item | None = None
-        self._calls: dict[int, _Pending] = {}
-        # Whole tool calls taken from canonical events (their indexes).
-        self._tool_count = 0
         self._finish: str | None = None
         self._usage: dict[str, Any] | None = None
         self.status = "in_progress"
@@ -580,78 +560,31 @@ class ChatToResponses:
         item.text += text
         self._event(out, "response.output_text.delta", **self._at(item), delta=text, logprobs=[])
 
-    def _tool(self, fragment: Any, position: int, out: list[Event]) -> None:
-        if not isinstance(fragment, dict):
+    def _call_start(self, call_id: Any, name: Any, out: list[Event]) -> None:
+        if not isinstance(name, str) or not name:
+            # A call nobody can run (canonical.tool_call): its fragments go nowhere.
+            self._close(out)
             return
-        index = fragment.get("index")
-        index = index if isinstance(index, int) and not isinstance(index, bool) else position
-        pending = self._calls.setdefault(index, _Pending())
-        if pending.item is not None and pending.item.done:
-            return  # a fragment for a call already closed: dropped (no known server does this)
-        if isinstance(fragment.get("id"), str) and fragment["id"] and pending.call_id is None:
-            pending.call_id = fragment["id"]
-        function = _object(fragment.get("function"))
-        if isinstance(function.get("name"), str) and pending.item is None:
-            pending.name += function["name"]
-        arguments = function.get("arguments")
-        arguments = arguments if isinstance(arguments, str) else ""
-        if pending.item is None:
-            pending.arguments += arguments
-            if not pending.name:
-                return
-            namespace, name = self._names.get(pending.name, (None, pending.name))
-            pending.item = self._open_item(
-                "function_call",
-                out,
-                "fc",
-                call_id=pending.call_id or new_call_id(),
-                name=name,
-                namespace=namespace,
-            )
-            arguments, pending.arguments = pending.arguments, ""
-        item = pending.item
-        if self._open is not item:
-            return
-        if arguments:
-            item.text += arguments
-            self._event(out, "response.function_call_arguments.delta", item_id=item.id,
-                        output_index=item.index, delta=arguments)  # fmt: skip
+        namespace, name = self._names.get(name, (None, name))
+        self._open_item(
+            "function_call",
+            out,
+            "fc",
+            call_id=call_id if isinstance(call_id, str) and call_id else new_call_id(),
+            name=name,
+            namespace=namespace,
+        )
 
-    def feed(self, chunk: Mapping[str, Any]) -> list[Event]:
-        out: list[Event] = []
-        if self.done:
-            return out
-        if "error" in chunk and not chunk.get("choices"):
-            error = chunk.get("error")
-            message = error.get("message") if isinstance(error, dict) else None
-            return self.fail(message if isinstance(message, str) else "the provider failed")
-        self._start(out)
-        if chunk.get("usage") is not None:
-            self._usage = _usage(chunk.get("usage"))
-        choices = chunk.get("choices")
-        for choice in choices if isinstance(choices, list) else []:
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = _object(choice.get("delta"))
-            for key in ("reasoning_content", "reasoning"):
-                if isinstance(delta.get(key), str) and delta[key]:
-                    self._reasoning(delta[key], out)
-                    break
-            for key in ("content", "refusal"):
-                if isinstance(delta.get(key), str) and delta[key]:
-                    self._text(delta[key], out)
-            calls = delta.get("tool_calls")
-            for position, fragment in enumerate(calls if isinstance(calls, list) else []):
-                self._tool(fragment, position, out)
-            if isinstance(choice.get("finish_reason"), str):
-                self._finish = choice["finish_reason"]
-        return out
+    def _call_arguments(self, text: str, out: list[Event]) -> None:
+        """Argument text for the open function call (none open: dropped)."""
+        item = self._open
+        if item is None or item.kind != "function_call" or not text:
+            return
+        item.text += text
+        self._event(out, "response.function_call_arguments.delta", item_id=item.id,
+                    output_index=item.index, delta=text)  # fmt: skip
 
     def encode(self, events: Iterable[canonical.Event]) -> list[Event]:
-        """Canonical answer events (:mod:`.canonical`) in, Responses events out: a run's
-        answer, converted once by :class:`~.canonical.RunDecoder`, or a native Messages answer
-        (:class:`~.chat_messages.MessagesDecoder`; its streamed tool calls, start then argument
-        fragments, become a ``function_call`` item and its ``arguments.delta`` events)."""
         out: list[Event] = []
         for event in events:
             if self.done:
@@ -664,31 +597,22 @@ class ChatToResponses:
             self._start(out)
             if kind == canonical.Kind.TEXT:
                 self._text(event.text, out)
+            elif kind == canonical.Kind.TOOL_CALL_DELTA:
+                self._call_arguments(event.text, out)
             elif kind == canonical.Kind.REASONING:
                 self._reasoning(event.text, out)
             elif kind == canonical.Kind.TOOL_CALL:
                 call = canonical.tool_call(event.call)
                 if call is not None:
-                    index = self._tool_count
-                    self._tool_count += 1
-                    self._tool({**call, "index": index}, 0, out)
+                    function = call["function"]
+                    self._call_start(call["id"], function["name"], out)
+                    self._call_arguments(function["arguments"], out)
             elif kind == canonical.Kind.TOOL_CALL_START:
-                call = event.call if isinstance(event.call, dict) else {}
-                index = self._tool_count
-                self._tool_count += 1
-                head = {"name": call.get("name"), "arguments": ""}
-                self._tool({"index": index, "id": call.get("id"), "function": head}, 0, out)
-            elif kind == canonical.Kind.TOOL_CALL_DELTA:
-                if self._tool_count and event.text:
-                    fragment = {
-                        "index": self._tool_count - 1,
-                        "function": {"arguments": event.text},
-                    }
-                    self._tool(fragment, 0, out)
+                self._call_start(event.call.get("id"), event.call.get("name"), out)
             elif kind == canonical.Kind.FINISH:
-                self._finish = canonical.finish_reason(
-                    event.reason, tool_calls=self._tool_count > 0
-                )
+                # A cut answer is incomplete even with tool calls (the last one's arguments may
+                # be cut too), as the Messages encoder's max_tokens.
+                self._finish = event.reason if isinstance(event.reason, str) else None
                 if event.usage is not None:
                     self._usage = _response_usage(event.usage)
                 out += self.finish()
@@ -732,27 +656,16 @@ def chat_completion_to_response(
     created: int,
     names: Mapping[str, tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """A whole ``chat.completion`` as a ``response`` (raises :class:`ApiError` 502 if malformed)."""
-    choices = completion.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ApiError(502, "the provider's answer has no choices", code="upstream_error")
-    choice = choices[0]
-    message = _object(choice.get("message"))
-    delta = dict(message)
-    calls = message.get("tool_calls")
-    if isinstance(calls, list):
-        delta["tool_calls"] = [
-            {**c, "index": i} if isinstance(c, dict) else c for i, c in enumerate(calls)
-        ]
-    converter = ChatToResponses(model=model, request=request, created=created, names=names)
-    converter.feed(
-        {
-            "choices": [{"index": 0, "delta": delta, "finish_reason": choice.get("finish_reason")}],
-            "usage": completion.get("usage"),
-        }
-    )
-    converter.finish()
-    return converter.response()
+    """A whole ``chat.completion`` (a Chat encoder's, already whole) as a ``response``: decoded
+    (:class:`~.chat_decode.ChatDecoder`) and encoded; raises :class:`ApiError` 502 if it is not
+    one."""
+    decoder = ChatDecoder(fragments=False)
+    events = decoder.completion(completion)
+    if decoder.failed is not None:
+        raise ApiError(502, decoder.failed, code="upstream_error")
+    encoder = ResponsesEncoder(model=model, request=request, created=created, names=names)
+    encoder.encode(events)
+    return encoder.response()
 
 
 # -- runs --------------------------------------------------------------------------------------
@@ -763,18 +676,9 @@ class RunEventsToResponses:
     Responses events (``converter``). ``hold_back``: as the Chat surface's (a streamed request
     with tools)."""
 
-    def __init__(self, converter: ChatToResponses, *, hold_back: bool) -> None:
+    def __init__(self, converter: ResponsesEncoder, *, hold_back: bool) -> None:
         self.decoder = canonical.RunDecoder(hold_back=hold_back)
         self.converter = converter
 
     def feed(self, event: RuntimeEvent) -> list[Event]:
         return self.converter.encode(self.decoder.feed(event))
-
-
-# -- the tunnel stream -------------------------------------------------------------------------
-
-
-def responses_stream(converter: ChatToResponses) -> ChatStream[Event]:
-    """A streamed Chat answer through a tunnel as Responses events (``response.failed`` ends a
-    stream that cannot be converted)."""
-    return ChatStream(converter, format_events, lambda _: converter.status == "failed")

@@ -30,7 +30,11 @@ from iop.test.edge.ingress.harness import (
     start,
     usage,
 )
-from iop.test.edge.ingress.test_bridge import check_order, validate_events, validate_message
+from iop.test.edge.ingress.test_messages_encode import (
+    check_order,
+    validate_events,
+    validate_message,
+)
 from iop.testing.fake_openai import FakeOpenAI
 from iop.wire import runtime_pb2 as pb
 
@@ -281,6 +285,18 @@ class BridgeTunnelTests(IngressCase):
         self.edge.frames(run_id, error("cancelled"))
         events = events_of(self.answer(d)[2])
         self.assertEqual([name for name, _ in events], ["error"])
+
+    def test_an_error_chunk_is_an_error_event_and_stops_the_provider(self) -> None:
+        d = self.edge.post("/v1/messages", {**MESSAGES, "stream": True})
+        self.edge.flush()
+        run_id = self.edge.tunnel_request().run_id
+        failing = [chunk({"content": "par"}), {"error": {"message": "overloaded"}}]
+        self.edge.frames(run_id, start(200, "text/event-stream"), body(sse(failing)))
+        self.assertEqual(self.edge.cancels(), [run_id])
+        self.edge.frames(run_id, END)
+        events = events_of(self.answer(d)[2])
+        check_order(self, events)
+        self.assertEqual(events[-1][1]["error"]["message"], "overloaded")
 
     def test_bad_answer_is_502(self) -> None:
         d = self.edge.post("/v1/messages", MESSAGES)

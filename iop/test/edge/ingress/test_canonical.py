@@ -8,10 +8,10 @@ import json
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.ingress.bridge import MessagesEncoder
 from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
+from iop.edge.ingress.messages_encode import MessagesEncoder
 from iop.edge.ingress.openai import ChatEncoder
-from iop.edge.ingress.responses import ChatToResponses
+from iop.edge.ingress.responses import ResponsesEncoder
 from iop.runtime.events import RuntimeEvent, Usage
 
 CALL = '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}'
@@ -131,7 +131,7 @@ class EncoderTests(SynchronousTestCase):
         self.assertEqual(message["content"][1]["input"], {"city": "Paris"})
 
     def test_responses(self) -> None:
-        encoder = ChatToResponses(model="m", request={}, created=1)
+        encoder = ResponsesEncoder(model="m", request={}, created=1)
         kinds = [e["type"] for e in encoder.encode(self.events())]
         self.assertEqual(kinds[0], "response.created")
         self.assertEqual(kinds[-1], "response.completed")

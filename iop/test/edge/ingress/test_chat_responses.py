@@ -19,9 +19,10 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import TypeAdapter
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.edge.ingress.bridge import BridgeError, MessagesEncoder
+from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import Event, Kind
 from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
+from iop.edge.ingress.messages_encode import MessagesEncoder
 from iop.edge.ingress.openai import ChatEncoder
 from iop.edge.ingress.responses import responses_to_chat
 from iop.formats.sse import SSEParser

@@ -9,7 +9,7 @@ from typing import Any
 from twisted.web.client import ResponseFailed
 
 from iop.edge.errors import NodeUnavailable
-from iop.edge.ingress.bridge import RunEventsToMessages
+from iop.edge.ingress.messages_encode import RunEventsToMessages
 from iop.runtime.events import RuntimeEvent
 from iop.test.edge.ingress.harness import CHAT, MESSAGES, IngressCase, body, error, sse, start
 

@@ -14,8 +14,9 @@ from pydantic import TypeAdapter
 from twisted.internet.defer import Deferred
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.edge.ingress.chat_decode import ChatDecoder
 from iop.edge.ingress.errors import ApiError
-from iop.edge.ingress.responses import ChatToResponses, responses_to_chat
+from iop.edge.ingress.responses import ResponsesEncoder, responses_to_chat
 from iop.formats.sse import SSEParser
 from iop.runtime.events import RuntimeEvent, Usage
 from iop.test.edge.ingress.harness import END, IngressCase, body, error, sse, start
@@ -231,11 +232,23 @@ class RequestMappingTests(SynchronousTestCase):
             self.assertTrue((raised.exception.param or "").startswith(param), (extra, param))
 
 
+def decoded(
+    encoder: ResponsesEncoder, chunks: list[dict[str, Any]], fragments: bool = True
+) -> list[dict[str, Any]]:
+    """Chat chunks through the Chat decoder into ``encoder``, as over a Chat tunnel."""
+    decoder = ChatDecoder(fragments=fragments)
+    out = []
+    for item in chunks:
+        out += encoder.encode(decoder.feed(item))
+    return out + encoder.encode(decoder.end())
+
+
 class ConverterTests(SynchronousTestCase):
     def test_whole_answer_items_usage_and_status(self) -> None:
-        converter = ChatToResponses(model="m", request={"input": "x"}, created=5)
-        converter.feed(
-            {
+        converter = ResponsesEncoder(model="m", request={"input": "x"}, created=5)
+        decoded(
+            converter,
+            [{
                 "choices": [
                     {
                         "index": 0,
@@ -257,9 +270,8 @@ class ConverterTests(SynchronousTestCase):
                     "prompt_tokens_details": {"cached_tokens": 1},
                     "completion_tokens_details": {"reasoning_tokens": 2},
                 },
-            }
-        )
-        converter.finish()
+            }],
+        )  # fmt: skip
         response = converter.response()
         parsed = Response.model_validate(response)
         self.assertEqual([o.type for o in parsed.output], ["reasoning", "message", "function_call"])
@@ -283,14 +295,18 @@ class ConverterTests(SynchronousTestCase):
         )
 
     def test_namespace_calls_map_back(self) -> None:
-        converter = ChatToResponses(
+        converter = ResponsesEncoder(
             model="m", request={}, created=5, names={"agents__spawn": ("agents", "spawn")}
         )
         fragment = {"index": 0, "id": "c", "function": {"name": "agents__spawn", "arguments": "{}"}}
-        converter.feed({"choices": [{"index": 0, "delta": {"tool_calls": [fragment]}}]})
-        converter.finish()
-        [item] = converter.response()["output"]
-        self.assertEqual((item["namespace"], item["name"]), ("agents", "spawn"))
+        for fragments in (True, False):
+            chunks = [{"choices": [{"index": 0, "delta": {"tool_calls": [fragment]}}]}]
+            decoded(converter, chunks, fragments)
+            [item] = converter.response()["output"]
+            self.assertEqual((item["namespace"], item["name"]), ("agents", "spawn"))
+            converter = ResponsesEncoder(
+                model="m", request={}, created=5, names={"agents__spawn": ("agents", "spawn")}
+            )
 
 
 TUNNEL_TEXT = [
@@ -431,6 +447,25 @@ class TunnelBridgeTests(IngressCase):
         events = events_of(self.answer(d)[2])
         self.assertEqual(types_of(events)[-1], "response.failed")
         self.assertIn(sent.run_id, self.edge.cancels())
+
+    def test_an_error_chunk_fails_the_response_and_stops_the_provider(self) -> None:
+        d, sent = self.post({"input": "hi", "stream": True})
+        failing = [*TUNNEL_TEXT[:2], {"error": {"message": "overloaded", "type": "server_error"}}]
+        self.edge.frames(sent.run_id, start(200, "text/event-stream"), body(sse(failing)))
+        self.assertIn(sent.run_id, self.edge.cancels())
+        self.edge.frames(sent.run_id, END)
+        events = events_of(self.answer(d)[2])
+        self.assertEqual(types_of(events)[-1], "response.failed")
+        self.assertEqual(events[-1].response.error.message, "overloaded")
+        self.assertEqual(self.edge.in_flight(), 0)
+
+    def test_a_clean_end_without_done_completes(self) -> None:
+        d, sent = self.post({"input": "hi", "stream": True})
+        self.edge.frames(
+            sent.run_id, start(200, "text/event-stream"), body(sse(TUNNEL_TEXT[:-1])), END
+        )
+        events = events_of(self.answer(d)[2])
+        self.assertEqual(types_of(events), TEXT_SEQUENCE)
 
     def test_refusals_send_nothing(self) -> None:
         d = self.edge.post(
