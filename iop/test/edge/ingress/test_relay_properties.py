@@ -44,7 +44,7 @@ MODELS = ["chat", "native", "resp", "plain", "bare", "llama", "counted", "cli", 
 # The models that serve each route (on both wires, pooled and direct).
 SERVING = {
     "/v1/chat/completions": ["chat", "bare", "plain", "native", "resp", "llama", "cli"],
-    "/v1/responses": ["resp"],
+    "/v1/responses": ["resp", "chat", "native", "bare", "llama", "cli"],
     "/v1/messages": ["bare", "chat", "native", "resp", "llama", "cli"],
     "/v1/messages/count_tokens": ["native", "counted"],
 }
