@@ -70,6 +70,11 @@ class RequestFinished:
     unless streamed); ``queue_wait`` from asking the pool for a provider to getting one (None
     when never placed, 0.0 when placed at once); ``usage`` as the provider reported it (None when
     it reported nothing; never estimated).
+
+    ``key`` and ``team`` name the client key the request authenticated with and its team (from
+    the config, so bounded too; "" when unauthenticated or auth is off); ``cost_micros`` is what
+    the reported usage cost at the model's price (micro-units of ``usage.currency``; None when
+    either is unknown).
     """
 
     surface: str
@@ -88,6 +93,9 @@ class RequestFinished:
     time_to_first_token: float | None = None
     queue_wait: float | None = None
     at: float = 0.0
+    key: str = ""
+    team: str = ""
+    cost_micros: int | None = None
     kind: str = "request.finished"
 
 

@@ -188,6 +188,9 @@ class Pipeline:
         """A generation route: authenticate → decode → admit → place → answer."""
         request = exchange.request
         principal = self.authenticate(request)
+        record = exchange.record
+        if record is not None and principal is not None:
+            record.authenticated(principal.name, principal.team)
         call = self.decode(request, codec)
         self.admit(principal, call.model)
         self.require(call.model)
@@ -208,10 +211,6 @@ class Pipeline:
             works.append(work)
             return await codec.answer(work, call)
 
-        if reservation is None:
-            return await with_placement(
-                gateway, exchange, call.model, call.prompt_tokens, answer, principal
-            )
         closing = False
         try:
             return await with_placement(
@@ -223,10 +222,14 @@ class Pipeline:
             raise
         finally:
             if not closing:
-                record = exchange.record
+                # The work has ended (relay returns only then): what it used, priced once.
                 usage = record.usage if record is not None else None
-                dispatched = any(work.opened for work in works)
-                reservation.end(charge_of(usage, policy), dispatched=dispatched)
+                charge = charge_of(usage, policy)
+                if record is not None and charge is not None:
+                    record.priced(charge.cost_micros)
+                if reservation is not None:
+                    dispatched = any(work.opened for work in works)
+                    reservation.end(charge, dispatched=dispatched)
 
     async def models(self, exchange: Exchange, catalog: Catalog, model_id: str | None) -> bytes:
         """The catalog (``model_id`` None) or one model, as the caller's key sees it."""

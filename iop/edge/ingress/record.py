@@ -61,6 +61,11 @@ class RequestRecord:
         self.operation = operation
         self.started_at = clock.seconds()
         self.model = ""
+        # The client key the request authenticated with, and its team ("": none).
+        self.key = ""
+        self.team = ""
+        # What the reported usage cost (the pipeline prices it; None: unknown).
+        self.cost_micros: int | None = None
         self.placement: Placement | None = None
         self.queue_wait: float | None = None
         # How the placed work ended and what it used (its source says; "" while it has not).
@@ -83,6 +88,14 @@ class RequestRecord:
         return record if isinstance(record, RequestRecord) else None
 
     # -- facts, from whoever knows them ---------------------------------------------------------
+
+    def authenticated(self, key: str, team: str) -> None:
+        """The request presented client key ``key`` (of ``team``)."""
+        self.key, self.team = key, team
+
+    def priced(self, cost_micros: int | None) -> None:
+        """The placed work's reported usage cost ``cost_micros``."""
+        self.cost_micros = cost_micros
 
     def placed(self, placement: Placement, waited: float | None) -> None:
         """The request got ``placement`` after ``waited`` seconds (None: not a pool lease)."""
@@ -163,4 +176,7 @@ class RequestRecord:
             time_to_first_token=ttft,
             queue_wait=self.queue_wait,
             at=ended,
+            key=self.key,
+            team=self.team,
+            cost_micros=self.cost_micros,
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred, fail
 
-from iop.config.model import Budget, ClientKey, EdgeConfig, Limits, NodeToken
+from iop.config.model import Budget, ClientKey, EdgeConfig, Limits, NodeToken, Price
 from iop.edge.ingress.limits import FALLBACK_OUTPUT_TOKENS, charge_of, demand_of
 from iop.edge.quota import (
     Demand,
@@ -59,6 +59,19 @@ class WorstCaseTests(IngressCase):
         charge = charge_of(Usage(3, 4), None)
         assert charge is not None
         self.assertEqual((charge.tokens, charge.cost_micros), (7, None))
+
+    def test_charge_and_worst_case_at_the_model_price(self) -> None:
+        # 3 / 15 per million, cached reads 0.3, cache writes 3.75 (micro-units per million).
+        price = Price(3_000_000, 15_000_000, 300_000, 3_750_000, 15_000_000)
+        policy = dataclasses.replace(model("m", "p", "t", default_max_tokens=100), price=price)
+        usage = Usage(1000, 100, cached_input_tokens=800)
+        charge = charge_of(usage, policy)
+        assert charge is not None
+        # Per million: 200 uncached * 3 + 800 cached * 0.3 + 100 out * 15 = 2340 micro-units.
+        self.assertEqual((charge.tokens, charge.cost_micros), (1100, 2340))
+        worst = demand_of(1000, None, policy)
+        # Every prompt token at the dearest input price (3.75), every output token at 15.
+        self.assertEqual(worst, Demand(1100, 3750 + 1500))
 
 
 class AdmitTests(IngressCase):
@@ -163,6 +176,9 @@ class AdmitTests(IngressCase):
         self.limit(limits=Limits(tokens_per_minute=10_000))
         self.chat_ok()
         self.assertEqual((self.snapshot().requests, self.snapshot().tokens), (1, 7))
+        # The request's record names its key (and its cost: unknown, the model has no price).
+        [finished] = self.edge.records
+        self.assertEqual((finished.key, finished.team, finished.cost_micros), ("all", "", None))
 
     def test_work_that_never_reached_a_provider_charges_nothing(self) -> None:
         self.limit(limits=Limits(tokens_per_minute=10_000))
