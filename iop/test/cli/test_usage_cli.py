@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import urllib.parse
 from typing import Any
 
@@ -40,7 +41,7 @@ class UsageCommandTests(SynchronousTestCase):
         }
         self.patch(status_cli, "http_get", self.get)
         self.patch(usage_cli, "now", lambda: NOW)
-        self.patch(usage_cli.os, "environ", {})
+        self.patch(os, "environ", {})
 
     def get(self, url: str, timeout: float) -> tuple[int, bytes]:
         self.asked.append(url)
@@ -191,7 +192,7 @@ class UsageCommandTests(SynchronousTestCase):
         self.assertIn("bad document", result.err)
 
     def test_env_list(self) -> None:
-        self.patch(usage_cli.os, "environ", {"IOP_ADMIN": "http://e1:8081, e2:8081"})
+        self.patch(os, "environ", {"IOP_ADMIN": "http://e1:8081, e2:8081"})
         result = run(["usage"])
         self.assertEqual(result.code, 0, result)
         self.assertEqual(
