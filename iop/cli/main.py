@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from iop.cli import config, keys, node, pki, runs, secrets, status
+from iop.cli import config, keys, node, pki, runs, secrets, status, usage
 from iop.cli.command import CommandError, Report
 
 PROG = "iop"
@@ -25,7 +25,7 @@ EXIT_USAGE = 2
 
 #: The command groups, in the order ``iop --help`` lists them. A new group (status, config,
 #: token, ...) is a module with ``register(subparsers)`` added here.
-GROUPS: tuple[ModuleType, ...] = (status, runs, node, config, secrets, pki, keys)
+GROUPS: tuple[ModuleType, ...] = (status, usage, runs, node, config, secrets, pki, keys)
 
 
 def build_parser() -> argparse.ArgumentParser:

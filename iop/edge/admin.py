@@ -7,6 +7,11 @@ The small admin HTTP surface (Klein), loopback by default.
   Events stream off the event bus (:mod:`iop.edge.console`); 503 when this Edge has none.
 - ``GET /metrics``: Prometheus text exposition of the Edge's own registry
   (:class:`~iop.edge.metrics.EdgeMetrics`); 503 when this Edge has none.
+- ``GET /usage?key=&team=&model=&since=&until=&by=key|team|model|day``: this Edge's usage
+  ledger totalled (:class:`~iop.usage.query.UsageQuery`: times ISO 8601, UTC unless they carry
+  an offset; ``since`` inclusive, ``until`` exclusive), one row per group and currency, with the
+  ledger's own counts (records waiting, dropped, failed); 400 naming a bad parameter, 503 when
+  this Edge keeps no ledger.
 - ``POST /runs``: submit a normalized run (``{"model": ..., "input": ...}`` through
   ``openai.model_routes``, or ``{"adapter", "target", "node"?}`` directly) and stream its events
   back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
@@ -78,6 +83,8 @@ from iop.edge.runs import RunDispatcher, RunHandle
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.events import RuntimeEvent
 from iop.runtime.kinds import GENERATE_OPERATIONS
+from iop.usage.ledger import UsageLedger
+from iop.usage.query import UsageQuery
 
 
 def _json(request: IRequest, body: Any, code: int = 200) -> bytes:
@@ -173,8 +180,10 @@ class AdminApp:
         refresher: ConfigRefresher | None = None,
         metrics: EdgeMetrics | None = None,
         console: ConsoleEvents | None = None,
+        usage: UsageLedger | None = None,
     ) -> None:
         self._snapshot = status_snapshot
+        self._usage = usage
         self._console = console
         self._metrics = metrics
         self._refresher = refresher
@@ -302,6 +311,41 @@ class AdminApp:
     @app.route("/status", methods=["GET"])
     def status(self, request: IRequest) -> bytes:
         return _json(request, self._snapshot())
+
+    @app.route("/usage", methods=["GET"])
+    def usage(self, request: IRequest) -> bytes | Deferred[bytes]:
+        ledger = self._usage
+        if ledger is None:
+            return _error(request, 503, "this edge keeps no usage ledger (usage.ledger)")
+        params: dict[str, str] = {}
+        for name, values in request.args.items():  # type: ignore[attr-defined]
+            key = name.decode("utf-8", "replace")
+            if len(values) != 1:
+                return _error(request, 400, f"query parameter {key!r} given more than once")
+            params[key] = values[0].decode("utf-8", "replace")
+        try:
+            query = UsageQuery.from_params(params)
+        except ValueError as e:
+            return _error(request, 400, str(e))
+        edge = (self._snapshot().get("edge") or {}).get("id", "")
+
+        def answer(rows: list[Any]) -> bytes:
+            return _json(
+                request,
+                {
+                    "edge": edge,
+                    "currency": ledger.currency,
+                    "query": query.as_json(),
+                    "rows": [row.as_json() for row in rows],
+                    "ledger": ledger.stats(),
+                },
+            )
+
+        def failed(failure: Failure) -> bytes:
+            self.log.failure("GET /usage failed", failure)
+            return _error(request, 503, "the usage ledger could not be read")
+
+        return ledger.totals(query).addCallbacks(answer, failed)
 
     @app.route("/runs", methods=["GET"])
     def list_runs(self, request: IRequest) -> bytes:

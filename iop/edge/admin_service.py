@@ -3,9 +3,10 @@
 The admin surface as a part of an Edge: :func:`build` makes the Klein
 :class:`~iop.edge.admin.AdminApp` with what it serves — the status snapshot, the dispatchers of
 the node link, the gateway, the config refresher, the Prometheus metrics (gauges from the
-snapshot and the parts' ``stats()``, counts off the event bus) and the web console's event
-streams — and :meth:`AdminSurface.listener` its listener behind ``admin.auth`` (the console's
-static shell public), so the Edge's composition root only hands the service to its tree.
+snapshot and the parts' ``stats()``, counts off the event bus), the web console's event
+streams and the usage ledger (``GET /usage``) — and :meth:`AdminSurface.listener` its listener
+behind ``admin.auth`` (the console's static shell public), so the Edge's composition root only
+hands the service to its tree.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from iop.edge.link import NodeLink
 from iop.edge.metrics import EdgeMetrics
 from iop.edge.pool import ProviderPool
 from iop.edge.refresh.service import ConfigRefresher
+from iop.usage.ledger import UsageLedger
 
 __all__ = ["AdminSite", "AdminSurface", "build"]
 
@@ -70,9 +72,11 @@ def build(
     pool: ProviderPool,
     gateway: EdgeGateway,
     refresher: ConfigRefresher | None,
+    usage: UsageLedger | None = None,
 ) -> AdminSurface:
-    """The admin surface over ``snapshot`` (``/status``) and the Edge's running parts; its
-    metrics subscribe to ``bus`` at once."""
+    """The admin surface over ``snapshot`` (``/status``) and the Edge's running parts (the
+    usage ledger behind ``GET /usage``, when the Edge keeps one); its metrics subscribe to
+    ``bus`` at once."""
     # Prometheus metrics: state read from the status snapshot, counts off the bus.
     metrics = EdgeMetrics(
         snapshot,
@@ -94,5 +98,6 @@ def build(
         refresher,
         metrics=metrics,
         console=ConsoleEvents(bus.subscribe, reactor),
+        usage=usage,
     )
     return AdminSurface(app, metrics)

@@ -3,14 +3,15 @@
 ``twistd iop-edge``: options and the service tree, composed of the parts each subsystem builds.
 
 ``makeService(options, reactor=...)`` composes into a MultiService (:class:`EdgeService`), in
-this order: the cluster (:mod:`iop.edge.cluster.service`, with ``cluster:``), the node link
+this order: the cluster (:mod:`iop.edge.cluster.service`, with ``cluster:``), the usage ledger
+(:mod:`iop.usage.service`, unless ``usage.ledger`` turns it off), the node link
 (:mod:`iop.edge.link`: registry, dispatchers, the node listener, TLS unless the config asks for
 loopback plaintext), the gateway, config refresh (:mod:`iop.edge.refresh.build`: the applier,
 the node pusher, ``POST /config/refresh`` and SIGHUP), the admin surface
-(:mod:`iop.edge.admin_service`: Klein app, auth, console, metrics) and, when ``openai.listen``
-is set, the client API (:mod:`iop.edge.ingress.service`); every finished client request
-publishes a :class:`~iop.edge.events.RequestFinished` on the event bus. After a refresh applied
-the new config is :attr:`EdgeService.config`.
+(:mod:`iop.edge.admin_service`: Klein app, auth, console, metrics, ``GET /usage``) and, when
+``openai.listen`` is set, the client API (:mod:`iop.edge.ingress.service`); every finished
+client request publishes a :class:`~iop.edge.events.RequestFinished` on the event bus. After a
+refresh applied the new config is :attr:`EdgeService.config`.
 
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener
 (:func:`~iop.edge.link.check_managed_transport`). Open files (:mod:`iop.edge.descriptors`) are
@@ -45,6 +46,7 @@ from iop.edge.status import snapshot
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.security.keys import KeyFileError
+from iop.usage import service as usage_service
 
 __all__ = ["EdgeService", "Options", "check_managed_transport", "makeService"]
 
@@ -77,6 +79,11 @@ class EdgeService(MultiService):
         )
         if self.cluster is not None:
             self.cluster.setServiceParent(self)
+        # The usage ledger opens its file before any listener starts, and is stopped (its last
+        # records written) after they have.
+        self.usage = usage_service.build(config.usage, reactor)
+        if self.usage is not None:
+            self.usage.setServiceParent(self)
         # Managed mode: provider credentials leave the Edge only sealed in per-request leases.
         self.credentials = CredentialIssuer.from_config(config, reactor)
         self.link = link.build(config, self.bus, reactor, [self.pool], self.credentials)
@@ -99,7 +106,14 @@ class EdgeService(MultiService):
         )
         self.applier, self.refresher = self.refresh.applier, self.refresh.refresher
         self.admin_surface = admin_service.build(
-            self.snapshot, self.bus, reactor, self.link, self.pool, self.gateway, self.refresher
+            self.snapshot,
+            self.bus,
+            reactor,
+            self.link,
+            self.pool,
+            self.gateway,
+            self.refresher,
+            usage=self.usage,
         )
         self.admin, self.metrics = self.admin_surface.app, self.admin_surface.metrics
         # The client keys' limits and budgets: counted with the cluster's Redis, else here.

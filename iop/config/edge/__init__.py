@@ -35,6 +35,7 @@ from iop.config.checks import (
     required_file,
     split_endpoint,
 )
+from iop.config.edge import links
 from iop.config.edge.client_api import client_api_section
 from iop.config.edge.cluster import cluster_section
 from iop.config.edge.credentials import credentials_section
@@ -123,6 +124,7 @@ def _edge_config(
     routes, client_api = client_api_section(
         top, nodes=nodes, models=models, base_dir=base_dir, environ=environ
     )
+    links.cost_budgets_priced(issues, top.data.get("openai"), models, routes)
     logging = logging_section(top)
     cluster = cluster_section(
         top,

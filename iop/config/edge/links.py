@@ -34,6 +34,9 @@ check                          the key                            what it must a
 :func:`route_targets`          ``openai.model_routes``            ``models``, ``nodes`` and their
                                                                   enabled adapters
 :func:`key_models`             ``openai.auth.keys[].models``      ``models``, ``model_routes``
+:func:`cost_budgets_priced`    ``openai.auth.keys[]``/``teams[]`` ``models[].price`` of every model
+                               ``.budgets[].cost``,               the key (or a team's keys) may
+                               ``default_budgets[].cost``         use
 :func:`lease_outlives_nodes`   ``cluster.lease_ttl_sec``          ``node_transport.heartbeat
                                                                   .timeout_sec``
 =============================  =================================  ================================
@@ -72,6 +75,7 @@ __all__ = [
     "CREDENTIAL_HEADERS",
     "adapter_headers",
     "admin_auth",
+    "cost_budgets_priced",
     "credential_binding",
     "credentials_managed",
     "key_models",
@@ -522,6 +526,66 @@ def key_models(
     for i, model in enumerate(allowed):
         if model not in known:
             section.issues.add(f"{section.path_of('models')}[{i}]", f"unknown model {model!r}")
+
+
+def cost_budgets_priced(
+    issues: Issues, openai: object, models: tuple[ModelConfig, ...], routes: Collection[ModelRoute]
+) -> None:
+    """
+    A budget in ``cost`` needs a price for every model its keys may use: a key's own
+    ``models`` (none: every ``models[]`` entry and every ``model_routes`` model), a team's the
+    union of its keys', ``default_budgets`` those of every key that sets no ``budgets``. A
+    model with no price has an unknown cost, so such a budget could never be enforced; the
+    issue names the budget and the models. (``model_routes`` carry no price: a key that may use
+    one cannot have a cost budget.) Read from the YAML as written: a malformed entry is the
+    ``openai`` section's own issue and is skipped here.
+    """
+    auth = _mapping(_mapping(openai).get("auth"))
+    priced = {m.id for m in models if m.price is not None}
+    catalog = [m.id for m in models] + [r.model for r in routes]
+    keys = [(i, _mapping(k)) for i, k in enumerate(_list(auth.get("keys")))]
+
+    def scope(key: Mapping[str, object]) -> list[str]:
+        allowed = [m for m in _list(key.get("models")) if isinstance(m, str)]
+        return allowed or catalog
+
+    def check(path: str, budgets: object, may_use: list[str], whose: str) -> None:
+        unpriced = sorted({m for m in may_use if m not in priced})
+        if not unpriced:
+            return
+        for j, budget in enumerate(_list(budgets)):
+            if _mapping(budget).get("cost") is not None:
+                issues.add(
+                    f"{path}.budgets[{j}].cost",
+                    f"a cost budget needs a price for every model {whose} may use; no "
+                    f"models[].price for: {', '.join(unpriced)}",
+                )
+
+    for i, key in keys:
+        check(f"openai.auth.keys[{i}]", key.get("budgets"), scope(key), "this key")
+    for t, team in enumerate(_list(auth.get("teams"))):
+        name = _mapping(team).get("name")
+        members = [k for _, k in keys if name is not None and k.get("team") == name]
+        may_use = [m for k in members for m in scope(k)]
+        check(f"openai.auth.teams[{t}]", _mapping(team).get("budgets"), may_use, "its keys")
+    unbudgeted = [m for _, k in keys if k.get("budgets") is None for m in scope(k)]
+    defaults = auth.get("default_budgets")
+    for j, budget in enumerate(_list(defaults)):
+        unpriced = sorted({m for m in unbudgeted if m not in priced})
+        if _mapping(budget).get("cost") is not None and unpriced:
+            issues.add(
+                f"openai.auth.default_budgets[{j}].cost",
+                "a cost budget needs a price for every model the keys it applies to may use; "
+                f"no models[].price for: {', '.join(unpriced)}",
+            )
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[object]:
+    return list(value) if isinstance(value, list | tuple) else []
 
 
 # ---------------------------------------------------------------------------------------------

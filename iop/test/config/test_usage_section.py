@@ -11,7 +11,9 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config import ConfigError
-from iop.config.model import LedgerConfig, Price, UsageConfig
+from iop.config.edge.links import cost_budgets_priced
+from iop.config.errors import Issues
+from iop.config.model import LedgerConfig, ModelConfig, ModelRoute, Price, UsageConfig
 from iop.test.config.test_edge_config import EdgeConfigTestMixin, assertIssue, base_config
 
 P = "models[0].price"
@@ -156,3 +158,80 @@ class UsageSectionTests(EdgeConfigTestMixin, SynchronousTestCase):
     def test_not_mappings(self) -> None:
         assertIssue(self, self.error([]), "usage", "must be a mapping")
         assertIssue(self, self.error({"ledger": "x"}), "usage.ledger", "must be a mapping")
+
+
+class CostBudgetsNeedPricesTests(SynchronousTestCase):
+    """
+    :func:`iop.config.edge.links.cost_budgets_priced`, on the ``openai.auth`` shape of keys,
+    teams and budgets (called directly: the budgets' own parser is another section's).
+    """
+
+    PRICE = Price(1, 1, 1, 1, 1)
+    MODELS = (
+        ModelConfig("priced", (), price=PRICE),
+        ModelConfig("free", (), price=Price(0, 0, 0, 0, 0)),
+        ModelConfig("unpriced", ()),
+    )
+
+    def issues(self, auth: dict[str, Any], routes: tuple[ModelRoute, ...] = ()) -> list[str]:
+        issues = Issues()
+        cost_budgets_priced(issues, {"auth": auth}, self.MODELS, routes)
+        return [str(issue) for issue in issues]
+
+    def test_key_scoped_to_priced_models(self) -> None:
+        auth = {"keys": [{"name": "a", "models": ["priced", "free"], "budgets": [{"cost": 5}]}]}
+        self.assertEqual(self.issues(auth), [])
+
+    def test_key_that_may_use_an_unpriced_model(self) -> None:
+        auth = {
+            "keys": [
+                {
+                    "name": "a",
+                    "models": ["priced", "unpriced"],
+                    "budgets": [{"tokens": 9}, {"cost": 5}],
+                }
+            ]
+        }
+        [issue] = self.issues(auth)
+        self.assertTrue(issue.startswith("openai.auth.keys[0].budgets[1].cost: "), issue)
+        self.assertIn("no models[].price for: unpriced", issue)
+
+    def test_key_without_scope_may_use_everything(self) -> None:
+        auth = {"keys": [{"name": "a", "budgets": [{"cost": 5}]}]}
+        [issue] = self.issues(auth, (ModelRoute("direct", "fake", "t"),))
+        self.assertIn("no models[].price for: direct, unpriced", issue)
+
+    def test_token_budgets_need_no_price(self) -> None:
+        auth = {"keys": [{"name": "a", "budgets": [{"period": "day", "tokens": 5}]}]}
+        self.assertEqual(self.issues(auth), [])
+
+    def test_team_sums_its_keys(self) -> None:
+        auth = {
+            "keys": [
+                {"name": "a", "team": "t", "models": ["priced"]},
+                {"name": "b", "team": "t", "models": ["unpriced"]},
+                {"name": "c", "team": "other", "models": ["unpriced"]},
+            ],
+            "teams": [
+                {"name": "t", "budgets": [{"cost": 1}]},
+                {"name": "u", "budgets": [{"cost": 1}]},
+            ],
+        }
+        [issue] = self.issues(auth)
+        self.assertTrue(issue.startswith("openai.auth.teams[0].budgets[0].cost: "), issue)
+        self.assertIn("every model its keys may use", issue)
+
+    def test_default_budgets_for_keys_without_budgets(self) -> None:
+        first: dict[str, Any] = {"name": "a", "models": ["unpriced"], "budgets": [{"tokens": 1}]}
+        auth = {
+            "keys": [first, {"name": "b", "models": ["priced"]}],
+            "default_budgets": [{"cost": 1}],
+        }
+        self.assertEqual(self.issues(auth), [])
+        first.pop("budgets")
+        [issue] = self.issues(auth)
+        self.assertTrue(issue.startswith("openai.auth.default_budgets[0].cost: "), issue)
+
+    def test_malformed_is_skipped(self) -> None:
+        for auth in ({"keys": "x"}, {"keys": [3, {"budgets": "x"}]}, {"teams": [None]}):
+            self.assertEqual(self.issues(auth), [])
