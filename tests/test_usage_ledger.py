@@ -1,13 +1,14 @@
 """
 The usage ledger's read side against a real Edge: ``GET /usage`` and the real ``iop usage``.
 
-Requests do not write the ledger yet (wiring the client pipeline's end of request into it comes
-in a later change), so this test prepares the ledger file itself with the ledger's own store
+The first test prepares the ledger file itself with the ledger's own store
 (:class:`iop.usage.store.LedgerStore`, the module the Edge's ledger writes through), starts a
 real Edge configured to keep that file, and checks what the admin API and the command answer:
 totals by key and by UTC day, the filters, the exact cost, ``--csv``, and a second Edge that
 cannot be reached named by ``iop usage`` (totals marked incomplete, exit 1). After the Edge has
-stopped, the file is still whole and holds what it held.
+stopped, the file is still whole and holds what it held. The second sends requests through a
+real Edge and Node with the openai SDK: the ledger's totals are exactly the usage the upstream
+reported, priced exactly.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ import sys
 import urllib.request
 from typing import Any
 
+import openai
+from openai.types.chat import ChatCompletionMessageParam
+
 from iop.config.model import Price
 from iop.runtime.events import Usage
 from iop.testing.ports import free_port
 from iop.usage.price import cost_micros
 from iop.usage.query import UsageQuery, parse_time
 from iop.usage.store import LedgerStore, UsageRecord
-from tests.harness import Cluster
+from tests.harness import CLIENT_KEY, Cluster, wait_until
 
 SONNET = Price(3_000_000, 15_000_000, 300_000, 3_750_000, 15_000_000)
 DAY1 = int(parse_time("2026-05-01T10:00:00Z") * 1000)
@@ -157,3 +161,77 @@ def test_usage_read_side_against_a_real_edge(cluster: Cluster) -> None:
         assert len(store.records(UsageQuery())) == 4
     finally:
         store.close()
+
+
+def test_requests_write_the_ledger_exactly(cluster: Cluster) -> None:
+    """
+    Requests through a real Edge write the ledger: one record per generation request, its
+    tokens exactly what the upstream reported (the SDK sees the same usage), cached prompt
+    tokens priced as cached, the cost exact; a refused request is recorded with no usage.
+    """
+    port = cluster.start_fake("fake_openai", "--delay-ms", "1", "--tokens", "6")
+    price = {"input": 3, "output": 15, "cached_input": 0.3}
+    openai_section = cluster.client_api(limited_models=["chat"])
+    cluster.write_chat_edge_config(
+        port,
+        models=[{"id": "chat", "providers": ["p-chat"], "default_max_tokens": 64, "price": price}],
+        openai=openai_section,
+        usage={"currency": "USD", "ledger": {"path": "usage.sqlite3"}},
+    )
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    client = openai.OpenAI(
+        base_url=f"{cluster.client_url}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=30
+    )
+    seen: list[Any] = []
+    # A system message: the fake reports its words as cached prompt tokens.
+    ask: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": "you are terse and kind"},
+        {"role": "user", "content": "say hello"},
+    ]
+    seen.append(client.chat.completions.create(model="chat", messages=ask).usage)
+    for chunk in client.chat.completions.create(
+        model="chat",
+        messages=ask,
+        stream=True,
+        stream_options={"include_usage": True},
+    ):
+        if chunk.usage is not None:
+            seen.append(chunk.usage)
+    try:
+        client.chat.completions.create(model="nope", messages=ask)
+    except openai.NotFoundError:
+        pass
+    assert len(seen) == 2 and all(u is not None for u in seen)
+    prompt = sum(u.prompt_tokens for u in seen)
+    cached = sum(u.prompt_tokens_details.cached_tokens for u in seen)
+    output = sum(u.completion_tokens for u in seen)
+    assert cached > 0
+    expected_cost = sum(
+        cost_micros(
+            Usage(
+                u.prompt_tokens,
+                u.completion_tokens,
+                cached_input_tokens=u.prompt_tokens_details.cached_tokens,
+            ),
+            Price(3_000_000, 15_000_000, 300_000, 3_000_000, 15_000_000),
+        )
+        or 0
+        for u in seen
+    )
+
+    def written() -> bool:
+        status, document = get(cluster, "/usage?by=key")
+        return status == 200 and sum(r["requests"] for r in document["rows"]) == 3
+
+    # The ledger writes in batches (every second): wait for all three.
+    wait_until(written, 10, "three ledger records")
+    _, document = get(cluster, "/usage?by=key")
+    [row] = document["rows"]
+    assert row["group"] == "all"
+    assert (row["requests"], row["unreported"]) == (3, 1)
+    assert (row["input_tokens"], row["output_tokens"]) == (prompt, output)
+    assert row["cached_input_tokens"] == cached
+    assert row["cost_micros"] == expected_cost
+    assert cluster.fake_stats(port)["total_requests"] == 2

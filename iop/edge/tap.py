@@ -39,6 +39,7 @@ from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress import service as ingress
 from iop.edge.leasetable import InProcessTable
+from iop.edge.ledger import LedgerFeed
 from iop.edge.link import check_managed_transport
 from iop.edge.pool import ProviderPool
 from iop.edge.refresh import build as refresh
@@ -84,6 +85,8 @@ class EdgeService(MultiService):
         self.usage = usage_service.build(config.usage, reactor)
         if self.usage is not None:
             self.usage.setServiceParent(self)
+            # One ledger record per finished generation request, off the event bus.
+            self.bus.subscribe(LedgerFeed(self.usage).observe)
         # Managed mode: provider credentials leave the Edge only sealed in per-request leases.
         self.credentials = CredentialIssuer.from_config(config, reactor)
         self.link = link.build(config, self.bus, reactor, [self.pool], self.credentials)
