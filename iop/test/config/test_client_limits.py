@@ -27,6 +27,9 @@ def sha(token: str) -> str:
 
 def parse_auth(auth: dict[str, Any]) -> Any:
     data = copy.deepcopy(BASE)
+    # Priced models: a cost budget needs a price for every model its key may use.
+    for model in data["models"]:
+        model["price"] = {"input": 3, "output": 15}
     data["openai"] = {"listen": LISTEN, "auth": auth}
     return parse_edge_config(data, base_dir=".", environ=ENV).client_api
 
