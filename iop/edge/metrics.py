@@ -22,8 +22,12 @@ Two sources, each exact:
   bus drops events for a subscriber that falls far behind;
   ``iop_event_bus_dropped_events_total`` counts those, so a counter that is short says so.
 
-Labels are bounded: model, provider and node ids from the config, outcome, token type and
-event kind from fixed sets. Never a key, token, principal or free text.
+Per client key and team (``iop_key_requests_total``, ``iop_key_tokens_total``,
+``iop_key_cost_total``): what each key and its team used and what it cost at the models'
+prices, from the request's record.
+
+Labels are bounded: model, provider, node, client key and team names from the config, outcome,
+token type and event kind from fixed sets. Never a key's secret, a token or free text.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from iop.config.model import MICROS_PER_UNIT
 from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.registry import OwnershipState
 
@@ -340,6 +345,29 @@ class EdgeMetrics:
             buckets=TOKEN_BUCKETS,
             registry=registry,
         )
+        # Per client key (and its team): what a team's keys used and cost, from the config's
+        # key names (bounded), for dashboards and alerts on spend.
+        self._key_requests = Counter(
+            "iop_key_requests",
+            "Finished generation requests per client key and team, by outcome.",
+            ["key", "team", "outcome"],
+            registry=registry,
+        )
+        self._key_tokens = Counter(
+            "iop_key_tokens",
+            "Tokens per client key and team as the provider reported them, by type (input is "
+            "the whole prompt; cached_input and cache_write are parts of it; reasoning is part "
+            "of output).",
+            ["key", "team", "type"],
+            registry=registry,
+        )
+        self._key_cost = Counter(
+            "iop_key_cost",
+            "What a client key's and team's requests cost at the models' prices, in units of "
+            "usage.currency (requests whose cost is unknown add nothing).",
+            ["key", "team"],
+            registry=registry,
+        )
         self._node_events = Counter(
             "iop_node_events",
             "Node lifecycle events by kind.",
@@ -384,6 +412,8 @@ class EdgeMetrics:
             self._child(self._queue_wait, event.model).observe(event.queue_wait)
         if event.operation not in GENERATE_OPERATIONS:
             return
+        if event.key:
+            self._per_key(event)
         self._child(self._duration, *where, status).observe(event.duration)
         usage = event.usage
         ttft = event.time_to_first_token
@@ -404,6 +434,24 @@ class EdgeMetrics:
         for token_type, count in counts.items():
             if count is not None:
                 self._child(self._tokens, *labels, token_type).observe(count)
+
+    def _per_key(self, event: RequestFinished) -> None:
+        key, team = event.key, event.team
+        self._child(self._key_requests, key, team, event.outcome).inc()
+        usage = event.usage
+        if usage is not None:
+            counts = {
+                "input": usage.input_tokens,
+                "output": usage.output_tokens,
+                "cached_input": usage.cached_input_tokens,
+                "cache_write": usage.cache_write_tokens,
+                "reasoning": usage.reasoning_tokens,
+            }
+            for token_type, count in counts.items():
+                if count:
+                    self._child(self._key_tokens, key, team, token_type).inc(count)
+        if event.cost_micros:
+            self._child(self._key_cost, key, team).inc(event.cost_micros / MICROS_PER_UNIT)
 
     def _child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, looked up once per label set (labels are bounded)."""

@@ -268,6 +268,31 @@ class EdgeMetricsTests(SynchronousTestCase):
         self.assertEqual(samples[("iop_node_events_total", (("kind", "connected"),))], 1)
         self.assertEqual(samples[("iop_node_events_total", (("kind", "rejected"),))], 1)
 
+    def test_per_key_requests_tokens_and_cost(self) -> None:
+        usage = Usage(100, 20, cached_input_tokens=80, reasoning_tokens=5)
+        self.publish(finished(usage=usage, key="alice", team="backend", cost_micros=1_500_000))
+        self.publish(finished(usage=Usage(1, 1), key="alice", team="backend", cost_micros=500_000))
+        self.publish(finished(key="alice", team="backend", outcome="refused", status=429))
+        self.publish(finished(usage=Usage(7, 7), key="bob"))
+        self.publish(finished(usage=Usage(9, 9)))  # auth off: no key, not counted per key
+        types, samples = self.scrape()
+        self.assertEqual(types["iop_key_tokens"], "counter")
+
+        def sample(name: str, **labels: str) -> float:
+            return samples[(name, tuple(sorted(labels.items())))]
+
+        alice = {"key": "alice", "team": "backend"}
+        self.assertEqual(sample("iop_key_requests_total", **alice, outcome="complete"), 2)
+        self.assertEqual(sample("iop_key_requests_total", **alice, outcome="refused"), 1)
+        for token_type, count in (("input", 101), ("output", 21), ("cached_input", 80)):
+            self.assertEqual(sample("iop_key_tokens_total", **alice, type=token_type), count)
+        self.assertEqual(sample("iop_key_tokens_total", **alice, type="reasoning"), 5)
+        self.assertEqual(sample("iop_key_cost_total", **alice), 2.0)
+        self.assertEqual(sample("iop_key_tokens_total", key="bob", team="", type="input"), 7)
+        self.assertNotIn(("iop_key_cost_total", (("key", "bob"), ("team", ""))), samples)
+        keys = {dict(labels).get("key") for name, labels in samples if name.startswith("iop_key")}
+        self.assertEqual(keys, {"alice", "bob"})
+
     def test_no_secret_or_principal_in_labels(self) -> None:
         self.connect("node-a")
         self.publish(finished(usage=Usage(1, 1)))
