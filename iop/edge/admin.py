@@ -12,6 +12,10 @@ The small admin HTTP surface (Klein), loopback by default.
   an offset; ``since`` inclusive, ``until`` exclusive), one row per group and currency, with the
   ledger's own counts (records waiting, dropped, failed); 400 naming a bad parameter, 503 when
   this Edge keeps no ledger.
+- ``GET /limits``: every limited client key with its own and its team's limits and budgets
+  beside their counters now (concurrent requests, the last minute's requests and tokens, each
+  budget's period and use; costs in micro-units of ``usage.currency``) — how close each key is
+  to each limit. 503 when a cluster's counters (Redis) cannot be read.
 - ``POST /runs``: submit a normalized run (``{"model": ..., "input": ...}`` through
   ``openai.model_routes``, or ``{"adapter", "target", "node"?}`` directly) and stream its events
   back as NDJSON, one event per line, until the terminal event. A client that goes away cancels
@@ -77,6 +81,7 @@ from iop.edge.ingress.relay import (
     with_placement,
 )
 from iop.edge.metrics import EdgeMetrics
+from iop.edge.quota import QuotaGate, QuotaUnavailable
 from iop.edge.refresh.report import RefreshResult
 from iop.edge.refresh.service import ConfigRefresher
 from iop.edge.runs import RunDispatcher, RunHandle
@@ -181,9 +186,11 @@ class AdminApp:
         metrics: EdgeMetrics | None = None,
         console: ConsoleEvents | None = None,
         usage: UsageLedger | None = None,
+        limits: QuotaGate | None = None,
     ) -> None:
         self._snapshot = status_snapshot
         self._usage = usage
+        self._limits = limits
         self._console = console
         self._metrics = metrics
         self._refresher = refresher
@@ -346,6 +353,24 @@ class AdminApp:
             return _error(request, 503, "the usage ledger could not be read")
 
         return ledger.totals(query).addCallbacks(answer, failed)
+
+    @app.route("/limits", methods=["GET"])
+    def limits(self, request: IRequest) -> bytes | Deferred[bytes]:
+        gate = self._limits
+        if gate is None:
+            return _error(request, 503, "this edge counts no key limits")
+        edge = (self._snapshot().get("edge") or {}).get("id", "")
+
+        def answer(keys: list[dict[str, Any]]) -> bytes:
+            return _json(request, {"edge": edge, "keys": keys})
+
+        def failed(failure: Failure) -> bytes:
+            if failure.check(QuotaUnavailable):
+                return _error(request, 503, "the cluster's counters cannot be read (Redis)")
+            self.log.failure("GET /limits failed", failure)
+            return _error(request, 503, "the key limits could not be read")
+
+        return gate.standing().addCallbacks(answer, failed)
 
     @app.route("/runs", methods=["GET"])
     def list_runs(self, request: IRequest) -> bytes:

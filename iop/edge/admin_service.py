@@ -28,6 +28,7 @@ from iop.edge.gateway import EdgeGateway
 from iop.edge.link import NodeLink
 from iop.edge.metrics import EdgeMetrics
 from iop.edge.pool import ProviderPool
+from iop.edge.quota import QuotaGate
 from iop.edge.refresh.service import ConfigRefresher
 from iop.usage.ledger import UsageLedger
 
@@ -73,6 +74,7 @@ def build(
     gateway: EdgeGateway,
     refresher: ConfigRefresher | None,
     usage: UsageLedger | None = None,
+    limits: QuotaGate | None = None,
 ) -> AdminSurface:
     """The admin surface over ``snapshot`` (``/status``) and the Edge's running parts (the
     usage ledger behind ``GET /usage``, when the Edge keeps one); its metrics subscribe to
@@ -99,5 +101,6 @@ def build(
         metrics=metrics,
         console=ConsoleEvents(bus.subscribe, reactor),
         usage=usage,
+        limits=limits,
     )
     return AdminSurface(app, metrics)

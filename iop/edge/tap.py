@@ -42,6 +42,7 @@ from iop.edge.leasetable import InProcessTable
 from iop.edge.ledger import LedgerFeed
 from iop.edge.link import check_managed_transport
 from iop.edge.pool import ProviderPool
+from iop.edge.quota import InProcessQuotaTable, QuotaGate
 from iop.edge.refresh import build as refresh
 from iop.edge.status import snapshot
 from iop.heap import FrozenStartup
@@ -108,6 +109,10 @@ class EdgeService(MultiService):
             listeners=[self._use_config],
         )
         self.applier, self.refresher = self.refresh.applier, self.refresh.refresher
+        # The client keys' limits and budgets: counted with the cluster's Redis, else here; the
+        # client API reserves through the gate, the admin surface reads it (GET /limits).
+        table = self.cluster.quota if self.cluster is not None else None
+        self.quota = QuotaGate(config.client_api, table or InProcessQuotaTable(reactor))
         self.admin_surface = admin_service.build(
             self.snapshot,
             self.bus,
@@ -117,11 +122,12 @@ class EdgeService(MultiService):
             self.gateway,
             self.refresher,
             usage=self.usage,
+            limits=self.quota,
         )
         self.admin, self.metrics = self.admin_surface.app, self.admin_surface.metrics
-        # The client keys' limits and budgets: counted with the cluster's Redis, else here.
-        quota = self.cluster.quota if self.cluster is not None else None
-        self.client_api = ingress.build(self.gateway, config.client_api, self.bus, reactor, quota)
+        self.client_api = ingress.build(
+            self.gateway, config.client_api, self.bus, reactor, self.quota
+        )
         self.applier.add_listener(self.client_api.use_config)
         self.clients = self.client_api.app
 

@@ -23,7 +23,7 @@ from iop.edge.events import EventBus
 from iop.edge.ingress.app import ClientApp
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
 from iop.edge.ingress.sources import Gateway
-from iop.edge.quota import InProcessQuotaTable, IQuotaTable, QuotaGate
+from iop.edge.quota import InProcessQuotaTable, QuotaGate
 
 __all__ = ["ClientApi", "build"]
 
@@ -70,11 +70,12 @@ def build(
     config: ClientAPIConfig,
     bus: EventBus,
     reactor: Any,
-    quota: IQuotaTable | None = None,
+    gate: QuotaGate | None = None,
 ) -> ClientApi:
     """The client API over ``gateway``; its access log subscribes to ``bus`` at once. The keys'
-    limits and budgets are counted in ``quota`` (a cluster's table; None: in this process)."""
-    gate = QuotaGate(config, quota if quota is not None else InProcessQuotaTable(reactor))
+    limits and budgets are counted through ``gate`` (None: a gate over an in-process table)."""
+    if gate is None:
+        gate = QuotaGate(config, InProcessQuotaTable(reactor))
     # Every finished client request is published on the bus (metrics, access log, console).
     app = ClientApp(gateway, config, reactor, bus.publish, gate)
     # One access log line per finished client request.

@@ -13,6 +13,8 @@ Consequence, by design: a limit added by a refresh counts only the requests admi
 
 from __future__ import annotations
 
+from typing import Any
+
 from twisted.internet.defer import Deferred, gatherResults, succeed
 
 from iop.config.model import ClientAPIConfig, ClientKey, EdgeConfig
@@ -69,6 +71,57 @@ class QuotaGate:
             return succeed(Reservation("", (), demand, _uncounted))
         return self.table.reserve(subjects, demand)
 
+    def standing(self) -> Deferred[list[dict[str, Any]]]:
+        """
+        Every limited key of the running config with its subjects' limits and counters now —
+        what ``GET /limits`` answers: how close each key (and its team) is to each limit and
+        budget. Keys without limits are left out.
+        """
+        keys = [key for key in self._config.keys if self.subjects(key)]
+        asked = [self.snapshot(key) for key in keys]
+
+        def shape(results: list[list[Snapshot]]) -> list[dict[str, Any]]:
+            return [
+                {
+                    "key": key.name,
+                    "team": key.team,
+                    "subjects": [
+                        _subject_json(limits, snapshot)
+                        for limits, snapshot in zip(self.subjects(key), snapshots, strict=True)
+                    ],
+                }
+                for key, snapshots in zip(keys, results, strict=True)
+            ]
+
+        return gatherResults(asked, consumeErrors=True).addCallback(shape)
+
     def snapshot(self, key: ClientKey) -> Deferred[list[Snapshot]]:
         """The counters of ``key``'s subjects (key first, then team), for headers and /usage."""
         return gatherResults([self.table.snapshot(s) for s in self.subjects(key)])
+
+
+def _amount(limit: int | None, used: int) -> dict[str, Any] | None:
+    if limit is None:
+        return None
+    return {"limit": limit, "used": used, "remaining": max(limit - used, 0)}
+
+
+def _subject_json(limits: SubjectLimits, snapshot: Snapshot) -> dict[str, Any]:
+    """One subject's limits beside its counters (costs in micro-units of usage.currency)."""
+    rates = limits.limits
+    return {
+        "subject": limits.subject,
+        "concurrent_requests": _amount(rates.concurrent_requests, snapshot.concurrent),
+        "requests_per_minute": _amount(rates.requests_per_minute, snapshot.requests),
+        "tokens_per_minute": _amount(rates.tokens_per_minute, snapshot.tokens),
+        "budgets": [
+            {
+                "period": use.budget.period,
+                "start": use.start,
+                "end": use.end,
+                "tokens": _amount(use.budget.tokens, use.tokens),
+                "cost_micros": _amount(use.budget.cost_micros, use.cost_micros),
+            }
+            for use in snapshot.budgets
+        ],
+    }

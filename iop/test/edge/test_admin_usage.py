@@ -1,6 +1,6 @@
 """
 Tests for ``GET /usage`` on the admin surface (:class:`iop.edge.admin.AdminApp`): the ledger's
-totals as JSON, the query parameters and their 400s, 503 without a ledger.
+totals as JSON, the query parameters and their 400s, 503 without a ledger; and ``GET /limits``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from treq.testing import StubTreq
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
+from iop.config.model import Budget, ClientAPIConfig, ClientKey, Limits, NodeToken, Team
 from iop.edge.admin import AdminApp
+from iop.edge.quota import Charge, Demand, InProcessQuotaTable, QuotaGate
 from iop.runtime.events import Usage
 from iop.usage.ledger import InlineWorker, UsageLedger
 from iop.usage.query import parse_time
@@ -110,3 +112,61 @@ class UsageRouteTests(SynchronousTestCase):
         self.treq = StubTreq(AdminApp(lambda: {}).resource())
         document = self.get(status=503)
         self.assertIn("no usage ledger", document["error"]["message"])
+
+
+class LimitsRouteTests(SynchronousTestCase):
+    """``GET /limits``: each limited key's limits and budgets beside their counters now."""
+
+    def setUp(self) -> None:
+        team = Team("backend", Limits(concurrent_requests=10), (Budget("total", tokens=10_000),))
+        keys = (
+            ClientKey(
+                "alice",
+                NodeToken.from_plaintext("sk-a"),
+                team="backend",
+                limits=Limits(requests_per_minute=5),
+                budgets=(Budget("day", tokens=1_000, cost_micros=2_000_000),),
+            ),
+            ClientKey("free", NodeToken.from_plaintext("sk-f")),
+        )
+        self.config = ClientAPIConfig(listen=None, keys=keys, teams=(team,))
+        self.clock = Clock()
+        self.clock.advance(1_700_000_000)
+        self.table = InProcessQuotaTable(self.clock)
+        self.gate = QuotaGate(self.config, self.table)
+        snapshot = {"edge": {"id": "edge-1"}}
+        self.treq: Any = StubTreq(AdminApp(lambda: snapshot, limits=self.gate).resource())
+
+    def get(self, status: int = 200) -> dict[str, Any]:
+        response = self.successResultOf(self.treq.get("http://admin/limits"))
+        self.assertEqual(response.code, status)
+        document: dict[str, Any] = json.loads(self.successResultOf(response.content()))
+        return document
+
+    def test_limited_keys_with_their_counters(self) -> None:
+        held = self.successResultOf(self.gate.reserve(self.config.keys[0], Demand(300, 1_000)))
+        document = self.get()
+        self.assertEqual(document["edge"], "edge-1")
+        [alice] = document["keys"]
+        self.assertEqual((alice["key"], alice["team"]), ("alice", "backend"))
+        own, team = alice["subjects"]
+        self.assertEqual(own["subject"], "key:alice")
+        self.assertEqual(own["requests_per_minute"], {"limit": 5, "used": 1, "remaining": 4})
+        self.assertIsNone(own["concurrent_requests"])
+        [day] = own["budgets"]
+        self.assertEqual(day["period"], "day")
+        self.assertEqual(day["tokens"], {"limit": 1_000, "used": 300, "remaining": 700})
+        self.assertEqual(
+            day["cost_micros"], {"limit": 2_000_000, "used": 1_000, "remaining": 1_999_000}
+        )
+        self.assertEqual(team["subject"], "team:backend")
+        self.assertEqual(team["concurrent_requests"], {"limit": 10, "used": 1, "remaining": 9})
+        held.settle(Charge(120, 400))
+        [alice] = self.get()["keys"]
+        own, team = alice["subjects"]
+        self.assertEqual(own["budgets"][0]["tokens"]["used"], 120)
+        self.assertEqual(team["concurrent_requests"]["used"], 0)
+
+    def test_without_a_gate_503(self) -> None:
+        self.treq = StubTreq(AdminApp(lambda: {}).resource())
+        self.get(503)
