@@ -40,7 +40,12 @@ def configure(cluster: Cluster, **extra: Any) -> None:
 
 @pytest.fixture
 def edge(cluster: Cluster) -> Iterator[Cluster]:
-    configure(cluster)
+    # The client key has limits and a budget: the console's Keys table shows its standing.
+    section = cluster.client_api()
+    section["auth"]["keys"][0].update(
+        limits={"requests_per_minute": 100}, budgets=[{"period": "day", "tokens": 1_000_000}]
+    )
+    configure(cluster, openai=section)
     cluster.start_edge()
     cluster.start_node()
     wait_until(cluster.node_connected, 20, "node-a connected")
@@ -91,6 +96,13 @@ def test_console_shows_nodes_providers_and_traffic(edge: Cluster, tmp_path: Path
         chat(edge, WHILE_OPEN)
         total = BEFORE + WHILE_OPEN
         browser.wait_for(f"{cell(model, 'requests')} === '{total}'", 10, f"{total} requests")
+        # The key's standing (GET /limits, polled): its requests this minute, its day budget.
+        key = 'tr[data-subject="key:all"]'
+        browser.wait_for(
+            f"{cell(key, 'requests_per_minute')} === '{total} / 100'", 10, "the key's standing"
+        )
+        budget = browser.evaluate(cell(key, "budgets"))
+        assert budget.startswith("day: ") and budget.endswith(" / 1000000 tokens"), budget
         assert browser.evaluate(cell(model, "errors")) == "0"
         assert browser.evaluate(cell(model, "rate")) == str(total)
         rows = browser.evaluate(

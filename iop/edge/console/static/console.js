@@ -117,6 +117,20 @@
     }
   }
 
+  // -- /limits: each limited key's standing (503: this Edge counts none) ------------------------
+
+  async function pollLimits() {
+    if (state.needToken) return;
+    try {
+      const r = await fetch("/limits", {headers: headers(), cache: "no-store"});
+      if (r.status === 401) return unauthorized(r);
+      state.limits = r.ok ? (await r.json()).keys : null;
+    } catch (e) {
+      state.limits = null;
+    }
+    renderKeys();
+  }
+
   function sample() {
     const t = now();
     for (const p of state.status.providers || []) {
@@ -378,6 +392,47 @@
     }));
   }
 
+  function amount(a) {
+    return a ? `${a.used} / ${a.limit}` : "";
+  }
+
+  function money(micros) {
+    return (micros / 1e6).toFixed(2);
+  }
+
+  function budgetText(b) {
+    const parts = [];
+    if (b.tokens) parts.push(`${b.tokens.used} / ${b.tokens.limit} tokens`);
+    if (b.cost_micros) parts.push(`${money(b.cost_micros.used)} / ${money(b.cost_micros.limit)}`);
+    return `${b.period}: ${parts.join(", ")}`;
+  }
+
+  function spent(b) {
+    return (b.tokens && b.tokens.remaining === 0) || (b.cost_micros && b.cost_micros.remaining === 0);
+  }
+
+  function renderKeys() {
+    const keys = state.limits;
+    $("keys-section").hidden = !keys || !keys.length;
+    if (!keys) return;
+    const rows = [];
+    for (const k of keys) {
+      for (const s of k.subjects) {
+        const tr = el("tr", null, {"data-key": k.key, "data-subject": s.subject});
+        tr.append(cell("key", k.key));
+        tr.append(cell("team", k.team));
+        tr.append(cell("subject", s.subject));
+        tr.append(cell("concurrent", amount(s.concurrent_requests), "num"));
+        tr.append(cell("requests_per_minute", amount(s.requests_per_minute), "num"));
+        tr.append(cell("tokens_per_minute", amount(s.tokens_per_minute), "num"));
+        const exhausted = s.budgets.some(spent);
+        tr.append(cell("budgets", s.budgets.map(budgetText).join("; "), exhausted ? "bad" : ""));
+        rows.push(tr);
+      }
+    }
+    replace($("keys").tBodies[0], rows);
+  }
+
   function renderNodeEvents() {
     $("node-events").replaceChildren(...state.nodeEvents.slice().reverse().map((e) => {
       const text = `${clock(e.at)} ${e.node_id || "(unknown token)"} ${e.kind}` +
@@ -387,6 +442,8 @@
   }
 
   poll();
+  pollLimits();
   connect();
   setInterval(poll, POLL_MS);
+  setInterval(pollLimits, POLL_MS);
 })();
