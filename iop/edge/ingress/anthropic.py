@@ -50,7 +50,6 @@ the Anthropic list shape (:class:`AnthropicCatalog`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -62,7 +61,7 @@ from iop.config.model import ModelConfig, ProfileConfig
 from iop.edge.ingress import canonical
 from iop.edge.ingress.bridge import BridgeError, messages_to_chat, thinking_requested
 from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
-from iop.edge.ingress.errors import ApiError, bad_request, unsupported, upstream_error
+from iop.edge.ingress.errors import ApiError, bad_request, unsupported
 from iop.edge.ingress.http import (
     header,
     json_bytes,
@@ -88,7 +87,7 @@ from iop.edge.ingress.profiles import (
     check_messages,
     thinking_allowed,
 )
-from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
+from iop.edge.ingress.relay import PassThrough, Work, json_headers
 from iop.edge.ingress.sources import Gateway
 from iop.edge.ingress.tokens import count_tokens, estimate_prompt_tokens_messages
 from iop.edge.ingress.validate import check_anthropic_count_tokens, check_anthropic_messages
@@ -284,33 +283,18 @@ async def over_responses(work: Work, body: dict[str, Any]) -> bytes:
     encoder = MessagesEncoder(
         model=placement.model, thinking_allowed=allowed and thinking_requested(body)
     )
-    source = work.tunnel("responses", request, stream, json_headers(stream))
-    # Tool calls stream as they come (the Messages encoder reads their fragments).
-    if stream:
 
-        def encode(events: list[canonical.Event]) -> bytes:
-            return _sse(encoder.encode(events))
+    def encode(events: list[canonical.Event]) -> bytes:
+        return _sse(encoder.encode(events))
 
-        return await work.relay(DecodedStream(ResponsesDecoder(), encode), source)
-
-    def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-        if not _is_success(status):
-            raise upstream_error(status, data)
-        try:
-            response = json.loads(data)
-        except ValueError:
-            response = None
-        decoder = ResponsesDecoder()
-        encoder.encode(decoder.response(response))
-        if decoder.failed is not None:
-            raise ApiError(
-                502,
-                f"the provider's answer could not be converted: {decoder.failed}",
-                code="upstream_error",
-            )
+    def whole(events: list[canonical.Event]) -> bytes:
+        encoder.encode(events)
         return render_json(work.request, encoder.message())
 
-    return await work.relay(Collect(whole), source)
+    # Tool calls stream as they come (the Messages encoder reads their fragments).
+    return await work.relay_decoded(
+        "responses", request, json_headers(stream), stream, ResponsesDecoder, encode, whole
+    )
 
 
 class CountTokensCodec:

@@ -126,6 +126,11 @@ class ChatDecoder:
             self._finish(out)
         return out
 
+    def whole(self, data: Any) -> list[Event]:
+        """The provider's whole answer (parsed JSON, or None when it was not JSON) as events:
+        :meth:`completion` (the relay's name for it, every decoder alike)."""
+        return self.completion(data)
+
     def completion(self, data: Any) -> list[Event]:
         """A whole ``chat.completion`` as events (a failure when it is not one)."""
         out: list[Event] = []

@@ -476,6 +476,11 @@ class MessagesDecoder:
         reason = STOP_REASONS.get(self._stop_reason, "stop")
         out.append(Event(Kind.FINISH, reason=reason, usage=anthropic_usage(self._usage)))
 
+    def whole(self, data: Any) -> list[Event]:
+        """The provider's whole answer (parsed JSON, or None when it was not JSON) as events:
+        :meth:`message` (the relay's name for it, every decoder alike)."""
+        return self.message(data)
+
     def message(self, message: Any) -> list[Event]:
         """A whole ``message`` as events (a failure when it is not one)."""
         out: list[Event] = []

@@ -556,6 +556,11 @@ class ResponsesDecoder:
         reported = openai_responses_usage(usage) if isinstance(usage, Mapping) else None
         out.append(Event(Kind.FINISH, reason=reason, usage=reported))
 
+    def whole(self, data: Any) -> list[Event]:
+        """The provider's whole answer (parsed JSON, or None when it was not JSON) as events:
+        :meth:`response` (the relay's name for it, every decoder alike)."""
+        return self.response(data)
+
     def response(self, response: Any) -> list[Event]:
         """A whole ``response`` as events (a failure when it is not one, or did not end well)."""
         out: list[Event] = []

@@ -63,9 +63,8 @@ differently from one request to the next.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
@@ -76,7 +75,7 @@ from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import Event, Kind, RunDecoder, finish_reason, tool_call
 from iop.edge.ingress.chat_messages import DEFAULT_MAX_TOKENS, MessagesDecoder, chat_to_messages
 from iop.edge.ingress.chat_responses import ResponsesDecoder, chat_to_responses
-from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported, upstream_error
+from iop.edge.ingress.errors import ApiError, bad_request, run_error, unsupported
 from iop.edge.ingress.http import (
     json_bytes,
     optional_bool,
@@ -87,7 +86,7 @@ from iop.edge.ingress.http import (
 from iop.edge.ingress.pipeline import Call
 from iop.edge.ingress.policy import max_tokens_for, thinking_budget_for
 from iop.edge.ingress.profiles import Route, Unsupported, thinking_allowed
-from iop.edge.ingress.relay import Collect, DecodedStream, PassThrough, Work, json_headers
+from iop.edge.ingress.relay import PassThrough, Work, json_headers
 from iop.edge.ingress.responses import (
     ResponsesEncoder,
     RunEventsToResponses,
@@ -553,33 +552,14 @@ class ChatCodec:
             created=int(self._clock.seconds()),
         )
         headers = [*json_headers(stream), ("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]
-        source = work.tunnel("messages", request, stream, headers)
-        if stream:
-
-            def encode(events: list[Event]) -> bytes:
-                finished = any(event.kind == Kind.FINISH for event in events)
-                return sse_chunks(encoder.encode(events), done=finished)
-
-            return await work.relay(DecodedStream(MessagesDecoder(), encode), source)
-
-        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-            if not 200 <= status < 300:
-                raise upstream_error(status, data)
-            try:
-                message = json.loads(data)
-            except ValueError:
-                message = None
-            decoder = MessagesDecoder()
-            encoder.encode(decoder.message(message))
-            if decoder.failed is not None:
-                raise ApiError(
-                    502,
-                    f"the provider's answer could not be converted: {decoder.failed}",
-                    code="upstream_error",
-                )
-            return render_json(work.request, encoder.completion())
-
-        return await work.relay(Collect(whole), source)
+        return await work.relay_decoded(
+            "messages",
+            request,
+            headers,
+            stream,
+            MessagesDecoder,
+            *self._chat_encoding(work, encoder),
+        )
 
     async def _over_responses(self, work: Work, call: Call, limit: int | None) -> bytes:
         """The call on a native Responses provider: the request translated, the answer decoded
@@ -595,33 +575,27 @@ class ChatCodec:
             include_usage=stream and bool(call.facts["include_usage"]),
             created=int(self._clock.seconds()),
         )
-        source = work.tunnel("responses", request, stream, json_headers(stream))
-        if stream:
+        encode, whole = self._chat_encoding(work, encoder)
+        return await work.relay_decoded(
+            "responses", request, json_headers(stream), stream, ResponsesDecoder, encode, whole
+        )
 
-            def encode(events: list[Event]) -> bytes:
-                finished = any(event.kind == Kind.FINISH for event in events)
-                return sse_chunks(encoder.encode(events), done=finished)
+    @staticmethod
+    def _chat_encoding(
+        work: Work, encoder: ChatEncoder
+    ) -> tuple[Callable[[list[Event]], bytes], Callable[[list[Event]], bytes]]:
+        """A decoded answer's events as Chat Completions: streamed chunks (``[DONE]`` after the
+        finish), or the whole completion."""
 
-            return await work.relay(DecodedStream(ResponsesDecoder(), encode), source)
+        def encode(events: list[Event]) -> bytes:
+            finished = any(event.kind == Kind.FINISH for event in events)
+            return sse_chunks(encoder.encode(events), done=finished)
 
-        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-            if not 200 <= status < 300:
-                raise upstream_error(status, data)
-            try:
-                response = json.loads(data)
-            except ValueError:
-                response = None
-            decoder = ResponsesDecoder()
-            encoder.encode(decoder.response(response))
-            if decoder.failed is not None:
-                raise ApiError(
-                    502,
-                    f"the provider's answer could not be converted: {decoder.failed}",
-                    code="upstream_error",
-                )
+        def whole(events: list[Event]) -> bytes:
+            encoder.encode(events)
             return render_json(work.request, encoder.completion())
 
-        return await work.relay(Collect(whole), source)
+        return encode, whole
 
 
 class ResponsesCodec:
@@ -706,33 +680,16 @@ class ResponsesCodec:
         except BridgeError as e:
             raise bad_request(e.message) from None
         headers = [*json_headers(stream), ("anthropic-version", DEFAULT_ANTHROPIC_VERSION)]
-        source = work.tunnel("messages", request, stream, headers)
-        if stream:
-            converter = ResponsesEncoder(
-                model=placement.model, request=body, created=created, names=bridged.names
-            )
+        converter = ResponsesEncoder(
+            model=placement.model, request=body, created=created, names=bridged.names
+        )
 
-            def encode(events: list[Event]) -> bytes:
-                return format_events(converter.encode(events))
+        def encode(events: list[Event]) -> bytes:
+            return format_events(converter.encode(events))
 
-            return await work.relay(DecodedStream(MessagesDecoder(), encode), source)
-
-        def whole(status: int, headers: list[tuple[str, str]], data: bytes) -> bytes:
-            if not 200 <= status < 300:
-                raise upstream_error(status, data)
-            try:
-                message = json.loads(data)
-            except ValueError:
-                message = None
-            decoder = MessagesDecoder(fragments=False)
+        def whole(events: list[Event]) -> bytes:
             encoder = ChatEncoder(model=placement.model, created=created)
-            encoder.encode(decoder.message(message))
-            if decoder.failed is not None:
-                raise ApiError(
-                    502,
-                    f"the provider's answer could not be converted: {decoder.failed}",
-                    code="upstream_error",
-                )
+            encoder.encode(events)
             return render_json(
                 work.request,
                 chat_completion_to_response(
@@ -744,7 +701,16 @@ class ResponsesCodec:
                 ),
             )
 
-        return await work.relay(Collect(whole), source)
+        # A whole answer's tool calls come whole (the Chat completion made a response).
+        return await work.relay_decoded(
+            "messages",
+            request,
+            headers,
+            stream,
+            lambda: MessagesDecoder(fragments=stream),
+            encode,
+            whole,
+        )
 
     async def _bridged(
         self, work: Work, body: dict[str, Any], limit: int | None, stream: bool

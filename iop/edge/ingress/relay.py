@@ -453,6 +453,51 @@ class Work:
         transform: RunStream | RunCollect = RunStream(feed) if stream else RunCollect(whole)
         return self.relay(transform, self.run(input=input, collect=not stream, **options))
 
+    def relay_decoded(
+        self,
+        operation: str,
+        payload: dict[str, Any],
+        headers: list[tuple[str, str]],
+        stream: bool,
+        decoder: Callable[[], CanonicalDecoder],
+        encode: Callable[[list[canonical.Event]], bytes],
+        whole: Callable[[list[canonical.Event]], bytes],
+    ) -> Coroutine[Any, Any, bytes]:
+        """
+        Send ``payload`` through the provider tunnel's ``operation`` and answer in the client's
+        surface, whatever protocol the provider speaks: its answer decoded once by a fresh
+        ``decoder()`` (:class:`~.chat_decode.ChatDecoder`,
+        :class:`~.chat_messages.MessagesDecoder`, :class:`~.chat_responses.ResponsesDecoder`)
+        and its canonical events encoded — streamed, each SSE batch's events through ``encode``
+        (:class:`DecodedStream`); whole, all the answer's events through ``whole`` for the
+        response body. An upstream error status is answered with that status in the surface's
+        shape; a whole answer the decoder cannot read is a 502 ``upstream_error``.
+        """
+        transform: DecodedStream | Collect
+        if stream:
+            transform = DecodedStream(decoder(), encode)
+        else:
+
+            def answer(status: int, headers: HeaderList, data: bytes) -> bytes:
+                if not 200 <= status < 300:
+                    raise upstream_error(status, data)
+                try:
+                    parsed = json.loads(data)
+                except ValueError:
+                    parsed = None
+                reader = decoder()
+                events = reader.whole(parsed)
+                if reader.failed is not None:
+                    raise ApiError(
+                        502,
+                        f"the provider's answer could not be converted: {reader.failed}",
+                        code="upstream_error",
+                    )
+                return whole(events)
+
+            transform = Collect(answer)
+        return self.relay(transform, self.tunnel(operation, payload, stream, headers))
+
     def relay_chat(
         self,
         chat: dict[str, Any],
@@ -460,39 +505,16 @@ class Work:
         encode: Callable[[list[canonical.Event]], bytes],
         whole: Callable[[list[canonical.Event]], bytes],
     ) -> Coroutine[Any, Any, bytes]:
-        """
-        Send ``chat`` through the provider's Chat Completions tunnel and answer in the client's
-        surface: the answer decoded once (:class:`~.chat_decode.ChatDecoder`) and its canonical
-        events encoded — streamed, each SSE batch's events through ``encode``
-        (:class:`DecodedStream`); whole, all the answer's events (tool calls whole) through
-        ``whole`` for the response body. An upstream error status is answered with that status
-        in the surface's shape; a whole answer that is not a chat completion is a 502.
-        """
-        transform: DecodedStream | Collect
-        if stream:
-            transform = DecodedStream(ChatDecoder(), encode)
-        else:
-
-            def answer(status: int, headers: HeaderList, data: bytes) -> bytes:
-                if not 200 <= status < 300:
-                    raise upstream_error(status, data)
-                try:
-                    completion = json.loads(data)
-                except ValueError:
-                    completion = None
-                decoder = ChatDecoder(fragments=False)
-                events = decoder.completion(completion)
-                if decoder.failed is not None:
-                    raise ApiError(
-                        502,
-                        f"the provider's answer could not be converted: {decoder.failed}",
-                        code="upstream_error",
-                    )
-                return whole(events)
-
-            transform = Collect(answer)
-        return self.relay(
-            transform, self.tunnel("chat_completions", chat, stream, json_headers(stream))
+        """:meth:`relay_decoded` over the provider's Chat Completions tunnel (a whole answer's
+        tool calls come whole)."""
+        return self.relay_decoded(
+            "chat_completions",
+            chat,
+            json_headers(stream),
+            stream,
+            lambda: ChatDecoder(fragments=stream),
+            encode,
+            whole,
         )
 
     def relay(
@@ -539,11 +561,17 @@ _UNCONVERTIBLE = "the provider's stream could not be converted"
 
 
 class CanonicalDecoder(Protocol):
-    """A provider's stream events in, canonical events out (:class:`~.chat_decode.ChatDecoder`,
-    :class:`~.chat_messages.MessagesDecoder`)."""
+    """A provider's answer in, canonical events out — stream events (:meth:`feed`,
+    :meth:`end`) or one whole answer (:meth:`whole`); ``failed`` says why it could not be read
+    (:class:`~.chat_decode.ChatDecoder`, :class:`~.chat_messages.MessagesDecoder`,
+    :class:`~.chat_responses.ResponsesDecoder`)."""
+
+    failed: str | None
 
     @property
     def done(self) -> bool: ...
+
+    def whole(self, data: Any) -> list[canonical.Event]: ...
 
     def feed(self, data: Any) -> list[canonical.Event]: ...
 
