@@ -47,12 +47,21 @@ fragment) or whole at its ``content_block_stop``; ``message_delta`` carries the
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import START, Event, Kind
+from iop.edge.ingress.chat_parts import (
+    JOIN,
+    function_tools,
+    image_url,
+    is_number,
+    text_of,
+    tool_call_id,
+    tool_calls_of,
+    tool_choice_name,
+)
 from iop.formats.errors import error_message
 from iop.formats.usage import anthropic_usage
 from iop.runtime.events import RuntimeEvent
@@ -78,40 +87,13 @@ STOP_REASONS = {
     "tool_use": "tool_calls",
     "refusal": "content_filter",
 }
-_JOIN = "\n\n"
 
 
 # -- request: Chat → Messages ------------------------------------------------------------------
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _text(content: Any, where: str) -> str:
-    """A system, developer or tool message's content as text (a string or text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise BridgeError(f"{where}.content[{i}]: only text parts are supported here")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BridgeError(f"{where}.content[{i}]: a text part needs a string 'text'")
-            texts.append(text)
-        return _JOIN.join(texts)
-    raise BridgeError(f"{where}.content: must be a string or a list of parts")
-
-
 def _image_block(part: Mapping[str, Any], where: str) -> dict[str, Any]:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
-    if not isinstance(url, str) or not url:
-        raise BridgeError(f"{where}: an image_url part needs a 'url' string")
+    url, _ = image_url(part, where)
     if url.startswith("data:"):
         head, _, data = url[5:].partition(",")
         media, _, encoding = head.partition(";")
@@ -160,20 +142,9 @@ def _assistant_blocks(message: Mapping[str, Any], where: str) -> list[dict[str, 
         blocks.append({"type": "text", "text": content})
     elif content is not None and not isinstance(content, str):
         raise BridgeError(f"{where}.content: must be a string, a list of parts or null")
-    calls = message.get("tool_calls")
-    if calls is not None and not isinstance(calls, list):
-        raise BridgeError(f"{where}.tool_calls: must be a list")
-    for i, call in enumerate(calls or ()):
+    for i, call in enumerate(tool_calls_of(message, where)):
         call_where = f"{where}.tool_calls[{i}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(call, dict) or not isinstance(function, dict):
-            raise BridgeError(f"{call_where}: a tool call needs a 'function' object")
-        call_id, name = call.get("id"), function.get("name")
-        if not isinstance(call_id, str) or not call_id:
-            raise BridgeError(f"{call_where}: a tool call needs an 'id' string")
-        if not isinstance(name, str) or not name:
-            raise BridgeError(f"{call_where}: a tool call needs a function 'name' string")
-        arguments = function.get("arguments")
+        arguments = call.arguments
         if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
             arguments = "{}"
         try:
@@ -182,44 +153,24 @@ def _assistant_blocks(message: Mapping[str, Any], where: str) -> list[dict[str, 
             parsed = None
         if not isinstance(parsed, dict):
             raise BridgeError(f"{call_where}: the arguments must be a JSON object")
-        blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": parsed})
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": parsed})
     return blocks
 
 
 def _tool_result(message: Mapping[str, Any], where: str) -> dict[str, Any]:
-    call_id = message.get("tool_call_id")
-    if not isinstance(call_id, str) or not call_id:
-        raise BridgeError(f"{where}: a tool message needs a 'tool_call_id' string")
     return {
         "type": "tool_result",
-        "tool_use_id": call_id,
-        "content": _text(message.get("content"), where),
+        "tool_use_id": tool_call_id(message, where),
+        "content": text_of(message.get("content"), where),
     }
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise BridgeError("tools: must be a list")
     out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise BridgeError(f"{where}: only 'function' tools are supported by this model")
-        if not isinstance(function, dict):
-            raise BridgeError(f"{where}: a function tool needs a 'function' object")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise BridgeError(f"{where}.function: needs a 'name' string")
-        schema = function.get("parameters")
-        if schema is None:
-            schema = {"type": "object", "properties": {}}
-        if not isinstance(schema, dict):
-            raise BridgeError(f"{where}.function.parameters: must be an object")
-        converted: dict[str, Any] = {"name": name, "input_schema": schema}
-        description = function.get("description")
-        if isinstance(description, str) and description:
-            converted["description"] = description
+    for tool in function_tools(tools):
+        converted: dict[str, Any] = {"name": tool.name, "input_schema": tool.parameters}
+        if tool.description:
+            converted["description"] = tool.description
         out.append(converted)
     return out
 
@@ -237,10 +188,7 @@ def _tool_choice(choice: Any, parallel: Any) -> dict[str, Any] | None:
     elif choice == "none":
         return {"type": "none"}
     elif isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if not isinstance(name, str) or not name:
-            raise BridgeError("tool_choice.function: needs a 'name' string")
-        mapped = {"type": "tool", "name": name}
+        mapped = {"type": "tool", "name": tool_choice_name(choice)}
     else:
         raise BridgeError("tool_choice: must be 'auto', 'required', 'none' or a function")
     if parallel is False:
@@ -290,7 +238,7 @@ def chat_to_messages(body: Mapping[str, Any], *, target: str, max_tokens: int) -
             raise BridgeError(f"{where}: must be an object")
         role = message.get("role")
         if role in ("system", "developer"):
-            text = _text(message.get("content"), where)
+            text = text_of(message.get("content"), where)
             if text:
                 system.append(text)
         elif role == "user":
@@ -307,11 +255,11 @@ def chat_to_messages(body: Mapping[str, Any], *, target: str, max_tokens: int) -
         raise BridgeError("messages: needs at least one user or assistant message")
     out: dict[str, Any] = {"model": target, "max_tokens": max_tokens, "messages": turns}
     if system:
-        out["system"] = _JOIN.join(system)
+        out["system"] = JOIN.join(system)
     for name in ("temperature", "top_p"):
         value = body.get(name)
         if value is not None:
-            if not _is_number(value):
+            if not is_number(value):
                 raise BridgeError(f"{name}: must be a number")
             out[name] = value
     stop = body.get("stop")

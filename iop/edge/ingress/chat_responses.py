@@ -61,13 +61,22 @@ that ends before a terminal event fails (:meth:`ResponsesDecoder.end`).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from iop.edge.ingress.bridge import BridgeError
 from iop.edge.ingress.canonical import START, Event, Kind
+from iop.edge.ingress.chat_parts import (
+    JOIN,
+    function_tools,
+    image_url,
+    is_number,
+    text_of,
+    tool_call_id,
+    tool_calls_of,
+    tool_choice_name,
+)
 from iop.formats.errors import error_message
 from iop.formats.usage import openai_responses_usage
 from iop.runtime.events import RuntimeEvent
@@ -79,33 +88,9 @@ __all__ = ["INCOMPLETE_REASONS", "ResponsesDecoder", "chat_to_responses"]
 INCOMPLETE_REASONS = {"max_output_tokens": "length", "content_filter": "content_filter"}
 # Fields both APIs have, with the same meaning: passed as they are.
 PASSED = ("temperature", "top_p", "user", "service_tier", "prompt_cache_key", "safety_identifier")
-_JOIN = "\n\n"
 
 
 # -- request: Chat → Responses -----------------------------------------------------------------
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _text(content: Any, where: str) -> str:
-    """A system, developer or tool message's content as text (a string or text parts)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise BridgeError(f"{where}.content[{i}]: only text parts are supported here")
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise BridgeError(f"{where}.content[{i}]: a text part needs a string 'text'")
-            texts.append(text)
-        return _JOIN.join(texts)
-    raise BridgeError(f"{where}.content: must be a string or a list of parts")
 
 
 def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
@@ -125,18 +110,8 @@ def _user_content(content: Any, where: str) -> str | list[dict[str, Any]]:
                 raise BridgeError(f"{at}: a text part needs a string 'text'")
             parts.append({"type": "input_text", "text": text})
         elif kind == "image_url":
-            image = part.get("image_url")
-            url = image.get("url") if isinstance(image, dict) else image
-            if not isinstance(url, str) or not url:
-                raise BridgeError(f"{at}: an image_url part needs a 'url' string")
-            detail = image.get("detail") if isinstance(image, dict) else None
-            parts.append(
-                {
-                    "type": "input_image",
-                    "image_url": url,
-                    "detail": detail if isinstance(detail, str) and detail else "auto",
-                }
-            )
+            url, detail = image_url(part, at)
+            parts.append({"type": "input_image", "image_url": url, "detail": detail or "auto"})
         elif kind == "file":
             given = part.get("file")
             if not isinstance(given, dict):
@@ -170,70 +145,39 @@ def _assistant_items(message: Mapping[str, Any], where: str) -> list[dict[str, A
         items.append({"type": "message", "role": "assistant", "content": content})
     elif content is not None and not isinstance(content, str):
         raise BridgeError(f"{where}.content: must be a string, a list of parts or null")
-    calls = message.get("tool_calls")
-    if calls is not None and not isinstance(calls, list):
-        raise BridgeError(f"{where}.tool_calls: must be a list")
-    for i, call in enumerate(calls or ()):
-        call_where = f"{where}.tool_calls[{i}]"
-        function = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(call, dict) or not isinstance(function, dict):
-            raise BridgeError(f"{call_where}: a tool call needs a 'function' object")
-        call_id, name = call.get("id"), function.get("name")
-        if not isinstance(call_id, str) or not call_id:
-            raise BridgeError(f"{call_where}: a tool call needs an 'id' string")
-        if not isinstance(name, str) or not name:
-            raise BridgeError(f"{call_where}: a tool call needs a function 'name' string")
-        arguments = function.get("arguments")
+    for call in tool_calls_of(message, where):
+        arguments = call.arguments
         if isinstance(arguments, dict):
             arguments = json.dumps(arguments, ensure_ascii=False)
         if not isinstance(arguments, str) or not arguments.strip():
             arguments = "{}"
         items.append(
-            {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+            {"type": "function_call", "call_id": call.id, "name": call.name, "arguments": arguments}
         )
     return items
 
 
 def _call_output(message: Mapping[str, Any], where: str) -> dict[str, Any]:
-    call_id = message.get("tool_call_id")
-    if not isinstance(call_id, str) or not call_id:
-        raise BridgeError(f"{where}: a tool message needs a 'tool_call_id' string")
     return {
         "type": "function_call_output",
-        "call_id": call_id,
-        "output": _text(message.get("content"), where),
+        "call_id": tool_call_id(message, where),
+        "output": text_of(message.get("content"), where),
     }
 
 
 def _tools(tools: Any) -> list[dict[str, Any]]:
-    if not isinstance(tools, list):
-        raise BridgeError("tools: must be a list")
     out = []
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise BridgeError(f"{where}: only 'function' tools are supported by this model")
-        if not isinstance(function, dict):
-            raise BridgeError(f"{where}: a function tool needs a 'function' object")
-        name = function.get("name")
-        if not isinstance(name, str) or not name:
-            raise BridgeError(f"{where}.function: needs a 'name' string")
-        schema = function.get("parameters")
-        if schema is None:
-            schema = {"type": "object", "properties": {}}
-        if not isinstance(schema, dict):
-            raise BridgeError(f"{where}.function.parameters: must be an object")
-        strict = function.get("strict")
+    for tool in function_tools(tools):
+        # Responses defaults to strict schemas, which refuse many ordinary ones: strict only
+        # when the Chat tool asked for it.
         converted: dict[str, Any] = {
             "type": "function",
-            "name": name,
-            "parameters": schema,
-            "strict": strict if isinstance(strict, bool) else False,
+            "name": tool.name,
+            "parameters": tool.parameters,
+            "strict": bool(tool.strict),
         }
-        description = function.get("description")
-        if isinstance(description, str) and description:
-            converted["description"] = description
+        if tool.description:
+            converted["description"] = tool.description
         out.append(converted)
     return out
 
@@ -242,10 +186,7 @@ def _tool_choice(choice: Any) -> Any:
     if choice in ("auto", "none", "required"):
         return choice
     if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        if not isinstance(name, str) or not name:
-            raise BridgeError("tool_choice.function: needs a 'name' string")
-        return {"type": "function", "name": name}
+        return {"type": "function", "name": tool_choice_name(choice)}
     raise BridgeError("tool_choice: must be 'auto', 'required', 'none' or a function")
 
 
@@ -301,7 +242,7 @@ def chat_to_responses(
             raise BridgeError(f"{where}: must be an object")
         role = message.get("role")
         if role in ("system", "developer"):
-            text = _text(message.get("content"), where)
+            text = text_of(message.get("content"), where)
             if text and not items:
                 instructions.append(text)
             elif text:
@@ -319,14 +260,14 @@ def chat_to_responses(
         raise BridgeError("messages: needs at least one user or assistant message")
     out: dict[str, Any] = {"model": target, "input": items, "store": False}
     if instructions:
-        out["instructions"] = _JOIN.join(instructions)
+        out["instructions"] = JOIN.join(instructions)
     if max_output_tokens is not None:
         out["max_output_tokens"] = max_output_tokens
     for name in PASSED:
         value = body.get(name)
         if value is None:
             continue
-        if name in ("temperature", "top_p") and not _is_number(value):
+        if name in ("temperature", "top_p") and not is_number(value):
             raise BridgeError(f"{name}: must be a number")
         out[name] = value
     if body.get("tools"):
@@ -435,7 +376,7 @@ class ResponsesDecoder:
         elif kind == "response.reasoning_summary_part.added":
             index = data.get("summary_index")
             if isinstance(index, int) and index > 0:
-                out.append(Event(Kind.REASONING, _JOIN))
+                out.append(Event(Kind.REASONING, JOIN))
         elif kind == "response.output_item.added":
             self._start(out)
             item = data.get("item")
@@ -537,7 +478,7 @@ class ResponsesDecoder:
                 out.append(Event(Kind.TEXT, text))
         elif kind == "reasoning" and not streamed:
             text = _parts_text(item.get("content"), ("reasoning_text",))
-            text = text or _parts_text(item.get("summary"), ("summary_text",), _JOIN)
+            text = text or _parts_text(item.get("summary"), ("summary_text",), JOIN)
             if text:
                 out.append(Event(Kind.REASONING, text))
 
