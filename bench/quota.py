@@ -37,6 +37,10 @@ the Edge side's alone) runs, after a warm-up that loads the scripts,
   at the end). The slots' periodic renewal (one call every third of the TTL for every slot held)
   is counted apart: it is not per request.
 
+M requests per phase, split over ``--rounds`` (3) passes over every phase, so that the load of
+a shared machine hits all alike: latencies pooled over the rounds, requests per second and CPU
+per request the median of the rounds'.
+
 Decided here: a request's settle is awaited before that request's "worker" admits the next (an
 Edge does not wait for it; here it makes c the number of requests whose round trips are in
 flight, and the throughput the conservative one). The key's concurrency limit is the highest
@@ -44,9 +48,9 @@ level, so the last level runs at its limit without crossing it. The windows hold
 of the run (all within a minute): the Redis logs grow to a few thousand entries, as a busy key's
 do.
 
-``python -m bench.quota [--iterations N] [--redis-iterations M] [--levels 10,50]`` prints the
-JSON; :func:`measure` is what :mod:`bench.run` records as ``quota_cost`` (the Redis half skipped,
-with the reason, when ``redis-server`` is not installed).
+``python -m bench.quota [--iterations N] [--redis-iterations M] [--rounds R] [--levels 10,50]``
+prints the JSON; :func:`measure` is what :mod:`bench.run` records as ``quota_cost`` (the Redis
+half skipped, with the reason, when ``redis-server`` is not installed).
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -253,6 +258,50 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
+@dataclass
+class _Sample:
+    """One round of one phase: its requests' latencies and what it cost."""
+
+    admits: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+    wall: float = 0.0
+    cpu: float = 0.0
+    redis_cpu: float = 0.0
+    calls: dict[str, int] = field(default_factory=dict)
+
+
+def _summary(concurrency: int, samples: list[_Sample], redis_measured: bool) -> dict[str, Any]:
+    """A phase's rounds together: latencies pooled, the rest per round then the median."""
+    count = sum(len(s.totals) for s in samples)
+    calls: dict[str, int] = {}
+    for sample in samples:
+        for name, n in sample.calls.items():
+            calls[name] = calls.get(name, 0) + n
+    per_request = calls.get("quota_reserve", 0) + calls.get("quota_settle", 0)
+
+    def median_us(value: Callable[[_Sample], float]) -> float:
+        return round(statistics.median(value(s) / len(s.totals) for s in samples) * 1e6, 1)
+
+    return {
+        "concurrency": concurrency,
+        "requests": count,
+        "rounds": len(samples),
+        "rps": round(statistics.median(len(s.totals) / max(s.wall, 1e-9) for s in samples), 1),
+        "admit_ms": _ms([t for s in samples for t in s.admits]),
+        "request_ms": _ms([t for s in samples for t in s.totals]),
+        "edge_cpu_us": median_us(lambda s: s.cpu),
+        "redis_cpu_us": median_us(lambda s: s.redis_cpu) if redis_measured else None,
+        "calls": calls,
+        "calls_per_request": round(per_request / max(count, 1), 3),
+    }
+
+
+def shares(total: int, rounds: int) -> list[int]:
+    """``total`` requests split over ``rounds`` (at least one each)."""
+    rounds = max(1, min(rounds, total))
+    return [total // rounds + (1 if i < total % rounds else 0) for i in range(rounds)]
+
+
 async def _redis_run(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     from iop.edge.cluster.quota import ClusterQuotaTable
     from iop.edge.cluster.redis import connect
@@ -275,77 +324,72 @@ async def _redis_run(reactor: Any, args: argparse.Namespace) -> dict[str, Any]:
     limited, free = key_of(clients, LIMITED), key_of(clients, UNLIMITED)
     iterations: int = args.iterations
     out: dict[str, Any] = {"ttl_sec": config.lease_ttl_sec, "subjects": len(gate.subjects(limited))}
+    redis_pid: int = args.redis_pid
 
     def redis_cpu() -> float:
-        return cpu_seconds(args.redis_pid) if args.redis_pid else 0.0
+        return cpu_seconds(redis_pid) if redis_pid else 0.0
+
+    async def request(key: ClientKey, sample: _Sample) -> None:
+        sent = time.perf_counter()
+        reservation = await gate.reserve(key, demand_of(PROMPT_TOKENS, MAX_OUTPUT_TOKENS, MODEL))
+        admitted = time.perf_counter()
+        reservation.end(charge_of(USAGE, MODEL), dispatched=True)
+        if reservation.subjects:
+            await store.last  # its settle, answered
+        sample.admits.append(admitted - sent)
+        sample.totals.append(time.perf_counter() - sent)
+
+    async def round_trip(sample: _Sample) -> None:
+        sent = time.perf_counter()
+        await store.run(NOOP, [store.key("bench")], [])
+        sample.admits.append(time.perf_counter() - sent)
+        sample.totals.append(sample.admits[-1])
+
+    async def phase(one: Callable[[_Sample], Awaitable[None]], c: int, count: int) -> _Sample:
+        """``count`` of ``one``, ``c`` at a time."""
+        left = [count]
+        sample = _Sample()
+
+        async def worker() -> None:
+            while left[0] > 0:
+                left[0] -= 1
+                await one(sample)
+
+        calls = dict(store.calls)
+        cpu, redis, wall = time.process_time(), redis_cpu(), time.perf_counter()
+        await gatherResults([ensureDeferred(worker()) for _ in range(c)], consumeErrors=True)
+        sample.wall = time.perf_counter() - wall
+        sample.cpu, sample.redis_cpu = time.process_time() - cpu, redis_cpu() - redis
+        sample.calls = _delta(store.calls, calls)
+        return sample
+
+    def limited_request(sample: _Sample) -> Awaitable[None]:
+        return request(limited, sample)
+
+    def free_request(sample: _Sample) -> Awaitable[None]:
+        return request(free, sample)
 
     try:
-        # The floor: one EVALSHA of a no-op script, one after the other.
-        await store.run(NOOP, [store.key("bench")], [])
-        times = []
-        started, redis = time.process_time(), redis_cpu()
-        for _ in range(iterations):
-            sent = time.perf_counter()
-            await store.run(NOOP, [store.key("bench")], [])
-            times.append(time.perf_counter() - sent)
+        # Warm-up: the scripts loaded, the connection and the interpreter warm.
+        await phase(limited_request, max(levels), max(4 * max(levels), 100))
+        await phase(round_trip, 1, 100)
+        # The rounds: every phase in each (so that drift hits all alike), its share of requests.
+        samples: dict[str, list[_Sample]] = {}
+        for share in shares(iterations, args.rounds):
+            samples.setdefault("round_trip", []).append(await phase(round_trip, 1, share))
+            samples.setdefault("unlimited", []).append(await phase(free_request, 1, share))
+            for c in [1, *levels]:
+                samples.setdefault(str(c), []).append(await phase(limited_request, c, share))
+        trip = _summary(1, samples["round_trip"], bool(redis_pid))
         out["round_trip"] = {
-            "iterations": iterations,
-            "ms": _ms(times),
-            "edge_cpu_us": round((time.process_time() - started) / iterations * 1e6, 1),
-            "redis_cpu_us": (
-                round((redis_cpu() - redis) / iterations * 1e6, 1) if args.redis_pid else None
-            ),
-        }
-
-        async def request(key: ClientKey, admits: list[float], totals: list[float]) -> None:
-            sent = time.perf_counter()
-            reservation = await gate.reserve(
-                key, demand_of(PROMPT_TOKENS, MAX_OUTPUT_TOKENS, MODEL)
-            )
-            admitted = time.perf_counter()
-            reservation.end(charge_of(USAGE, MODEL), dispatched=True)
-            if reservation.subjects:
-                await store.last  # its settle, answered
-            admits.append(admitted - sent)
-            totals.append(time.perf_counter() - sent)
-
-        async def level(key: ClientKey, c: int, count: int) -> dict[str, Any]:
-            left = [count]
-            admits: list[float] = []
-            totals: list[float] = []
-
-            async def worker() -> None:
-                while left[0] > 0:
-                    left[0] -= 1
-                    await request(key, admits, totals)
-
-            calls = dict(store.calls)
-            cpu, redis, wall = time.process_time(), redis_cpu(), time.perf_counter()
-            await gatherResults([ensureDeferred(worker()) for _ in range(c)], consumeErrors=True)
-            wall = time.perf_counter() - wall
-            cpu, redis = time.process_time() - cpu, redis_cpu() - redis
-            made = _delta(store.calls, calls)
-            per_request = made.get("quota_reserve", 0) + made.get("quota_settle", 0)
-            return {
-                "concurrency": c,
-                "requests": count,
-                "rps": round(count / max(wall, 1e-9), 1),
-                "admit_ms": _ms(admits),
-                "request_ms": _ms(totals),
-                "edge_cpu_us": round(cpu / count * 1e6, 1),
-                "redis_cpu_us": round(redis / count * 1e6, 1) if args.redis_pid else None,
-                "calls": made,
-                "calls_per_request": round(per_request / count, 3),
-            }
-
-        await level(limited, max(levels), max(4 * max(levels), 100))  # warm-up, scripts loaded
-        free_row = await level(free, 1, iterations)
-        if free_row["calls"]:
-            raise BenchError(f"a key without limits made Redis calls: {free_row['calls']}")
-        out["unlimited"] = free_row
+            k: trip[k] for k in ("requests", "rounds", "edge_cpu_us", "redis_cpu_us")
+        } | {"ms": trip["admit_ms"]}
+        out["unlimited"] = _summary(1, samples["unlimited"], bool(redis_pid))
+        if out["unlimited"]["calls"]:
+            raise BenchError(f"a key without limits made Redis calls: {out['unlimited']['calls']}")
         rows = []
         for c in [1, *levels]:
-            row = await level(limited, c, iterations)
+            row = _summary(c, samples[str(c)], bool(redis_pid))
             calls = row["calls"]
             if calls.get("quota_reserve") != iterations or calls.get("quota_settle") != iterations:
                 raise BenchError(
@@ -388,7 +432,7 @@ def redis_worker(args: argparse.Namespace) -> int:
 # -- the harness ---------------------------------------------------------------------------------
 
 
-def on_redis(iterations: int, levels: Sequence[int]) -> dict[str, Any]:
+def on_redis(iterations: int, levels: Sequence[int], rounds: int = 3) -> dict[str, Any]:
     """The Redis half: a private redis-server and the worker against it (module docstring)."""
     from bench import multiedge
     from bench.systems import base_env
@@ -401,7 +445,7 @@ def on_redis(iterations: int, levels: Sequence[int]) -> dict[str, Any]:
         argv = [
             *(sys.executable, "-m", "bench.quota", "--redis-worker", str(redis.socket)),
             *("--iterations", str(iterations), "--redis-pid", str(redis.child.pid)),
-            *("--levels", ",".join(str(c) for c in levels)),
+            *("--levels", ",".join(str(c) for c in levels), "--rounds", str(rounds)),
         ]
         env = {**base_env(), PASSWORD_ENV: redis.password}
         try:
@@ -443,6 +487,7 @@ def measure(
     iterations: int = 5000,
     redis_iterations: int = 2000,
     levels: Sequence[int] = DEFAULT_LEVELS,
+    rounds: int = 3,
 ) -> dict[str, Any]:
     """
     ``in_process``: rows per variant; ``redis``: the worker's figures, or ``None`` with
@@ -464,7 +509,7 @@ def measure(
             "redis-server is not installed (Debian: apt-get install redis-server)"
         )
     else:
-        out["redis"] = on_redis(redis_iterations, levels)
+        out["redis"] = on_redis(redis_iterations, levels, rounds)
     return out
 
 
@@ -491,6 +536,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--redis-iterations", type=int, default=2000, help="Redis: requests per level (2000)"
     )
     parser.add_argument(
+        "--rounds", type=int, default=3, help="Redis: rounds over the phases, requests split (3)"
+    )
+    parser.add_argument(
         "--levels",
         type=parse_levels,
         default=list(DEFAULT_LEVELS),
@@ -499,12 +547,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--redis-worker", metavar="SOCKET", help=argparse.SUPPRESS)
     parser.add_argument("--redis-pid", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if min(args.iterations, args.redis_iterations) < 1:
-        parser.error("iterations must be >= 1")
+    if min(args.iterations, args.redis_iterations, args.rounds) < 1:
+        parser.error("iterations and rounds must be >= 1")
     if args.redis_worker:
         return redis_worker(args)
     try:
-        results = measure(args.iterations, args.redis_iterations, args.levels)
+        results = measure(args.iterations, args.redis_iterations, args.levels, args.rounds)
     except BenchError as e:
         print(f"bench.quota: {e}", file=sys.stderr)
         return 1

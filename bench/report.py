@@ -583,10 +583,12 @@ def quota_section(results: dict[str, Any]) -> list[str]:
         "",
         f"On Redis (redis-server {redis.get('redis_version', '?')} on a private unix socket, "
         "the cluster's quota table as `cluster:` builds it, one Edge process): c requests in "
-        "flight, each reserve → end → its settle answered. Admit: reserve sent → reservation "
-        "in hand; request: → settle answered (ms). CPU per request: the Edge process and "
-        "redis-server (from /proc, clock ticks). Redis calls: the script calls the Edge's store "
-        "made per request, one reserve and one settle (asserted).",
+        "flight, each reserve → end → its settle answered; the phases interleaved in "
+        f"{_first(redis.get('levels', []), 'rounds')} rounds. Admit: reserve sent → reservation "
+        "in hand; request: → settle answered (ms, pooled over the rounds). req/s and CPU per "
+        "request (the Edge process and redis-server, from /proc): the median of the rounds. "
+        "Redis calls: the script calls the Edge's store made per request, one reserve and one "
+        "settle (asserted).",
         "",
     ]
     lines += _table(

@@ -375,6 +375,7 @@ def quota_results() -> dict[str, Any]:
             "calls": {"quota_reserve": 100, "quota_settle": 100},
             "calls_per_request": 2.0,
             "renewals": 0,
+            "rounds": 3,
         }
 
     return {
@@ -403,7 +404,8 @@ def quota_results() -> dict[str, Any]:
             "redis": {
                 "redis_version": "7.0.15",
                 "round_trip": {
-                    "iterations": 100,
+                    "requests": 100,
+                    "rounds": 3,
                     "ms": {"p50": 0.1, "p99": 0.2},
                     "edge_cpu_us": 95,
                     "redis_cpu_us": 20.0,
@@ -429,6 +431,7 @@ def test_quota_section() -> None:
     assert "| key + team | 2 | 43.2 |" in text
     assert "| no limits | 0 | 5.0 |" in text
     assert "redis-server 7.0.15" in text
+    assert "the phases interleaved in 3 rounds" in text
     assert "| 1 | 100 | 2100 | 0.250 | 0.900 | 0.450 | 1.200 | 230 | 150 | 2 |" in text
     assert "| 10 | 100 | 2900 |" in text
     assert "p50 0.100 ms, p99 0.200 ms, 95 µs of Edge CPU and 20 µs of Redis CPU" in text
@@ -497,5 +500,5 @@ def test_quota_measures_for_real() -> None:
         assert row["calls_per_request"] == 2.0
         assert row["admit_ms"]["p50"] > 0 and row["rps"] > 0
     assert redis["unlimited"]["calls"] == {}
-    assert redis["round_trip"]["iterations"] == 30
+    assert (redis["round_trip"]["requests"], redis["round_trip"]["rounds"]) == (30, 3)
     assert "## Per-key limits" in report.markdown({"quota_cost": out})
