@@ -542,6 +542,101 @@ def multi_edge_section(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def quota_section(results: dict[str, Any]) -> list[str]:
+    """The per-key limits measurement (:mod:`bench.quota`): the admit stage's cost per request,
+    in process and on Redis; nothing when it did not run."""
+    quota = results.get("quota_cost")
+    if not isinstance(quota, dict):
+        return []
+    request = quota.get("request", {})
+    usage = request.get("usage", {})
+    lines = [
+        "",
+        "## Per-key limits: the admit stage's cost",
+        "",
+        "Per request, what the client pipeline's admit stage adds for a key with limits: the "
+        f"worst case ({request.get('prompt_tokens')} prompt + {request.get('max_output_tokens')} "
+        "max output tokens at a priced model) reserved through the quota gate, then the "
+        f"reservation ended with the usage reported ({usage.get('input_tokens')} in, "
+        f"{usage.get('output_tokens')} out) and its cost. The limited key has requests and "
+        "tokens per minute, concurrent requests, a daily token budget and a monthly cost "
+        "budget; its team has its own limits and budgets (2 subjects per request). Nothing is "
+        "refused.",
+        "",
+        "In process (one Edge alone): process CPU per admit + settle, the median of "
+        f"{_first(quota.get('in_process', []), 'passes')} passes of "
+        f"{_first(quota.get('in_process', []), 'iterations')} requests.",
+        "",
+    ]
+    lines += _table(
+        ["key", "subjects", "CPU µs per admit + settle"],
+        [
+            [str(row["variant"]), str(row["subjects"]), _fmt(row["cpu_us"], 1)]
+            for row in quota.get("in_process", [])
+        ],
+    )
+    redis = quota.get("redis")
+    if not isinstance(redis, dict):
+        reason = quota.get("redis_skipped") or "not measured"
+        return [*lines, "", f"On Redis: skipped ({reason})."]
+    lines += [
+        "",
+        f"On Redis (redis-server {redis.get('redis_version', '?')} on a private unix socket, "
+        "the cluster's quota table as `cluster:` builds it, one Edge process): c requests in "
+        "flight, each reserve → end → its settle answered; the phases interleaved in "
+        f"{_first(redis.get('levels', []), 'rounds')} rounds. Admit: reserve sent → reservation "
+        "in hand; request: → settle answered (ms, pooled over the rounds). req/s and CPU per "
+        "request (the Edge process and redis-server, from /proc): the median of the rounds. "
+        "Redis calls: the script calls the Edge's store made per request, one reserve and one "
+        "settle (asserted).",
+        "",
+    ]
+    lines += _table(
+        [
+            "c",
+            "requests",
+            "req/s",
+            "admit p50",
+            "admit p99",
+            "request p50",
+            "request p99",
+            "Edge CPU µs",
+            "Redis CPU µs",
+            "Redis calls",
+        ],
+        [
+            [
+                str(row["concurrency"]),
+                str(row["requests"]),
+                _fmt(row["rps"], 0),
+                _fmt(row["admit_ms"]["p50"], 3),
+                _fmt(row["admit_ms"]["p99"], 3),
+                _fmt(row["request_ms"]["p50"], 3),
+                _fmt(row["request_ms"]["p99"], 3),
+                _fmt(row["edge_cpu_us"], 0),
+                _fmt(row["redis_cpu_us"], 0),
+                _fmt(row["calls_per_request"], 0),
+            ]
+            for row in redis.get("levels", [])
+        ],
+    )
+    trip, free = redis.get("round_trip", {}), redis.get("unlimited", {})
+    lines += [
+        "",
+        f"A bare round trip on the same connection (a no-op script, one at a time): p50 "
+        f"{_fmt(trip.get('ms', {}).get('p50'), 3)} ms, p99 {_fmt(trip.get('ms', {}).get('p99'), 3)}"
+        f" ms, {_fmt(trip.get('edge_cpu_us'), 0)} µs of Edge CPU and "
+        f"{_fmt(trip.get('redis_cpu_us'), 0)} µs of Redis CPU. A key without limits on the "
+        f"same table: {_fmt(free.get('calls_per_request'), 0)} Redis calls, "
+        f"{_fmt(free.get('edge_cpu_us'), 1)} µs of CPU per request (the gate's fast path).",
+    ]
+    return lines
+
+
+def _first(rows: list[dict[str, Any]], field: str) -> Any:
+    return rows[0].get(field) if rows else None
+
+
 def gateway_cpu_ms(run: dict[str, Any]) -> float:
     """CPU ms per request of a target's gateway processes (not the upstream): 0 for direct."""
     return float(
@@ -923,6 +1018,7 @@ def markdown(results: dict[str, Any]) -> str:
             "streams.",
         ]
 
+    lines += quota_section(results)
     lines += multi_edge_section(results)
 
     lines += ["", "## Settings", ""]

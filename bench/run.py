@@ -49,9 +49,16 @@ gives each group's throughput, the 2-Edge/1-Edge ratio, CPU per request and how 
 split over the Edges. ``--no-throughput`` skips the throughput scenario (e.g. to run this one
 alone).
 
+Per-key limits (:mod:`bench.quota`, every run unless ``--no-quota``): the client pipeline's admit
+stage per request — µs of CPU per admit + settle in process, for a key with every kind of limit
+and a team, and for a key without limits; and on a private Redis, the latency of an admission,
+requests per second at c = 1, 10, 50, the Edge's and Redis's CPU per request and the Redis calls
+per request (asserted: one reserve, one settle). Without ``redis-server`` the Redis half is
+skipped and the results say so.
+
 Smoke (``--smoke``, what CI runs): no LiteLLM, both modes, one answer size (32), levels 1 and 4,
-20 requests each, a tiny scale scenario (and, with ``--multi-edge``, the multi-Edge scenario at
-c = 4).
+20 requests each, a tiny scale scenario, the per-key limits measurement with a few hundred
+requests (and, with ``--multi-edge``, the multi-Edge scenario at c = 4).
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ if __package__ in (None, ""):
     # ``python bench/run.py``: make the repository root importable.
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import lease, multiedge, report
+from bench import lease, multiedge, quota, report
 from bench.loadgen import JSON, NDJSON, SSE, combine
 from bench.procs import BenchError, Children, ProcSample, sample, wait_until
 from bench.systems import (
@@ -134,6 +141,10 @@ class Settings:
     multi_edge: bool = False
     multi_edge_levels: list[int] = field(default_factory=lambda: [50])
     skip_throughput: bool = False
+    skip_quota: bool = False
+    # Per-key limits' admit stage (bench.quota): in-process requests per pass, Redis per level.
+    quota_iterations: int = 5000
+    quota_redis_iterations: int = 2000
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -166,6 +177,15 @@ class Settings:
                 else {}
             ),
             "throughput_skipped": self.skip_throughput,
+            "quota": (
+                None
+                if self.skip_quota
+                else {
+                    "in_process_requests_per_pass": self.quota_iterations,
+                    "redis_requests_per_level": self.quota_redis_iterations,
+                    "redis_levels": [1, *quota.DEFAULT_LEVELS],
+                }
+            ),
         }
 
 
@@ -899,6 +919,11 @@ def parse_args(argv: Sequence[str]) -> Settings:
     parser.add_argument("--no-scale", action="store_true", help="skip the scale scenario")
     parser.add_argument("--no-throughput", action="store_true", help="skip the throughput scenario")
     parser.add_argument(
+        "--no-quota",
+        action="store_true",
+        help="skip the per-key limits measurement (the admit stage's cost per request)",
+    )
+    parser.add_argument(
         "--multi-edge",
         action="store_true",
         help="also run the multi-Edge scenario: 1 Edge vs 2 Edges sharing the client port",
@@ -945,6 +970,9 @@ def parse_args(argv: Sequence[str]) -> Settings:
         multi_edge=bool(args.multi_edge),
         multi_edge_levels=args.multi_edge_levels or ([4] if smoke else [50]),
         skip_throughput=bool(args.no_throughput),
+        skip_quota=bool(args.no_quota),
+        quota_iterations=200 if smoke else 5000,
+        quota_redis_iterations=100 if smoke else 2000,
     )
 
 
@@ -992,6 +1020,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "iop-managed" in settings.targets and not settings.skip_throughput:
             log("managed mode: CPU per credential lease (issue on the Edge, open on the Node)")
             results["lease_cost"] = lease.measure(200 if settings.smoke else 2000)
+        if not settings.skip_quota:
+            log("per-key limits: the admit stage's cost per request, in process and on Redis")
+            results["quota_cost"] = quota.measure(
+                settings.quota_iterations, settings.quota_redis_iterations
+            )
+            skipped = results["quota_cost"].get("redis_skipped")
+            if skipped:
+                notes.append(f"per-key limits on Redis skipped: {skipped}")
+                log(notes[-1])
         if not settings.skip_scale:
             results["scale"] = scale(settings, scratch)
     except BenchError as e:

@@ -360,3 +360,145 @@ def test_floor_pipeline_answers_both_modes() -> None:
     assert any(row.startswith("| non-stream | 2 | tls |") for row in rows)
     assert any(row.startswith("| stream | 2 | tls |") for row in rows)
     assert all(row.endswith("| 0 |") for row in rows[2:])
+
+
+def quota_results() -> dict[str, Any]:
+    def level(c: int, rps: float) -> dict[str, Any]:
+        return {
+            "concurrency": c,
+            "requests": 100,
+            "rps": rps,
+            "admit_ms": {"p50": 0.25, "p99": 0.9},
+            "request_ms": {"p50": 0.45, "p99": 1.2},
+            "edge_cpu_us": 230.4,
+            "redis_cpu_us": 150.0,
+            "calls": {"quota_reserve": 100, "quota_settle": 100},
+            "calls_per_request": 2.0,
+            "renewals": 0,
+            "rounds": 3,
+        }
+
+    return {
+        "quota_cost": {
+            "request": {
+                "prompt_tokens": 500,
+                "max_output_tokens": 1000,
+                "usage": {"input_tokens": 500, "output_tokens": 300},
+            },
+            "in_process": [
+                {
+                    "variant": "key + team",
+                    "subjects": 2,
+                    "iterations": 50,
+                    "passes": 5,
+                    "cpu_us": 43.21,
+                },
+                {
+                    "variant": "no limits",
+                    "subjects": 0,
+                    "iterations": 50,
+                    "passes": 5,
+                    "cpu_us": 5.04,
+                },
+            ],
+            "redis": {
+                "redis_version": "7.0.15",
+                "round_trip": {
+                    "requests": 100,
+                    "rounds": 3,
+                    "ms": {"p50": 0.1, "p99": 0.2},
+                    "edge_cpu_us": 95,
+                    "redis_cpu_us": 20.0,
+                },
+                "unlimited": {
+                    **level(1, 9000.0),
+                    "calls": {},
+                    "calls_per_request": 0.0,
+                    "edge_cpu_us": 4.56,
+                },
+                "levels": [level(1, 2100.0), level(10, 2900.0)],
+            },
+            "redis_skipped": None,
+        }
+    }
+
+
+def test_quota_section() -> None:
+    results = quota_results()
+    text = "\n".join(report.quota_section(results))
+    assert "## Per-key limits: the admit stage's cost" in text
+    assert "the median of 5 passes of 50 requests" in text
+    assert "| key + team | 2 | 43.2 |" in text
+    assert "| no limits | 0 | 5.0 |" in text
+    assert "redis-server 7.0.15" in text
+    assert "the phases interleaved in 3 rounds" in text
+    assert "| 1 | 100 | 2100 | 0.250 | 0.900 | 0.450 | 1.200 | 230 | 150 | 2 |" in text
+    assert "| 10 | 100 | 2900 |" in text
+    assert "p50 0.100 ms, p99 0.200 ms, 95 µs of Edge CPU and 20 µs of Redis CPU" in text
+    assert "0 Redis calls, 4.6 µs of CPU per request" in text
+    # In the whole report, with or without the throughput scenario.
+    assert "## Per-key limits" in report.markdown(results)
+    assert report.quota_section({}) == []
+
+    quota = results["quota_cost"]
+    quota["redis"], quota["redis_skipped"] = None, "redis-server is not installed"
+    skipped = report.quota_section(results)
+    assert skipped[-1] == "On Redis: skipped (redis-server is not installed)."
+    assert "| key + team | 2 | 43.2 |" in skipped
+
+
+def test_quota_on_the_command_line() -> None:
+    smoke = parse_args(["--smoke"])
+    assert (smoke.skip_quota, smoke.quota_iterations, smoke.quota_redis_iterations) == (
+        False,
+        200,
+        100,
+    )
+    full = parse_args([])
+    assert (full.quota_iterations, full.quota_redis_iterations) == (5000, 2000)
+    assert full.as_dict()["quota"]["redis_levels"] == [1, 10, 50]
+    skipped = parse_args(["--no-quota"])
+    assert skipped.skip_quota and skipped.as_dict()["quota"] is None
+
+
+def test_quota_measures_for_real() -> None:
+    """``python -m bench.quota`` with a few requests: every variant in process; on Redis (when
+    redis-server is installed) one reserve and one settle per request, none for a key without
+    limits, at every level."""
+    import shutil
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "bench.quota", "--iterations", "50"),
+            *("--redis-iterations", "30", "--levels", "3"),
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    rows = {row["variant"]: row for row in out["in_process"]}
+    assert {name: row["subjects"] for name, row in rows.items()} == {
+        "key + team": 2,
+        "key alone": 1,
+        "no limits": 0,
+    }
+    assert all(row["cpu_us"] > 0 for row in rows.values())
+    if shutil.which("redis-server") is None:
+        assert out["redis"] is None and "redis-server" in out["redis_skipped"]
+        return
+    redis = out["redis"]
+    assert [row["concurrency"] for row in redis["levels"]] == [1, 3]
+    for row in redis["levels"]:
+        assert row["calls"] == {"quota_reserve": 30, "quota_settle": 30}
+        assert row["calls_per_request"] == 2.0
+        assert row["admit_ms"]["p50"] > 0 and row["rps"] > 0
+    assert redis["unlimited"]["calls"] == {}
+    assert (redis["round_trip"]["requests"], redis["round_trip"]["rounds"]) == (30, 3)
+    assert "## Per-key limits" in report.markdown({"quota_cost": out})
