@@ -111,6 +111,14 @@ def ask(chat: openai.OpenAI, max_tokens: int = MAX_TOKENS, model: str = "chat") 
     return "served", answer.usage.total_tokens
 
 
+def serves(edge: Edge) -> bool:
+    """Whether ``edge`` serves the ``single`` key (not while Redis is away: 503)."""
+    try:
+        return ask(client(edge, "single"))[0] == "served"
+    except openai.InternalServerError:
+        return False
+
+
 def reported(cluster: Cluster, *upstreams: int) -> int:
     """The usage the ``upstreams`` reported, all told."""
     total = 0
@@ -127,7 +135,8 @@ def test_two_edges_share_a_keys_concurrency_and_budget(
     prompt = estimate_prompt_tokens_openai({"model": "chat", "messages": HELLO})
     worst = prompt + MAX_TOKENS
 
-    # 100 at once, half on each Edge, on the slow model: the first 3 hold the key's slots.
+    # 100 at once, half on each Edge, on the slow model: the first 3 hold the key's slots
+    # (a 4th only if the burst outlasted an answer).
     clients = [client(a if i % 2 else b, "shared") for i in range(100)]
     gate = threading.Barrier(100)
     outcomes: list[tuple[str, Any]] = []
@@ -144,7 +153,8 @@ def test_two_edges_share_a_keys_concurrency_and_budget(
     assert len(outcomes) == 100
     served = [used for kind, used in outcomes if kind == "served"]
     refused = [code for kind, code in outcomes if kind == "refused"]
-    assert served == [HELLO_WORDS + MAX_TOKENS] * CONCURRENT, outcomes
+    assert len(served) >= CONCURRENT, outcomes
+    assert served == [HELLO_WORDS + MAX_TOKENS] * len(served), outcomes
     assert set(refused) == {"concurrency_limit_exceeded"}, outcomes
     stats = cluster.fake_stats(slow)
     assert stats["max_active_answers"] == CONCURRENT, stats
@@ -194,11 +204,7 @@ def test_redis_stopped_fails_a_limited_key_closed(
 
     redis_server.start()
     for edge in (a, b):
-        wait_until(
-            lambda e=edge: ask(client(e, "single"))[0] == "served",  # type: ignore[misc]
-            TTL + 10,
-            f"{edge.name} serves the key again",
-        )
+        wait_until(functools.partial(serves, edge), TTL + 10, f"{edge.name} serves the key again")
     # The limit holds again: a stream on A holds the key's one slot, B refuses.
     held = client(a, "single").chat.completions.create(
         model="slow", messages=HELLO, max_tokens=8, stream=True
