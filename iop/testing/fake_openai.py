@@ -164,6 +164,10 @@ class FakeStats:
     client goes away, or the fake drops it. ``active_answers`` counts every answer being written
     (streamed or not) the same way, ``max_active_answers`` its high-water mark: the most requests
     the fake ever served at once (what a capacity limit in front of it must bound).
+    ``reported_input_tokens`` / ``reported_output_tokens`` add up the usage the fake reported in
+    the answers it wrote to their end (a Chat stream reports usage only when asked,
+    ``stream_options.include_usage``; the echo models' answers are not counted): what a gateway
+    in front of it must have charged.
     """
 
     total_requests: int = 0
@@ -177,6 +181,8 @@ class FakeStats:
     # With an expected credential: requests that carried it exactly, and those that did not.
     authorized_requests: int = 0
     unauthorized_requests: int = 0
+    reported_input_tokens: int = 0
+    reported_output_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -319,7 +325,8 @@ class FakeOpenAI:
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"text/event-stream")
             request.setHeader(b"cache-control", b"no-cache")
-            _Writer(self, request, steps, delay, drop_at, stream=True).start()
+            reported = _chat_usage(answer.usage) if include_usage else None
+            _Writer(self, request, steps, delay, drop_at, stream=True, usage=reported).start()
         else:
             completion = json.dumps(self._completion(answer)).encode()
             tokens = len(answer.reasoning) + len(answer.content) + len(answer.arguments)
@@ -329,7 +336,15 @@ class FakeOpenAI:
                 steps = [(completion[: len(completion) // 2], tokens)]
                 _Writer(self, request, steps, delay, drop_at=1, stream=False).start()
             else:
-                _Writer(self, request, [(completion, tokens)], delay, None, stream=False).start()
+                _Writer(
+                    self,
+                    request,
+                    [(completion, tokens)],
+                    delay,
+                    None,
+                    stream=False,
+                    usage=_chat_usage(answer.usage),
+                ).start()
         return NOT_DONE_YET
 
     def _echo(
@@ -622,7 +637,13 @@ class FakeOpenAI:
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"application/json")
             _Writer(
-                self, request, [(data, output_tokens)], self.settings.delay_ms, None, False
+                self,
+                request,
+                [(data, output_tokens)],
+                self.settings.delay_ms,
+                None,
+                False,
+                usage=(prompt_tokens, output_tokens),
             ).start()
             return NOT_DONE_YET
         events: list[tuple[dict[str, Any], int]] = [
@@ -649,7 +670,15 @@ class FakeOpenAI:
         ]
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"text/event-stream")
-        _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
+        _Writer(
+            self,
+            request,
+            steps,
+            self.settings.delay_ms,
+            None,
+            stream=True,
+            usage=(prompt_tokens, output_tokens),
+        ).start()
         return NOT_DONE_YET
 
     # -- Anthropic Messages (minimal) -------------------------------------------------------
@@ -755,7 +784,13 @@ class FakeOpenAI:
             request.setResponseCode(200)
             request.setHeader(b"content-type", b"application/json")
             _Writer(
-                self, request, [(data, len(tokens))], self.settings.delay_ms, None, False
+                self,
+                request,
+                [(data, len(tokens))],
+                self.settings.delay_ms,
+                None,
+                False,
+                usage=(prompt_tokens, len(tokens)),
             ).start()
             return NOT_DONE_YET
         started = {
@@ -791,7 +826,15 @@ class FakeOpenAI:
         steps = [(_named_event(event["type"], event), weight) for event, weight in events]
         request.setResponseCode(200)
         request.setHeader(b"content-type", b"text/event-stream")
-        _Writer(self, request, steps, self.settings.delay_ms, None, stream=True).start()
+        _Writer(
+            self,
+            request,
+            steps,
+            self.settings.delay_ms,
+            None,
+            stream=True,
+            usage=(prompt_tokens, len(tokens)),
+        ).start()
         return NOT_DONE_YET
 
 
@@ -845,6 +888,10 @@ def _function_call_events(
     return events
 
 
+def _chat_usage(usage: dict[str, Any]) -> tuple[int, int]:
+    return int(usage["prompt_tokens"]), int(usage["completion_tokens"])
+
+
 def _named_event(name: str, data: dict[str, Any]) -> bytes:
     """One SSE event with an ``event:`` line, as the Responses and Messages APIs send them."""
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
@@ -867,6 +914,7 @@ class _Writer:
     Writes one answer's frames, waiting ``delay_ms`` milliseconds per token before each
     token-bearing frame (and ``pause_ms`` before every frame but the first); stops when the
     client goes away. ``drop_at``: drop the connection after that many frames (error injection).
+    ``usage``: the (input, output) tokens the answer reports, counted once it is written whole.
     """
 
     def __init__(
@@ -878,8 +926,10 @@ class _Writer:
         drop_at: int | None,
         stream: bool,
         pause_ms: int = 0,
+        usage: tuple[int, int] | None = None,
     ) -> None:
         self._fake = fake
+        self._usage = usage
         self._request = request
         self._steps = steps
         self._delay_ms = delay_ms
@@ -932,7 +982,11 @@ class _Writer:
 
     def _finished(self, _: object) -> None:
         self._end()
-        self._fake._stats.completed_responses += 1
+        stats = self._fake._stats
+        stats.completed_responses += 1
+        if self._usage is not None:
+            stats.reported_input_tokens += self._usage[0]
+            stats.reported_output_tokens += self._usage[1]
 
     def _lost(self, reason: Failure) -> None:
         self._end()

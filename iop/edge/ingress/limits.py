@@ -20,11 +20,15 @@ Charge (:func:`charge_of`)
 Refusals (:func:`refusal`, :func:`unavailable`)
     A limit or budget that says no is a ``429`` on both surfaces, with ``retry-after`` when a
     retry can succeed (``x-should-retry: false`` when it cannot soon: a spent budget, or a
-    request that alone exceeds a limit). A spent budget is OpenAI's ``insufficient_quota``
-    (type and code) on the OpenAI surface and a ``rate_limit_error`` whose message says the
-    budget is spent on the Anthropic one; rate limits are ``rate_limit_exceeded``, concurrency
-    ``concurrency_limit_exceeded``. The refused limit is described in the surface's headers:
-    OpenAI's ``x-ratelimit-limit-/remaining-/reset-{requests,tokens}`` and Anthropic's
+    request that alone exceeds a limit). The official SDKs and Claude Code obey that header
+    before ``retry-after`` — without it Claude Code retries a 429 for minutes, and the Anthropic
+    SDK sleeps for any ``retry-after``, a budget's being the end of its period — so a spent
+    budget fails at once; Codex takes ``insufficient_quota`` as final by itself. A spent budget
+    is OpenAI's ``insufficient_quota`` (type and code) on the OpenAI surface and a
+    ``rate_limit_error`` whose message says the budget is spent on the Anthropic one; rate
+    limits are ``rate_limit_exceeded``, concurrency ``concurrency_limit_exceeded``. The refused
+    limit is described in the surface's headers: OpenAI's
+    ``x-ratelimit-limit-/remaining-/reset-{requests,tokens}`` and Anthropic's
     ``anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}`` (reset as RFC 3339).
     The accounting's counters unreachable (a cluster's Redis) is ``503 cluster_unavailable``:
     never unlimited.

@@ -147,15 +147,23 @@ def refusal_message(refused: Refused) -> str:
     """A client-facing sentence for ``refused``."""
     kind, who = refused.kind, describe_subject(refused.subject)
     if kind == "budget":
-        amount = (
-            f"{format_cost(refused.limit)} in cost"
-            if refused.unit == "cost"
-            else f"{refused.limit} tokens"
+
+        def amount(value: int) -> str:
+            return f"{format_cost(value)} in cost" if refused.unit == "cost" else f"{value} tokens"
+
+        span = "total" if refused.period == "total" else f"per {refused.period}"
+        budget = f"the {span} budget of {who} ({amount(refused.limit)})"
+        # Nothing of it used, or a request no period could admit: the request is too large.
+        whole = refused.remaining >= refused.limit
+        if whole or (refused.retry_after_sec is None and refused.period != "total"):
+            return f"this request alone exceeds {budget}: lower max_tokens"
+        if refused.remaining <= 0:
+            return f"{budget} is spent"
+        # Some left, but less than this request's worst case: say so, lest "spent" read wrong.
+        return (
+            f"{budget} is nearly spent: {amount(refused.remaining)} left, less than this "
+            f"request may use (its prompt and max_tokens)"
         )
-        span = "in total" if refused.period == "total" else f"per {refused.period}"
-        if refused.retry_after_sec is None and refused.period != "total":
-            return f"this request alone exceeds the {span} budget of {who} ({amount})"
-        return f"the {span} budget of {who} ({amount}) is spent"
     if kind == "requests_per_minute":
         return f"{who} is limited to {refused.limit} requests per minute"
     if kind == "tokens_per_minute":

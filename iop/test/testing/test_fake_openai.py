@@ -385,6 +385,8 @@ class StatsTests(FakeCase):
                 completed_responses=1,
                 rejected_requests=1,
                 max_active_answers=1,
+                reported_input_tokens=1,
+                reported_output_tokens=1,
             ),
         )
 
@@ -399,6 +401,35 @@ class StatsTests(FakeCase):
         for d in pending:
             self.successResultOf(d)
         self.assertEqual((fake.stats().active_answers, fake.stats().max_active_answers), (0, 3))
+
+    def test_reported_usage_adds_up(self) -> None:
+        """Every answer written whole adds the usage it reported; a Chat stream that was not
+        asked to report usage adds nothing."""
+        fake, http = self.serve(tokens=3, responses_api=True, anthropic_api=True)
+        self.json(http, self.post(http, chat()))  # 1 in, 3 out
+        self.stream(http, self.post(http, chat(stream=True)))  # no usage reported
+        options = {"include_usage": True}
+        self.stream(http, self.post(http, chat(stream=True, stream_options=options, max_tokens=2)))
+        posted = http.post(
+            "http://fake.test/v1/responses",
+            data=json.dumps({"model": "m", "input": "one two", "stream": True}).encode(),
+            unbuffered=True,
+        )
+        http.flush()
+        self.stream(http, self.successResultOf(posted))  # 2 in, 3 out
+        posted = http.post(
+            "http://fake.test/v1/messages",
+            data=json.dumps(
+                {"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "a b c"}]}
+            ).encode(),
+            headers={"anthropic-version": "2023-06-01"},
+            unbuffered=True,
+        )
+        http.flush()
+        self.json(http, self.successResultOf(posted))  # 3 in, 1 out
+        stats = fake.stats()
+        self.assertEqual(stats.completed_responses, 5)
+        self.assertEqual((stats.reported_input_tokens, stats.reported_output_tokens), (7, 9))
 
     def test_statsIsASnapshot(self) -> None:
         fake, http = self.serve(tokens=1)

@@ -131,7 +131,11 @@ class ExampleTests(SynchronousTestCase):
         )
         self.assertEqual(e.retry_after_sec, 120.0)  # the day ends at midnight UTC
         self.assertTrue(e.budget)
-        self.assertIn("per day budget of key 'a' (100 tokens) is spent", e.message)
+        self.assertEqual(
+            e.message,
+            "the per day budget of key 'a' (100 tokens) is nearly spent: 40 tokens left, less "
+            "than this request may use (its prompt and max_tokens)",
+        )
         clock.advance(120)  # a new day and a new month
         reserve(table, key, tokens=60, cost=40)
         # Settled after the period changed: into the day it was admitted in, which is over.
@@ -148,7 +152,22 @@ class ExampleTests(SynchronousTestCase):
         reserve(table, key, tokens=10).settle(Charge(10))
         e = refused(table, key, tokens=1)
         self.assertEqual((e.retry_after_sec, e.reset_after_sec), (None, None))
-        self.assertIn("in total budget", e.message)
+        self.assertEqual(e.message, "the total budget of key 'a' (10 tokens) is spent")
+
+    def test_budget_messages_say_spent_only_when_it_is(self) -> None:
+        """A client reads the refusal's sentence (Claude Code shows it as it is): a request too
+        large for the whole budget is told to lower max_tokens, whatever the period."""
+        _, table = table_at()
+        key = SubjectLimits("key:a", budgets=(Budget("total", tokens=100),))
+        e = refused(table, key, tokens=101)
+        self.assertEqual(
+            e.message, "this request alone exceeds the total budget of key 'a' (100 tokens): "
+            "lower max_tokens",
+        )  # fmt: skip
+        reserve(table, key, tokens=30).settle(Charge(30))
+        self.assertIn("nearly spent: 70 tokens left", refused(table, key, tokens=71).message)
+        daily = SubjectLimits("key:b", budgets=(Budget("day", tokens=100),))
+        self.assertIn("alone exceeds", refused(table, daily, tokens=101).message)
 
     def test_unknown_cost_against_a_cost_budget(self) -> None:
         _, table = table_at()
