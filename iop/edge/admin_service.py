@@ -89,6 +89,7 @@ def build(
         run_stats=link.runs.stats,
         echo_stats=link.tunnels.echo_stats,
         tls_refusal_stats=link.factory.tls_refusals.stats,
+        budgets=limits.standing if limits is not None else None,
     )
     bus.subscribe(metrics.observe)
     app = AdminApp(

@@ -24,7 +24,8 @@ Two sources, each exact:
 
 Per client key and team (``iop_key_requests_total``, ``iop_key_tokens_total``,
 ``iop_key_cost_total``): what each key and its team used and what it cost at the models'
-prices, from the request's record.
+prices, from the request's record; and each budget's limit, use and what remains now
+(``iop_key_budget_*``, :class:`BudgetCollector`).
 
 Labels are bounded: model, provider, node, client key and team names from the config, outcome,
 token type and event kind from fixed sets. Never a key's secret, a token or free text.
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+from twisted.internet.defer import Deferred
 
 from iop.config.model import MICROS_PER_UNIT
 from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
@@ -83,6 +85,51 @@ TerminalStats = Callable[[], dict[tuple[str, str], int]]
 NodeCounts = Callable[[], dict[str, int]]
 # The node listener's refused TLS handshakes per reason (TLSRefusals.stats).
 RefusalStats = Callable[[], dict[str, int]]
+
+
+class BudgetCollector(Collector):
+    """
+    The client keys' budgets, read at scrape time from the accounting's standing
+    (:meth:`~iop.edge.quota.QuotaGate.standing`): per subject (``key:<name>``,
+    ``team:<name>``), period and unit (``tokens``, or ``cost`` in units of ``usage.currency``),
+    the budget, what is used and what remains. An Edge alone answers at once (the scrape shows
+    now); a cluster's counters come from Redis, so a scrape shows them as the previous scrape
+    (or the last one that could read them) found them.
+    """
+
+    def __init__(self, standing: Callable[[], Deferred[list[dict[str, Any]]]]) -> None:
+        self._standing = standing
+        self._last: list[dict[str, Any]] = []
+
+    def _keep(self, keys: list[dict[str, Any]]) -> None:
+        self._last = keys
+
+    def collect(self) -> Iterator[Metric]:
+        self._standing().addCallbacks(self._keep, lambda failure: None)
+        labels = ["subject", "period", "unit"]
+        families = {
+            name: GaugeMetricFamily(f"iop_key_budget_{name}", what, labels=labels)
+            for name, what in (
+                ("limit", "A client key's or team's budget for its period."),
+                ("used", "What the budget's current period has used (running requests at "
+                 "their worst case)."),
+                ("remaining", "What the budget's current period has left."),
+            )
+        }  # fmt: skip
+        for key in self._last:
+            for subject in key["subjects"]:
+                for budget in subject["budgets"]:
+                    for unit, field, scale in (
+                        ("tokens", "tokens", 1),
+                        ("cost", "cost_micros", MICROS_PER_UNIT),
+                    ):
+                        amount = budget[field]
+                        if amount is None:
+                            continue
+                        values = [subject["subject"], budget["period"], unit]
+                        for name, family in families.items():
+                            family.add_metric(values, amount[name] / scale)
+        yield from families.values()
 
 
 class StateCollector(Collector):
@@ -291,6 +338,7 @@ class EdgeMetrics:
         run_stats: TerminalStats | None = None,
         echo_stats: NodeCounts | None = None,
         tls_refusal_stats: RefusalStats | None = None,
+        budgets: Callable[[], Deferred[list[dict[str, Any]]]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         registry = self.registry
@@ -376,6 +424,8 @@ class EdgeMetrics:
         )
         for kind in NodeEventKind:
             self._node_events.labels(kind=_node_event_kind(kind))
+        if budgets is not None:
+            registry.register(BudgetCollector(budgets))
         registry.register(
             StateCollector(
                 status_snapshot,

@@ -18,10 +18,11 @@ from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.config.model import ClusterConfig
+from iop.config.model import Budget, ClientAPIConfig, ClientKey, ClusterConfig, NodeToken
 from iop.edge.admin import AdminApp
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.metrics import NODE_STATES, PROVIDER_GAUGES, EdgeMetrics
+from iop.edge.quota import Charge, Demand, InProcessQuotaTable, QuotaGate
 from iop.edge.tap import EdgeService
 from iop.runtime.events import Usage
 from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
@@ -323,6 +324,31 @@ class StandaloneTests(SynchronousTestCase):
         self.assertEqual(samples[("iop_node_events_total", (("kind", "config_refreshed"),))], 1)
         labels = where("m", "p", "n", outcome="complete", status="200")
         self.assertEqual(samples[("iop_requests_total", labels)], 1)
+
+    def test_budget_gauges_read_at_scrape_time(self) -> None:
+        clock = MemoryReactorClock()
+        clock.advance(1_700_000_000)
+        key = ClientKey(
+            "alice",
+            NodeToken.from_plaintext("sk-a"),
+            budgets=(Budget("month", tokens=1_000, cost_micros=5_000_000),),
+        )
+        gate = QuotaGate(ClientAPIConfig(listen=None, keys=(key,)), InProcessQuotaTable(clock))
+        metrics = EdgeMetrics(lambda: {"nodes": [], "providers": []}, budgets=gate.standing)
+        held = self.successResultOf(gate.reserve(key, Demand(300, 1_000_000)))
+
+        def gauge(name: str, unit: str) -> float:
+            _, samples = parse(metrics.render().decode())
+            labels = (("period", "month"), ("subject", "key:alice"), ("unit", unit))
+            return samples[(f"iop_key_budget_{name}", labels)]
+
+        self.assertEqual(gauge("limit", "tokens"), 1_000)
+        self.assertEqual(gauge("used", "tokens"), 300)
+        self.assertEqual(gauge("remaining", "tokens"), 700)
+        self.assertEqual(gauge("remaining", "cost"), 4.0)
+        held.settle(Charge(120, 250_000))
+        self.assertEqual(gauge("remaining", "tokens"), 880)
+        self.assertEqual(gauge("used", "cost"), 0.25)
 
     def test_without_metrics_503(self) -> None:
         http: Any = StubTreq(AdminApp(lambda: {}).resource())
