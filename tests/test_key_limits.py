@@ -63,6 +63,7 @@ KEYS: dict[str, dict[str, Any]] = {
     "pair": {"limits": {"concurrent_requests": 2}},
     "single": {"limits": {"concurrent_requests": 1}},
     "streams": {"budgets": [{"period": "total", "tokens": STREAM_BUDGET}]},
+    "plain-streams": {"budgets": [{"period": "total", "tokens": STREAM_BUDGET}]},
     "monthly": {"budgets": [{"period": "month", "tokens": SPENT_BUDGET}]},
     # A request of an agent alone exceeds this.
     "tiny": {"budgets": [{"period": "total", "tokens": 1000}]},
@@ -305,6 +306,32 @@ def test_two_slots_twenty_streaming_clients(cluster: Cluster) -> None:
 
 
 # -- budgets -----------------------------------------------------------------------------------
+
+
+def test_streams_that_do_not_ask_for_usage_are_charged_their_usage(cluster: Cluster) -> None:
+    """A plain Chat stream (no stream_options): the Edge asks the provider for its usage and
+    keeps the usage chunk from the client, so the key is charged what the provider reported —
+    the same 8 streams fit the 100-token budget as when the client asks — and the client sees
+    exactly the stream it asked for (no chunk without choices)."""
+    upstream = start(cluster, tokens=8)
+    client = openai_client(cluster, "plain-streams")
+    admitted = 0
+    while True:
+        try:
+            stream = client.chat.completions.create(
+                model="chat", messages=HELLO, max_tokens=16, stream=True
+            )
+            chunks = list(stream)
+        except openai.RateLimitError as e:
+            assert (e.type, e.code) == ("insufficient_quota", "insufficient_quota")
+            break
+        assert all(chunk.choices and chunk.usage is None for chunk in chunks), chunks
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in chunks)
+        assert text == fake_text(8)
+        admitted += 1
+    assert admitted == 8
+    stats = cluster.fake_stats(upstream)
+    assert stats["reported_input_tokens"] + stats["reported_output_tokens"] == 8 * (HELLO_WORDS + 8)
 
 
 def test_a_token_budget_spent_by_streams_is_exact(cluster: Cluster) -> None:

@@ -11,8 +11,11 @@ The OpenAI-compatible client surface.
   - **tunnel** (``openai_compat``/``vllm``): the client's body, with ``model`` replaced by the
     served target and the output-limit policy applied (``max_tokens``/``max_completion_tokens``;
     a request with neither gets ``max_tokens`` when the model has a default), everything else
-    (``stream_options`` included) as the client sent it. The provider's status, content type and
-    body bytes come back untouched, with backpressure.
+    as the client sent it — but a stream that does not ask for its usage asks for it
+    (``stream_options.include_usage``: the usage settles the key's limits and budgets and goes
+    in the ledger) and its usage chunk is kept from the client (:mod:`.stream_usage`). The
+    provider's status, content type and body bytes come back untouched otherwise, with
+    backpressure.
   - **run** (Ollama, CLI agents): the client's body is the run input (an OpenAI chat request,
     :mod:`iop.runtime.chat_input`); the run's events, converted once into the canonical answer
     stream (:class:`~iop.edge.ingress.canonical.RunDecoder`), become ``chat.completion.chunk``
@@ -95,6 +98,7 @@ from iop.edge.ingress.responses import (
     responses_to_chat,
 )
 from iop.edge.ingress.sources import Gateway
+from iop.edge.ingress.stream_usage import HiddenUsage, ask_for_usage
 from iop.edge.ingress.tokens import estimate_prompt_tokens_openai
 from iop.edge.ingress.validate import check_openai_chat, check_openai_responses
 from iop.runtime.chat_input import InputError, chat_input_from
@@ -501,9 +505,14 @@ class ChatCodec:
                 return await self._over_responses(work, call, limit)
             return await self._over_messages(work, call, limit or DEFAULT_MAX_TOKENS)
         if placement.wire == "tunnel":
+            transform: PassThrough | HiddenUsage = PassThrough()
+            if stream and not call.facts["include_usage"]:
+                # The usage settles the key's reservation and goes in the ledger: asked for
+                # here, its chunk kept from the client that did not ask (.stream_usage).
+                ask_for_usage(payload)
+                transform = HiddenUsage()
             return await work.relay(
-                PassThrough(),
-                work.tunnel("chat_completions", payload, stream, json_headers(stream)),
+                transform, work.tunnel("chat_completions", payload, stream, json_headers(stream))
             )
         limit = payload.get("max_completion_tokens") or payload.get("max_tokens") or 0
         thinking = 0 if body.get("reasoning_effort") == "none" else thinking_budget_for(policy)
