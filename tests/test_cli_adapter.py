@@ -123,6 +123,7 @@ async def test_streams_deltas_and_completes(tmp_path: Path) -> None:
         input_tokens=raw["input_tokens"] + cached + raw["cache_creation_input_tokens"],
         output_tokens=raw["output_tokens"],
         cached_input_tokens=cached,
+        cache_write_tokens=raw["cache_creation_input_tokens"],
     )
     assert final.session_id
     [session] = provider.list_sessions()
