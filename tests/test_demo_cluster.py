@@ -69,6 +69,10 @@ def test_cluster_edge_configs_are_the_demo_edge_config_but_for_their_own_lines()
             tls = config["node_transport"]["tls"]
             assert tls[key] == "../" + single["node_transport"]["tls"][key]
             tls[key] = single["node_transport"]["tls"][key]
+        # Each Edge keeps its own usage ledger (one directory deeper, a file of its own).
+        ledger = config["usage"]["ledger"]
+        assert ledger["path"] == f"../../../../var/demo/usage-{name}.sqlite3"
+        ledger["path"] = single["usage"]["ledger"]["path"]
         for key in ("edge", "listen"):
             del config[key]
         assert config == {k: v for k, v in single.items() if k not in ("edge", "listen")}
