@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
+from twisted.python.failure import Failure
 
 from iop.config.model import ClientAPIConfig, ClientKey, EdgeConfig
 from iop.edge.quota.model import Charge, Demand, Snapshot, SubjectLimits
@@ -93,11 +94,19 @@ class QuotaGate:
                 for key, snapshots in zip(keys, results, strict=True)
             ]
 
-        return gatherResults(asked, consumeErrors=True).addCallback(shape)
+        return gatherResults(asked, consumeErrors=True).addCallbacks(shape, _first)
 
     def snapshot(self, key: ClientKey) -> Deferred[list[Snapshot]]:
         """The counters of ``key``'s subjects (key first, then team), for headers and /usage."""
-        return gatherResults([self.table.snapshot(s) for s in self.subjects(key)])
+        asked = [self.table.snapshot(s) for s in self.subjects(key)]
+        return gatherResults(asked, consumeErrors=True).addErrback(_first)
+
+
+def _first(failure: Failure) -> Failure:
+    """The failure of the first snapshot that failed (say, QuotaUnavailable), not its wrappers."""
+    while isinstance(failure.value, FirstError):
+        failure = failure.value.subFailure
+    return failure
 
 
 def _amount(limit: int | None, used: int) -> dict[str, Any] | None:

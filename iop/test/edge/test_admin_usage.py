@@ -9,12 +9,13 @@ import json
 from typing import Any
 
 from treq.testing import StubTreq
+from twisted.internet.defer import fail
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.config.model import Budget, ClientAPIConfig, ClientKey, Limits, NodeToken, Team
 from iop.edge.admin import AdminApp
-from iop.edge.quota import Charge, Demand, InProcessQuotaTable, QuotaGate
+from iop.edge.quota import Charge, Demand, InProcessQuotaTable, QuotaGate, QuotaUnavailable
 from iop.runtime.events import Usage
 from iop.usage.ledger import InlineWorker, UsageLedger
 from iop.usage.query import parse_time
@@ -166,6 +167,17 @@ class LimitsRouteTests(SynchronousTestCase):
         own, team = alice["subjects"]
         self.assertEqual(own["budgets"][0]["tokens"]["used"], 120)
         self.assertEqual(team["concurrent_requests"]["used"], 0)
+
+    def test_unreachable_counters_503(self) -> None:
+        class Unreachable:
+            def snapshot(self, subject: Any) -> Any:
+                return fail(QuotaUnavailable())
+
+        self.gate = QuotaGate(self.config, Unreachable())  # type: ignore[arg-type]
+        self.treq = StubTreq(AdminApp(lambda: {}, limits=self.gate).resource())
+        document = self.get(503)
+        self.assertIn("Redis", document["error"]["message"])
+        self.assertEqual(self.flushLoggedErrors(), [])
 
     def test_without_a_gate_503(self) -> None:
         self.treq = StubTreq(AdminApp(lambda: {}).resource())
