@@ -62,6 +62,7 @@ from iop.edge.ingress.tools import (
     tool_call_marker_state,
 )
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.security.redact import redact_secrets
 
 __all__ = [
     "FINISH_REASONS",
@@ -141,6 +142,31 @@ class Event(NamedTuple):
 
 
 START = Event(Kind.START)
+
+
+class Decoding:
+    """
+    What every decoder of a provider's answer keeps (:class:`~.chat_decode.ChatDecoder`,
+    :class:`~.chat_messages.MessagesDecoder`, :class:`~.chat_responses.ResponsesDecoder`):
+    whether the answer started (one ``START``), whether it is ``done``, and why it ``failed``
+    (IOP's own message, redacted: it often carries the provider's text).
+    """
+
+    def __init__(self) -> None:
+        self._started = False
+        self.done = False
+        self.failed: str | None = None
+
+    def _start(self, out: list[Event]) -> None:
+        if not self._started:
+            self._started = True
+            out.append(START)
+
+    def _fail(self, message: str, out: list[Event]) -> None:
+        self.done = True
+        message = redact_secrets(message)
+        self.failed = message
+        out.append(Event(Kind.FAILED, terminal=RuntimeEvent.failed(message)))
 
 
 class RunDecoder:

@@ -58,11 +58,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from iop.edge.ingress.canonical import REFUSAL, START, Event, Kind
+from iop.edge.ingress.canonical import REFUSAL, Decoding, Event, Kind
 from iop.formats.errors import error_message
 from iop.formats.usage import openai_chat_usage
-from iop.runtime.events import RuntimeEvent, Usage
-from iop.security.redact import redact_secrets
+from iop.runtime.events import Usage
 
 __all__ = ["ChatDecoder"]
 
@@ -80,7 +79,7 @@ class _Call:
         self.ended = False
 
 
-class ChatDecoder:
+class ChatDecoder(Decoding):
     """
     A Chat Completions answer in, canonical events out. Streamed: :meth:`feed` each SSE event's
     data (the parsed ``data:`` object), then :meth:`end` at ``[DONE]`` or the body's end; whole:
@@ -90,15 +89,13 @@ class ChatDecoder:
     """
 
     def __init__(self, *, fragments: bool = True) -> None:
+        super().__init__()
         self._fragments = fragments
-        self._started = False
         self._calls: dict[int, _Call] = {}
         self._open: _Call | None = None
         self._reason: Any = None
         self._stop: str | None = None
         self._usage: Usage | None = None
-        self.done = False
-        self.failed: str | None = None
 
     def feed(self, data: Any) -> list[Event]:
         """One ``chat.completion.chunk`` (anything else fails the answer)."""
@@ -155,11 +152,6 @@ class ChatDecoder:
         return out
 
     # -- the parts of a choice ------------------------------------------------------------------
-
-    def _start(self, out: list[Event]) -> None:
-        if not self._started:
-            self._started = True
-            out.append(START)
 
     def _read_usage(self, data: Mapping[str, Any]) -> None:
         usage = data.get("usage")
@@ -251,13 +243,6 @@ class ChatDecoder:
         self._end_call(out)
         self.done = True
         out.append(Event(Kind.FINISH, reason=self._reason, usage=self._usage, stop=self._stop))
-
-    def _fail(self, message: str, out: list[Event]) -> None:
-        self.done = True
-        # The message often carries the provider's text: IOP's own error, redacted.
-        message = redact_secrets(message)
-        self.failed = message
-        out.append(Event(Kind.FAILED, terminal=RuntimeEvent.failed(message)))
 
 
 def _reasoning_text(source: Mapping[str, Any]) -> str:

@@ -51,7 +51,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from iop.edge.ingress.bridge import BridgeError
-from iop.edge.ingress.canonical import START, Event, Kind
+from iop.edge.ingress.canonical import Decoding, Event, Kind
 from iop.edge.ingress.chat_parts import (
     JOIN,
     function_tools,
@@ -64,8 +64,6 @@ from iop.edge.ingress.chat_parts import (
 )
 from iop.formats.errors import error_message
 from iop.formats.usage import anthropic_usage
-from iop.runtime.events import RuntimeEvent
-from iop.security.redact import redact_secrets
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -288,7 +286,7 @@ def chat_to_messages(body: Mapping[str, Any], *, target: str, max_tokens: int) -
 # -- answers: Messages → canonical events ------------------------------------------------------
 
 
-class MessagesDecoder:
+class MessagesDecoder(Decoding):
     """
     A Messages answer in, canonical events out. Streamed: :meth:`feed` each event's data (the
     parsed ``data:`` object), then :meth:`end`; whole: :meth:`message`. ``fragments``: a tool
@@ -297,27 +295,13 @@ class MessagesDecoder:
     """
 
     def __init__(self, *, fragments: bool = True) -> None:
+        super().__init__()
         self._fragments = fragments
-        self._started = False
         self._usage: dict[str, Any] = {}
         self._stop_reason: Any = None
         # The open tool_use block: its index, id, name, the argument text so far.
         self._tool: tuple[Any, str, str] | None = None
         self._arguments = ""
-        self.done = False
-        self.failed: str | None = None
-
-    def _start(self, out: list[Event]) -> None:
-        if not self._started:
-            self._started = True
-            out.append(START)
-
-    def _fail(self, message: str, out: list[Event]) -> None:
-        self.done = True
-        # The message often carries the provider's text: IOP's own error, redacted.
-        message = redact_secrets(message)
-        self.failed = message
-        out.append(Event(Kind.FAILED, terminal=RuntimeEvent.failed(message)))
 
     def feed(self, data: Any) -> list[Event]:
         out: list[Event] = []

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from iop.edge.ingress.bridge import BridgeError
-from iop.edge.ingress.canonical import START, Event, Kind
+from iop.edge.ingress.canonical import Decoding, Event, Kind
 from iop.edge.ingress.chat_parts import (
     JOIN,
     function_tools,
@@ -79,8 +79,6 @@ from iop.edge.ingress.chat_parts import (
 )
 from iop.formats.errors import error_message
 from iop.formats.usage import openai_responses_usage
-from iop.runtime.events import RuntimeEvent
-from iop.security.redact import redact_secrets
 
 __all__ = ["INCOMPLETE_REASONS", "ResponsesDecoder", "chat_to_responses"]
 
@@ -321,7 +319,7 @@ def _parts_text(content: Any, kinds: tuple[str, ...], join: str = "") -> str:
     return join.join(texts)
 
 
-class ResponsesDecoder:
+class ResponsesDecoder(Decoding):
     """
     A Responses answer in, canonical events out. Streamed: :meth:`feed` each event's data (the
     parsed ``data:`` object), then :meth:`end`; whole: :meth:`response`. ``fragments``: a
@@ -331,26 +329,12 @@ class ResponsesDecoder:
     """
 
     def __init__(self, *, fragments: bool = True) -> None:
+        super().__init__()
         self._fragments = fragments
-        self._started = False
         self._call: _Call | None = None
         self._calls = 0
         # The items whose text came as deltas (None: a delta that named no item).
         self._streamed: set[Any] = set()
-        self.done = False
-        self.failed: str | None = None
-
-    def _start(self, out: list[Event]) -> None:
-        if not self._started:
-            self._started = True
-            out.append(START)
-
-    def _fail(self, message: str, out: list[Event]) -> None:
-        self.done = True
-        # The message often carries the provider's text: IOP's own error, redacted.
-        message = redact_secrets(message)
-        self.failed = message
-        out.append(Event(Kind.FAILED, terminal=RuntimeEvent.failed(message)))
 
     def feed(self, data: Any) -> list[Event]:
         out: list[Event] = []
