@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from tests.harness import Cluster, wait_until
+from iop.version import version_line
+from tests.harness import TWISTD, Cluster, wait_until
 
 
 def iop(cluster: Cluster, *argv: str, admin: bool = False) -> subprocess.CompletedProcess[str]:
@@ -106,3 +107,16 @@ def test_iop_commands_against_a_real_edge(cluster: Cluster) -> None:
     )
     assert by_env.stdout == "no active runs\n", by_env.stderr
     assert token not in "".join(d.output() for d in cluster.daemons)
+
+
+def test_every_program_says_its_version() -> None:
+    """``iop --version`` and both plugins' ``--version`` as real processes: IOP's own version
+    (not Twisted's), without a config, exit 0."""
+    for argv, program in (
+        ([sys.executable, "-m", "iop.cli", "--version"], "iop"),
+        ([TWISTD, "iop-edge", "--version"], "iop-edge"),
+        ([TWISTD, "iop-node", "--version"], "iop-node"),
+    ):
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == version_line(program), done.stdout

@@ -17,6 +17,7 @@ from types import ModuleType
 
 from iop.cli import config, keys, node, pki, runs, secrets, status, usage
 from iop.cli.command import CommandError, Report
+from iop.version import version_line
 
 PROG = "iop"
 EXIT_OK = 0
@@ -32,10 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description=(
-            "IOP operator tooling: certificates and keys for managed mode (see "
-            "docs/managed-mode.md), and the running Edge's config refresh."
+            "IOP operator tooling: the running Edge's status, usage and runs, nodes, config "
+            "check and refresh, secrets, the PKI and managed mode's keys, client keys."
         ),
     )
+    parser.add_argument("--version", action="version", version=version_line(PROG))
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in GROUPS:
         group.register(subparsers)

@@ -49,6 +49,7 @@ from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.security.keys import KeyFileError
 from iop.usage import service as usage_service
+from iop.version import version_line
 
 __all__ = ["EdgeService", "Options", "check_managed_transport", "makeService"]
 
@@ -57,6 +58,11 @@ class Options(usage.Options):
     synopsis = "--config PATH"
     longdesc = "Run the IOP Edge: node listener (TLS) and admin HTTP surface."
     optParameters = [["config", "c", "etc/iop/edge.yaml", "Path to edge.yaml."], *LOG_FLAGS]
+
+    def opt_version(self) -> None:
+        """Print IOP's version (and the Python and Twisted under it), then exit."""
+        print(version_line("iop-edge"))
+        raise SystemExit(0)
 
     def postOptions(self) -> None:
         try:

@@ -55,6 +55,7 @@ from iop.node.supervisor import NodeSupervisor
 from iop.runtime.interfaces import AdapterContext, TreqClient
 from iop.security.keys import KeyFileError, load_issuer_public, load_recipient_private
 from iop.security.lease import NodeLeaseKeys
+from iop.version import version_line
 
 # Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
 # request beyond the second concurrent one would dial, and then close, its own TCP connection.
@@ -112,6 +113,11 @@ class Options(usage.Options):
         self["edge"] = [*given, value]
 
     opt_edge.__doc__ = _EDGE_HELP  # what --help shows for a method-handled option
+
+    def opt_version(self) -> None:
+        """Print IOP's version (and the Python and Twisted under it), then exit."""
+        print(version_line("iop-node"))
+        raise SystemExit(0)
 
     def postOptions(self) -> None:
         if self["edge"] is None:
