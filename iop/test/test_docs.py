@@ -103,7 +103,8 @@ PLUGINS = {"iop-edge": plugin_flags(edge_tap.Options), "iop-node": plugin_flags(
 
 def plugin_invocations(line: str) -> list[tuple[str, list[str]]]:
     """Each ``iop-edge`` / ``iop-node`` plugin named in a twistd command line, with its flags."""
-    words = line.replace("[", " ").replace("]", " ").split()
+    # Inline code in prose: `twistd iop-edge --version`, … (the quotes and commas are not flags).
+    words = [w.strip("`,.;:()") for w in line.replace("[", " ").replace("]", " ").split()]
     found = []
     for i, word in enumerate(words):
         if word in PLUGINS and any(w.endswith("twistd") for w in words[:i]):
