@@ -182,13 +182,20 @@ def test_two_edges_share_a_keys_concurrency_and_budget(
         wait_until(functools.partial(settled, edge), 10, f"{edge.name} counters at zero")
 
 
+@pytest.mark.parametrize("fault", ["stopped", "hung"])
 def test_redis_stopped_fails_a_limited_key_closed(
-    cluster: Cluster, redis_server: RedisServer
+    cluster: Cluster, redis_server: RedisServer, fault: str
 ) -> None:
+    """Redis killed, or hung (SIGSTOP: it accepts and answers nothing): a limited key is
+    refused 503 on both Edges — a hung Redis within the cluster timeout, not a request that
+    hangs with it — and served and limited again once Redis is back."""
     a, b, _, fast = two_edges(cluster, redis_server)
     for edge in (a, b):
         assert ask(client(edge, "single"))[0] == "served"
-    redis_server.stop()
+    if fault == "stopped":
+        redis_server.stop()
+    else:
+        redis_server.pause()
     for edge in (a, b):
         with pytest.raises(openai.InternalServerError) as refused:
             client(edge, "single").chat.completions.create(
@@ -202,7 +209,10 @@ def test_redis_stopped_fails_a_limited_key_closed(
         assert "x-should-retry" not in error.response.headers
     assert cluster.fake_stats(fast)["total_requests"] == 2
 
-    redis_server.start()
+    if fault == "stopped":
+        redis_server.start()
+    else:
+        redis_server.resume()
     for edge in (a, b):
         wait_until(functools.partial(serves, edge), TTL + 10, f"{edge.name} serves the key again")
     # The limit holds again: a stream on A holds the key's one slot, B refuses.
