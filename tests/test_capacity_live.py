@@ -65,7 +65,8 @@ def node_command(cluster: Cluster, kind: str) -> dict[str, Any]:
 
 
 def node_adapter(cluster: Cluster, kind: str) -> dict[str, Any]:
-    [adapter] = [a for a in node_command(cluster, kind)["adapters"] if a["name"] == "fake-openai"]
+    adapters: list[dict[str, Any]] = node_command(cluster, kind)["adapters"]
+    [adapter] = [a for a in adapters if a["name"] == "fake-openai"]
     return adapter
 
 
