@@ -157,7 +157,9 @@ class AdapterConfig:
     headers: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     request_timeout_ms: int = 0
     idle_timeout_ms: int = 0
-    max_concurrency: int = 1
+    # None: the node's gate follows the enabled providers' capacities (their sum, at least 1);
+    # set: a ceiling those capacities must fit under (checked at load).
+    max_concurrency: int | None = None
     command: str = ""
     args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = field(default=(), repr=False)

@@ -5,12 +5,15 @@ The node's answer to a live config refresh: the Edge pushes a new ``NodeConfigPa
 it can without a restart and answers honestly (``NodeConfigRefreshResponse``).
 
 - ``REFRESH_APPLIED``: everything the payload changed took effect — the legacy runtime
-  ``concurrency`` metadata and the config revision (the session's config is replaced, so status
-  and node commands report the new values at once). Runs and tunnels in flight are untouched:
-  no adapter changes on this path.
-- ``REFRESH_RESTART_REQUIRED``: the adapter set or an adapter's settings changed (they are
-  built once per session), or the node's alias or agent kind changed; nothing is applied. The
-  reason names the adapters or fields, never a value (headers and env carry credentials).
+  ``concurrency`` metadata, the config revision and adapters' ``max_concurrency`` (the
+  session's config is replaced, so status and node commands report the new values at once).
+  Runs and tunnels in flight are untouched: a changed ``max_concurrency`` resizes the adapter's
+  capacity gate in place (raised: admits at once; lowered: held slots stay, new work waits for
+  releases), nothing is rebuilt.
+- ``REFRESH_RESTART_REQUIRED``: the adapter set or an adapter's other settings changed (they
+  build the provider, once per session), or the node's alias or agent kind changed; nothing is
+  applied. The reason names the adapters or fields, never a value (headers and env carry
+  credentials).
 - ``REFRESH_FAILED``: the payload is not for this node, or applying it raised; nothing is
   applied.
 
@@ -21,16 +24,23 @@ is the profile of the first *enabled* provider that uses it, so disabling the la
 empties it in the payload. No enabled provider can reach the adapter then, so the node keeps
 the profile it has (an empty profile is no change); a different non-empty profile is an adapter
 setting and needs a restart.
+
+Why ``max_concurrency`` is live when every other adapter setting needs a restart: the Edge
+derives it from the capacities of the providers the adapter serves (or checks them against it),
+and capacity is a live setting. Were the gate fixed per session, a capacity raised live would be
+refused by the node (503 ``provider_busy``) until a restart that cuts every stream; the gate is
+a counter, so resizing it is an assignment, with nothing to rebuild.
 """
 
 from __future__ import annotations
 
 from twisted.logger import Logger
 
+from iop.node.adapters.registry import AdapterRegistry
 from iop.node.session import NodeSession
 from iop.wire import runtime_pb2 as pb
 
-__all__ = ["ConfigRefreshHandler", "decide"]
+__all__ = ["ConfigRefreshHandler", "decide", "resize_gates"]
 
 
 def decide(
@@ -101,22 +111,43 @@ def _restart_fields(current: pb.NodeConfigPayload, candidate: pb.NodeConfigPaylo
 
 
 def _same_adapter(old: pb.AdapterConfig, new: pb.AdapterConfig) -> bool:
-    if not _has_profile(new):
-        # An emptied profile is no change; compare everything else.
-        old = _without_profile(old)
-        new = _without_profile(new)
-    return old == new
+    """The same adapter but for what applies live: ``max_concurrency``, an emptied profile."""
+    # An emptied profile is no change; compare everything else.
+    keep_profile = _has_profile(new)
+    return _settings(old, keep_profile) == _settings(new, keep_profile)
 
 
-def _without_profile(adapter: pb.AdapterConfig) -> pb.AdapterConfig:
+def _settings(adapter: pb.AdapterConfig, keep_profile: bool) -> pb.AdapterConfig:
     copy = pb.AdapterConfig()
     copy.CopyFrom(adapter)
-    copy.ClearField("profile")
+    copy.ClearField("max_concurrency")
+    if not keep_profile:
+        copy.ClearField("profile")
     return copy
 
 
+def _limit(adapter: pb.AdapterConfig) -> int:
+    # 0, unset on the wire, means 1 (as iop.wire.convert reads it).
+    return adapter.max_concurrency or 1
+
+
+def resize_gates(
+    registry: AdapterRegistry, current: pb.NodeConfigPayload, applied: pb.NodeConfigPayload
+) -> None:
+    """Resize the gate of every adapter whose ``max_concurrency`` changed (names unchanged)."""
+    for old, new in zip(current.adapters, applied.adapters, strict=True):
+        # An unnamed (legacy) adapter's instance is named after its type.
+        name = new.name or new.type
+        if _limit(old) != _limit(new) and name in registry:
+            registry.get(name).resize(_limit(new))
+
+
 def _live_changes(current: pb.NodeConfigPayload, applied: pb.NodeConfigPayload) -> list[str]:
-    changes = []
+    changes = [
+        f"adapter {new.name!r} max_concurrency {_limit(old)} → {_limit(new)}"
+        for old, new in zip(current.adapters, applied.adapters, strict=True)
+        if _limit(old) != _limit(new)
+    ]
     if applied.runtime.concurrency != current.runtime.concurrency:
         changes.append(f"concurrency {current.runtime.concurrency} → {applied.runtime.concurrency}")
     if applied.config_revision != current.config_revision:
@@ -138,6 +169,8 @@ class ConfigRefreshHandler:
         try:
             outcome, reason, applied = decide(session.config, request.config, session.node_id)
             if applied is not None:
+                # Resizing is only assignments (limits already checked at least 1).
+                resize_gates(session.registry, session.config, applied)
                 session.config = applied
         except Exception as e:
             self.log.failure("config refresh {request_id} failed", request_id=request.request_id)

@@ -123,6 +123,18 @@ class IProvider(Interface):
         """
 
 
+class IResizable(Interface):
+    """
+    Optional: a provider whose ``capabilities().max_concurrency`` follows a live change of its
+    adapter's ``max_concurrency`` (a config refresh resizes the instance's capacity gate and
+    tells the provider, so what it reports stays the gate's limit). Only the number it reports
+    changes; nothing it runs is cut.
+    """
+
+    def resize(max_concurrency: int) -> None:
+        """Report ``max_concurrency`` (at least 1) from now on."""
+
+
 class ISessionTerminator(Interface):
     """Optional: adapters that keep logical sessions (CLI agents)."""
 

@@ -4,6 +4,13 @@
 typed instances, or the legacy ``{type: settings}`` mapping with one instance per type), each
 with its upstream URL, headers, timeouts, concurrency and the CLI fields.
 
+``max_concurrency`` is optional: left out (``None``), the node's gate for the instance follows
+the providers it serves — the Edge sends the sum of its enabled providers' ``capacity``
+(:func:`iop.edge.payload.adapter_limit`) — so a capacity changed live never meets a node gate
+sized for the old one. Given, it is a ceiling the providers' capacities must fit under
+(:func:`iop.config.edge.links.adapter_capacity`): a config that would have the node refuse what
+the pool grants is an error at load, not a 503 after an "applied".
+
 ``${VAR}`` references are resolved in ``headers`` and ``env`` only.
 """
 
@@ -66,7 +73,14 @@ def adapters_list(node: Section, node_id: str, *, environ: Mapping[str, str]) ->
             config = _adapter_fields(
                 entry, adapter_type, adapter_type, environ, rejected=_LEGACY_REJECTED
             )
-            result.append(AdapterEntry(config, len(issues) == before, _header_paths(entry)))
+            result.append(
+                AdapterEntry(
+                    config,
+                    len(issues) == before,
+                    _header_paths(entry),
+                    entry.path_of("max_concurrency"),
+                )
+            )
         return result
 
     items = as_list(issues, path, raw)
@@ -90,7 +104,14 @@ def adapters_list(node: Section, node_id: str, *, environ: Mapping[str, str]) ->
         elif name:
             names[name] = item_path
         config = _adapter_fields(entry_, name, type_, environ)
-        result.append(AdapterEntry(config, len(issues) == before, _header_paths(entry_)))
+        result.append(
+            AdapterEntry(
+                config,
+                len(issues) == before,
+                _header_paths(entry_),
+                entry_.path_of("max_concurrency"),
+            )
+        )
     return result
 
 
@@ -127,7 +148,7 @@ def _adapter_fields(
         headers=headers,
         request_timeout_ms=section.integer("request_timeout_ms", 0, minimum=0),
         idle_timeout_ms=section.integer("idle_timeout_ms", 0, minimum=0),
-        max_concurrency=section.integer("max_concurrency", 1, minimum=1),
+        max_concurrency=section.optional_integer("max_concurrency", minimum=1),
         command=section.string("command"),
         args=section.string_list("args", scalars=True),
         env=tuple(env),

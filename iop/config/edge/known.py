@@ -79,6 +79,17 @@ class AdapterEntry:
     ok: bool
     # (header name, config path) of each ``headers`` entry, for the managed-mode checks.
     header_paths: tuple[tuple[str, str], ...] = ()
+    # The path of its ``max_concurrency`` (for the check against its providers' capacities).
+    max_concurrency_path: str = ""
+
+
+@dataclass(frozen=True)
+class ProviderCapacity:
+    """An enabled provider's ``capacity`` on its resolved adapter instance, with its path."""
+
+    adapter: str
+    path: str
+    capacity: int
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ check                          the key                            what it must a
 :func:`adapter_headers`        ``nodes[].adapters[].headers``     ``security.mode``, the profiles'
                                                                   ``auth_header``, the providers'
                                                                   credential bindings
+:func:`adapter_capacity`       ``nodes[].providers[].capacity``   its adapter's ``max_concurrency``
+                                                                  (when set: the enabled
+                                                                  providers' sum fits under it)
 :func:`provider_target`        ``models[].providers``             ``nodes[].providers`` (ids and
                                                                   models served)
 :func:`route_targets`          ``openai.model_routes``            ``models``, ``nodes`` and their
@@ -55,6 +58,7 @@ from iop.config.edge.known import (
     AdapterEntry,
     CredentialBinding,
     Profiles,
+    ProviderCapacity,
     ProviderIndex,
     ProviderInfo,
     Security,
@@ -73,6 +77,7 @@ from iop.runtime.kinds import ADAPTER_KINDS, LEASED_KINDS
 
 __all__ = [
     "CREDENTIAL_HEADERS",
+    "adapter_capacity",
     "adapter_headers",
     "admin_auth",
     "cost_budgets_priced",
@@ -408,6 +413,45 @@ def adapter_headers(
                     "put the key in credentials[] and name its slot in the provider's "
                     "`credential` (the node then gets it per request, sealed in a lease)",
                 )
+
+
+def adapter_capacity(
+    issues: Issues, adapters: list[AdapterEntry], capacities: list[ProviderCapacity]
+) -> None:
+    """
+    An adapter instance with an explicit ``max_concurrency``: the ``capacity`` of its enabled
+    providers (``capacities``, in document order) adds up to at most that. The pool grants up
+    to each provider's capacity and the node's gate admits up to ``max_concurrency``, so a sum
+    above it is work the pool hands out and the node refuses (503 ``provider_busy``). One issue
+    per adapter, at the capacity of the provider that first takes the sum over it, naming both
+    paths. An adapter with issues of its own is not checked (no cascades); one without
+    ``max_concurrency`` follows its providers and needs no check.
+    """
+    for adapter in adapters:
+        limit = adapter.config.max_concurrency
+        if limit is None or not adapter.ok:
+            continue
+        own = [c for c in capacities if c.adapter == adapter.config.name]
+        total = sum(c.capacity for c in own)
+        if total <= limit:
+            continue
+        running = 0
+        for entry in own:
+            running += entry.capacity
+            if running > limit:
+                break
+        name = adapter.config.name
+        together = (
+            f" ({total} together with the other providers of adapter {name!r})"
+            if len(own) > 1
+            else ""
+        )
+        issues.add(
+            entry.path,
+            f"{entry.capacity}{together} exceeds {adapter.max_concurrency_path} ({limit}): "
+            "the pool would grant more than the node's gate admits; raise max_concurrency "
+            f"to at least {total} or leave it out so the adapter follows its providers",
+        )
 
 
 # ---------------------------------------------------------------------------------------------

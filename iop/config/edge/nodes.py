@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from iop.config.checks import check_id, optional_file
 from iop.config.edge import links
 from iop.config.edge.adapters import adapters_list
-from iop.config.edge.known import CredentialBinding, Profiles, ProviderIndex, Security, Slots
+from iop.config.edge.known import (
+    CredentialBinding,
+    Profiles,
+    ProviderCapacity,
+    ProviderIndex,
+    Security,
+    Slots,
+)
 from iop.config.edge.providers import providers_list
 from iop.config.errors import Section, as_section
 from iop.config.model import NodeConfig, NodeToken
@@ -71,6 +78,7 @@ def nodes_section(
         links.managed_node(section, node_id, security)
         adapters = adapters_list(section, node_id, environ=environ)
         bindings: dict[str, list[CredentialBinding]] = {}
+        capacities: list[ProviderCapacity] = []
         providers = providers_list(
             section,
             node_id,
@@ -80,7 +88,9 @@ def nodes_section(
             security=security,
             profiles=profiles,
             slots=slots,
+            capacities=capacities,
         )
+        links.adapter_capacity(issues, adapters, capacities)
         links.adapter_headers(issues, adapters, bindings, security=security, profiles=profiles)
         section.finish()
         result.append(

@@ -15,6 +15,7 @@ from iop.config.edge.known import (
     AdapterEntry,
     CredentialBinding,
     Profiles,
+    ProviderCapacity,
     ProviderIndex,
     ProviderInfo,
     Security,
@@ -37,11 +38,13 @@ def providers_list(
     security: Security,
     profiles: Profiles,
     slots: Slots,
+    capacities: list[ProviderCapacity] | None = None,
 ) -> tuple[ProviderConfig, ...]:
     """
     The node's providers. Each is added to ``index`` (for ``models[]``); each enabled,
     slot-bound one to ``bindings`` under its adapter instance (for the managed-mode header
-    check).
+    check); each enabled one whose adapter resolved to ``capacities`` (for the check against
+    its adapter's ``max_concurrency``).
     """
     result: list[ProviderConfig] = []
     items = node.items("providers")
@@ -62,6 +65,12 @@ def providers_list(
             slots=slots,
         )
         result.append(provider)
+        if capacities is not None and provider.enabled and provider.adapter_instance:
+            capacities.append(
+                ProviderCapacity(
+                    provider.adapter_instance, section.path_of("capacity"), provider.capacity
+                )
+            )
         binding = links.credential_binding(provider, profiles)
         if binding is not None:
             bindings.setdefault(provider.adapter_instance, []).append(binding)

@@ -14,13 +14,18 @@ registry (a node registering afterwards gets the new config in its ``RegisterRes
 (:mod:`iop.edge.refresh.classify`) and, in this order:
 
 1. re-checks the invariants a live switch relies on — the same nodes, the same adapters on each
-   node, the same provider ids under each node with the same adapter instance, type and category
-   — and raises ``ValueError`` naming the difference, changing nothing;
+   node (all settings but ``max_concurrency``, which the node resizes live), the same provider
+   ids under each node with the same adapter instance, type and category — and raises
+   ``ValueError`` naming the difference, changing nothing;
 2. prepares everything that can fail: the pool's new catalog, every node's new payload;
 3. switches every part, each step only assignments; if one step raises anyway, the steps
    already taken are switched back and the exception propagates: the running config is as it
    was;
-4. only then lets the pool re-evaluate its waiters, so every grant from here on — a waiter a
+4. calls ``before_grants`` with the nodes whose payload changed: the refresh sends them the new
+   payload here, so that on each node's connection the push comes before any work the new
+   config lets through — a raised capacity's first extra grant reaches the node after the
+   gate it needs was raised (messages on one connection are handled in order);
+5. only then lets the pool re-evaluate its waiters, so every grant from here on — a waiter a
    raised capacity lets through, one moved to another candidate — sees the whole new config.
    Waiters whose model has no live candidate left end ``Unavailable`` at once.
 
@@ -33,7 +38,7 @@ nodes a refresh must push the new payload to, and no other.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from twisted.logger import Logger
 
@@ -92,7 +97,8 @@ def check_live_invariants(running: EdgeConfig, candidate: EdgeConfig) -> None:
 
 
 def _adapters(adapters: Iterable[AdapterConfig]) -> dict[str, AdapterConfig]:
-    return {a.name: a for a in adapters}
+    # max_concurrency aside: the node resizes its gate live.
+    return {a.name: replace(a, max_concurrency=None) for a in adapters}
 
 
 def _listener_step(listener: ConfigListener, candidate: EdgeConfig, running: EdgeConfig) -> _Step:
@@ -166,12 +172,16 @@ class LiveApplier:
             raise KeyError(f"unknown node {node_id!r}")
         return self._payload(self.config, node, self.generation)
 
-    def apply(self, candidate: EdgeConfig) -> list[str]:
+    def apply(
+        self, candidate: EdgeConfig, before_grants: Callable[[list[str]], object] | None = None
+    ) -> list[str]:
         """
         Switch the Edge to ``candidate`` (every change live; see the module docstring). Returns
-        the ready nodes whose payload content changed. A candidate equal to the running config
-        changes nothing, not even the generation. Raises ``ValueError`` when the invariants do
-        not hold, or whatever a part raised; either way nothing changed.
+        the ready nodes whose payload content changed, and tells them ``before_grants`` first
+        (after the switch, before the pool grants anything; what it raises is logged, the
+        switch stands). A candidate equal to the running config changes nothing, not even the
+        generation. Raises ``ValueError`` when the invariants do not hold, or whatever a part
+        raised; either way nothing changed.
         """
         running, generation = self.config, self.generation + 1
         check_live_invariants(running, candidate)
@@ -234,6 +244,11 @@ class LiveApplier:
             generation=generation,
             nodes=changed,
         )
+        if before_grants is not None:
+            try:
+                before_grants(changed)
+            except Exception:
+                self.log.failure("config apply: telling the nodes before the grants failed")
         # Only now may anybody be granted anything: every grant sees the whole new config.
         self._pool.pump()
         return changed

@@ -247,7 +247,13 @@ RULES: dict[type, dict[str, Rule]] = {
         "headers": Leaf("headers", RESTART, _EXECUTION, secret="map"),
         "request_timeout_ms": Leaf("request_timeout_ms", RESTART, _EXECUTION),
         "idle_timeout_ms": Leaf("idle_timeout_ms", RESTART, _ADAPTER),
-        "max_concurrency": Leaf("max_concurrency", RESTART, _ADAPTER),
+        "max_concurrency": Leaf(
+            "max_concurrency",
+            LIVE,
+            "pushed to the node, which resizes the adapter's gate in place (nothing rebuilt); "
+            "left out, it follows the providers' capacity",
+            origin=PROJECT,
+        ),
         "command": Leaf("command", RESTART, _EXECUTION),
         "args": Leaf("args", RESTART, _EXECUTION),
         "env": Leaf("env", RESTART, _EXECUTION, secret="map"),

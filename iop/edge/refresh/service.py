@@ -16,8 +16,11 @@ apply.
 4. ``apply``: any restart-required or rejected change answers that result and applies nothing
    (its reports say which changes block); otherwise the applier switches every live change at
    once — an applier that raises is ``rejected`` and has changed nothing;
-5. the ready nodes whose payload changed are pushed the new payload and their answers awaited
-   (each bounded by the pusher's timeout); the result is ``applied`` with ``node_pushes``.
+5. the ready nodes whose payload changed are pushed the new payload — sent inside the apply,
+   after the switch and before the pool's first grant under the new config, so a node has
+   its gate resized before the work a raised capacity lets through reaches it — and their
+   answers awaited (each bounded by the pusher's timeout); the result is ``applied`` with
+   ``node_pushes``.
 
 Refreshes are serialized: one that arrives while another runs waits for it, then reads the file
 itself, so the last edit is always the one that ends up applied and each caller gets its own
@@ -72,10 +75,14 @@ class Applier(Protocol):
     def generation(self) -> int:
         "The running config's generation: 1 at start, one more per apply."
 
-    def apply(self, candidate: EdgeConfig) -> list[str] | None:
+    def apply(
+        self, candidate: EdgeConfig, before_grants: Callable[[list[str]], object] | None = None
+    ) -> list[str] | None:
         """
         Switch every live change of ``candidate`` at once, or raise having changed nothing;
-        returns the ids of the nodes whose ``NodeConfigPayload`` changed.
+        returns the ids of the nodes whose ``NodeConfigPayload`` changed, after calling
+        ``before_grants`` with them (if given) between the switch and the first grant under
+        the new config.
         """
 
 
@@ -158,8 +165,13 @@ class ConfigRefresher:
             )
         if mode != "apply" or result.result != "applied":
             return result
+        pushing: list[Deferred[list[NodePush]]] = []
+
+        def push_before_grants(nodes: list[str]) -> None:
+            pushing.append(self._pusher.push(nodes))
+
         try:
-            changed = self._applier.apply(candidate)
+            changed = self._applier.apply(candidate, push_before_grants)
         except Exception as e:
             if isinstance(e, ValueError):
                 # The applier's own refusal (a change it cannot make live): no traceback.
@@ -174,7 +186,8 @@ class ConfigRefresher:
             return result
         nodes = result.changed_nodes if changed is None else changed
         try:
-            result.node_pushes = list(await self._pusher.push(nodes))
+            pushed = pushing[0] if pushing else self._pusher.push(nodes)
+            result.node_pushes = list(await pushed)
         except Exception as e:
             self.log.failure("config refresh: pushing to the nodes failed")
             result.errors.append(f"applied, but the node push failed: {type(e).__name__}")

@@ -6,6 +6,12 @@ One gate per adapter instance, shared by normalized runs and provider tunnels: d
 against execution that bypassed the Edge's admission, not a copy of the Edge's provider leases.
 A :class:`Slot` is the one acquire; its :meth:`Slot.release` is the one release and is
 idempotent, so every path that ends a request may call it.
+
+The limit follows the config live (:meth:`CapacityGate.resize`, from a config refresh): raising
+it admits at once; lowering it never cuts a held slot — new acquires are refused until
+``in_use`` is below the new limit, so the gate drains to it by releases, as the Edge's pool
+drains a lowered ``capacity``. ``in_use`` may therefore be above ``limit`` for a while, and
+:attr:`CapacityGate.available` is never negative.
 """
 
 from __future__ import annotations
@@ -39,8 +45,7 @@ class CapacityGate:
     """At most ``limit`` slots held at once; :meth:`try_acquire` never waits."""
 
     def __init__(self, limit: int) -> None:
-        if limit < 1:
-            raise ValueError(f"capacity limit must be at least 1, not {limit}")
+        _check_limit(limit)
         self._limit = limit
         self._in_use = 0
 
@@ -54,7 +59,15 @@ class CapacityGate:
 
     @property
     def available(self) -> int:
-        return self._limit - self._in_use
+        return max(0, self._limit - self._in_use)
+
+    def resize(self, limit: int) -> None:
+        """
+        Make ``limit`` the most slots held at once from now on. Held slots stay held (each is
+        still released exactly once); over a lowered limit, acquires wait for releases.
+        """
+        _check_limit(limit)
+        self._limit = limit
 
     def try_acquire(self) -> Slot | None:
         """A held :class:`Slot`, or ``None`` when the gate is full."""
@@ -69,3 +82,8 @@ class CapacityGate:
 
     def __repr__(self) -> str:
         return f"<CapacityGate {self._in_use}/{self._limit}>"
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 1:
+        raise ValueError(f"capacity limit must be at least 1, not {limit}")

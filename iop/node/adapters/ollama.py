@@ -43,6 +43,7 @@ from iop.runtime import (
     ExecutionSpec,
     IOllamaAPI,
     IProvider,
+    IResizable,
     RuntimeEvent,
     Usage,
 )
@@ -454,7 +455,7 @@ def _describe(error: BaseException) -> str:
 # -- the provider -------------------------------------------------------------------------------
 
 
-@implementer(IProvider, IOllamaAPI)
+@implementer(IProvider, IOllamaAPI, IResizable)
 class OllamaProvider:
     """One ``ollama`` adapter instance (see the module docstring)."""
 
@@ -485,6 +486,10 @@ class OllamaProvider:
         return Capabilities(
             max_concurrency=self._max_concurrency, streaming=True, tools=True, reasoning=True
         )
+
+    def resize(self, max_concurrency: int) -> None:
+        """The adapter's ``max_concurrency`` changed live (``IResizable``)."""
+        self._max_concurrency = max(1, max_concurrency)
 
     # -- execution -------------------------------------------------------------------------
 

@@ -55,6 +55,7 @@ from iop.runtime.interfaces import (
     Emit,
     ExecutionSpec,
     IProvider,
+    IResizable,
     ITunnelProvider,
     TreqClient,
 )
@@ -497,7 +498,7 @@ class _Run:
         self._send(RuntimeEvent.complete(usage=usage, metadata=metadata))
 
 
-@implementer(IProvider, ITunnelProvider)
+@implementer(IProvider, ITunnelProvider, IResizable)
 class OpenAICompatProvider:
     """
     An OpenAI-compatible chat completions upstream. Subclasses adjust one server's dialect
@@ -527,6 +528,10 @@ class OpenAICompatProvider:
         return Capabilities(
             max_concurrency=self.max_concurrency, streaming=True, tools=True, reasoning=True
         )
+
+    def resize(self, max_concurrency: int) -> None:
+        """The adapter's ``max_concurrency`` changed live (``IResizable``)."""
+        self.max_concurrency = max(1, max_concurrency)
 
     def execute(self, spec: ExecutionSpec, emit: Emit) -> Deferred[None]:
         return _Run(self, spec, emit).start()

@@ -16,6 +16,14 @@ registry maps each kind to its factory. An enabled instance holds its
 ``iop.node.adapters.<type>.build(spec, ctx)``, imported only when a payload needs it. Its
 :class:`CapacityGate` is sized by the provider's ``capabilities().max_concurrency`` and is the one
 gate that normalized runs and provider tunnels of that instance share.
+
+The gate's limit is the one setting of a built instance that changes live
+(:meth:`AdapterInstance.resize`, when a config refresh changes only an adapter's
+``max_concurrency``): the Edge sizes it from the capacities of the providers the adapter serves,
+so a capacity raised on the Edge must raise it too, and a raise that needed a node restart would
+cut every stream the node carries. The gate resizes in place (held slots stay held) and the
+provider, if it is :class:`~iop.runtime.interfaces.IResizable`, reports the new value; every
+other adapter setting builds the provider and still needs a restart.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from iop.node.adapters.capacity import CapacityGate
-from iop.runtime.interfaces import AdapterContext, AdapterFactory, IProvider
+from iop.runtime.interfaces import AdapterContext, AdapterFactory, IProvider, IResizable
 from iop.runtime.kinds import ADAPTER_KINDS
 from iop.runtime.spec import AdapterSpec
 
@@ -111,7 +119,6 @@ class AdapterInstance:
     name: str
     type: str
     enabled: bool
-    max_concurrency: int
     spec: AdapterSpec = field(repr=False, compare=False)
     gate: CapacityGate = field(repr=False, compare=False)
     provider: IProvider | None = field(default=None, repr=False, compare=False)
@@ -147,11 +154,28 @@ class AdapterInstance:
             name=name,
             type=spec.type,
             enabled=spec.enabled,
-            max_concurrency=limit,
             spec=spec,
             gate=CapacityGate(limit),
             provider=provider,
         )
+
+    @property
+    def max_concurrency(self) -> int:
+        """The gate's limit: at most this many runs and tunnels at once."""
+        return self.gate.limit
+
+    def resize(self, max_concurrency: int) -> None:
+        """
+        A live ``max_concurrency`` change (0, unset on the wire, means 1): the gate takes the
+        new limit (raising admits at once; lowering cuts nothing, see
+        :meth:`~iop.node.adapters.capacity.CapacityGate.resize`) and the provider, if it can,
+        reports it.
+        """
+        limit = max(1, max_concurrency)
+        self.gate.resize(limit)
+        resizable = IResizable(self.provider, None)
+        if resizable is not None:
+            resizable.resize(limit)
 
     def describe(self) -> dict[str, object]:
         """Status view: identity and occupancy only (no endpoints, headers or commands)."""

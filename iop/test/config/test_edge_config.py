@@ -214,7 +214,8 @@ class HappyPathTests(EdgeConfigTestMixin, SynchronousTestCase):
         self.assertEqual([a.name for a in node_a.adapters], ["fake-openai", "coder"])
         fake = node_a.adapters[0]
         self.assertEqual(fake.headers, (("Authorization", f"Bearer {UPSTREAM_KEY}"),))
-        self.assertEqual(fake.max_concurrency, 1)
+        # Left out: the node's gate follows the adapter's providers (see iop.edge.payload).
+        self.assertIsNone(fake.max_concurrency)
         self.assertTrue(fake.enabled)
 
         chat, cli = node_a.providers

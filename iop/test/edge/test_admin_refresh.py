@@ -172,6 +172,8 @@ class EdgeServiceRefreshTests(SynchronousTestCase):
                             "name": "api",
                             "type": "openai_compat",
                             "base_url": "http://127.0.0.1:9/v1",
+                            # Explicit: the node's gate does not follow the capacity.
+                            "max_concurrency": 8,
                         }
                     ],
                     "providers": [
@@ -217,7 +219,8 @@ class EdgeServiceRefreshTests(SynchronousTestCase):
         self.assertEqual(body["result"], "applied")
         self.assertEqual(self.capacity(), 2)
         self.assertIsNot(self.edge.config, before)
-        # Provider capacity is not in the node's payload: nothing to push.
+        # Provider capacity under an explicit max_concurrency is not in the node's payload:
+        # nothing to push.
         self.assertEqual((body["node_pushes"], self.connection.sent), ([], []))
 
     def test_nodePushAnswered(self) -> None:

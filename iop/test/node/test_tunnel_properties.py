@@ -138,7 +138,6 @@ class FrameSequenceProperties(SynchronousTestCase):
             name="up",
             type="openai_compat",
             enabled=True,
-            max_concurrency=1,
             spec=config,
             gate=gate,
             provider=OpenAICompatProvider(config, AdapterContext(clock, upstream)),

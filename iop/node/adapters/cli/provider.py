@@ -25,6 +25,7 @@ from iop.runtime.interfaces import (
     Emit,
     ExecutionSpec,
     IProvider,
+    IResizable,
     ISessionTerminator,
 )
 from iop.runtime.spec import AdapterSpec
@@ -49,7 +50,7 @@ def signal_process_group(pgid: int, signum: int) -> None:
     os.killpg(pgid, signum)
 
 
-@implementer(IProvider, ISessionTerminator)
+@implementer(IProvider, ISessionTerminator, IResizable)
 class CLIProvider:
     """A CLI coding agent as a provider: one process per run, sessions remembered per target."""
 
@@ -89,6 +90,10 @@ class CLIProvider:
         return Capabilities(
             max_concurrency=self.max_concurrency, streaming=True, tools=False, sessions=True
         )
+
+    def resize(self, max_concurrency: int) -> None:
+        """The adapter's ``max_concurrency`` changed live (``IResizable``)."""
+        self.max_concurrency = max(1, max_concurrency)
 
     def execute(self, spec: ExecutionSpec, emit: Emit) -> Deferred[None]:
         return Deferred.fromCoroutine(self._execute(spec, emit))

@@ -315,13 +315,15 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (NodeConfig, "agent_kind"): [(f"{N}.agent_kind", RESTART)],
     (NodeConfig, "concurrency"): [(f"{N}.concurrency", LIVE)],
     (NodeConfig, "recipient_key_file"): [(f"{N}.recipient_key_file", RESTART)],
-    # Adapter settings: restart (seed), whatever the field.
+    # Adapter settings: restart (seed), whatever the field, but max_concurrency: the node
+    # resizes its gate live (project: a capacity change must be able to move it).
     (AdapterConfig, "name"): [(A, RESTART), (A, RESTART)],
     **{
         (AdapterConfig, f.name): [(f"{A}.{f.name}", RESTART)]
         for f in dataclasses.fields(AdapterConfig)
-        if f.name != "name"
+        if f.name not in ("name", "max_concurrency")
     },
+    (AdapterConfig, "max_concurrency"): [(f"{A}.max_concurrency", LIVE)],
     # Provider catalog and execution fields restart, pool fields live (seed); the project's
     # additions as the README table decides.
     (ProviderConfig, "id"): [(P, RESTART), (P, RESTART)],

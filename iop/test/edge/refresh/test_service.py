@@ -41,7 +41,10 @@ class FakeApplier:
         self.changed_nodes: list[str] | None = ["node-a"]
         self.error: Exception | None = None
 
-    def apply(self, candidate: EdgeConfig) -> list[str] | None:
+    def apply(
+        self, candidate: EdgeConfig, before_grants: Callable[[list[str]], object] | None = None
+    ) -> list[str] | None:
+        # before_grants is not called: the refresher then pushes after the apply.
         if self.error is not None:
             raise self.error
         self.applied.append(candidate)
