@@ -77,13 +77,23 @@ def is_error(data: dict[str, Any]) -> bool:
     return data.get("outcome") in ("error", "refused") or status >= 400
 
 
+def _code(data: dict[str, Any]) -> str:
+    """The error code; without one, how the request ended, or ``upstream`` for an error status
+    the provider answered itself (relayed as it was: IOP wrote no error body of its own)."""
+    if data.get("error_code"):
+        return str(data["error_code"])
+    outcome = data.get("outcome")
+    return "upstream" if outcome in ("complete", None, "") else str(outcome)
+
+
 def error_reason(data: dict[str, Any]) -> dict[str, Any]:
     """A failed request's reason as the console keeps it: when, the status, the error code (or,
-    with none, how it ended) and where it was going."""
+    with none, how it ended: ``upstream`` for the provider's own error answer) and where it was
+    going."""
     return {
         "at": data.get("at", 0.0),
         "status": data.get("status") or 0,
-        "code": data.get("error_code") or data.get("outcome") or "error",
+        "code": _code(data),
         "model": data.get("model", ""),
         "provider_id": data.get("provider_id", ""),
         "node_id": data.get("node_id", ""),

@@ -13,7 +13,7 @@ from typing import Any
 from twisted.trial.unittest import SynchronousTestCase
 
 from iop.edge.console.memory import ConsoleMemory
-from iop.edge.console.payload import console_event
+from iop.edge.console.payload import console_event, error_reason
 from iop.edge.events import NO_MODEL, RequestFinished
 from iop.edge.metrics import EdgeMetrics
 from iop.test.edge.test_metrics import finished, parse
@@ -107,3 +107,17 @@ class ConsoleReasonTests(SynchronousTestCase):
         # A cancelled request is not an error: the client left.
         self.assertNotIn("other", last["models"])
         self.assertEqual(set(last["providers"]), {"a-chat"})
+
+
+class ReasonTextTests(SynchronousTestCase):
+    def test_code_without_an_error_code(self) -> None:
+        """A provider's own error answer, relayed, has no IOP code: ``upstream``; an ended
+        request without a code says how it ended."""
+        self.assertEqual(error_reason({"status": 500, "outcome": "complete"})["code"], "upstream")
+        self.assertEqual(error_reason({"status": 502, "outcome": "error"})["code"], "error")
+        self.assertEqual(
+            error_reason({"status": 503, "outcome": "refused", "error_code": "queue_timeout"})[
+                "code"
+            ],
+            "queue_timeout",
+        )

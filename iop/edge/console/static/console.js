@@ -233,7 +233,10 @@
     totals.requests += 1;
     if (isError(r)) {
       totals.errors += 1;
-      const reason = {at: r.at, status: r.status || 0, code: r.error_code || r.outcome || "error",
+      // As the Edge's memory words it (payload.error_reason): the code, else how it ended,
+      // else "upstream" (the provider's own error answer, relayed).
+      const ended = r.outcome && r.outcome !== "complete" ? r.outcome : "upstream";
+      const reason = {at: r.at, status: r.status || 0, code: r.error_code || ended,
         model: r.model, provider_id: r.provider_id, node_id: r.node_id};
       state.lastErrors.models[r.model] = reason;
       if (r.provider_id) state.lastErrors.providers[r.provider_id] = reason;
