@@ -79,10 +79,14 @@ def test_iop_commands_against_a_real_edge(cluster: Cluster) -> None:
 
     status = iop(cluster, "status", admin=True)
     assert status.returncode == 0, status.stderr
-    rows = {line.split()[0]: line.split() for line in status.stdout.splitlines() if line.strip()}
-    assert rows["node-a"][1:3] == ["ready", "yes"], status.stdout
-    assert rows["a-chat"][3] == "available", status.stdout
-    assert rows["a-off"][3] == "disabled", status.stdout
+    # Headed tables, a blank line apart: the Edge, nodes, providers (and a legend), models.
+    _, nodes, providers, models = status.stdout.split("\n\n")
+    node_rows = {line.split()[0]: line.split() for line in nodes.splitlines()[1:]}
+    assert node_rows["node-a"][1:3] == ["ready", "-"], status.stdout
+    provider_rows = {line.split()[1]: line.split() for line in providers.splitlines()[1:-1]}
+    assert provider_rows["a-chat"][4] == "available", status.stdout
+    assert provider_rows["a-off"][4] == "disabled", status.stdout
+    assert models.splitlines()[1].split()[:2] == ["pool", "yes"], status.stdout
     as_json = iop(cluster, "status", "--json", admin=True)
     assert json.loads(as_json.stdout)["nodes"][0]["id"] == "node-a"
 

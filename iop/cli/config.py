@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from iop.cli import check
-from iop.cli.command import CommandError, Report
+from iop.cli.command import CommandError, Report, add_json_argument
 
 DEFAULT_ADMIN = "http://127.0.0.1:8081"
 ADMIN_ENV = "IOP_ADMIN"
@@ -36,6 +36,14 @@ ADMIN_TOKEN_ENV = "IOP_ADMIN_TOKEN"
 MAX_TOKEN_BYTES = 4096
 #: The Edge answers once the ready nodes answered its push (10 s each, in parallel).
 TIMEOUT_SEC = 60.0
+
+#: What ``iop config refresh --json`` prints (the Edge's result document).
+JSON_DOCUMENT = (
+    '{"result": "applied"|"restart_required"|"rejected", "mode": "apply"|"dry_run", '
+    '"changed_nodes", "changed_providers", "changed_models", "reports": [{"path", "old", "new", '
+    '"change_class", "detail"}], "errors": [text], "node_pushes": [{"node_id", "outcome", '
+    '"reason"}]}'
+)
 
 EXIT_APPLIED = 0
 EXIT_REJECTED = 1
@@ -103,7 +111,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"the Edge's admin token (admin.auth), from this file (default: ${ADMIN_TOKEN_ENV})",
     )
-    refresh.add_argument("--json", action="store_true", help="print the result document as JSON")
+    add_json_argument(refresh, JSON_DOCUMENT)
     refresh.set_defaults(run=run_refresh)
     check.register(commands)
 

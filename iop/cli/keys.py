@@ -10,7 +10,8 @@
 Private keys are written with mode 0600 and an existing file is never replaced: replacing a
 signing or recipient key is a rotation, done by removing the old files on purpose. Each command
 prints which edge.yaml / node.yaml key takes which file, and the public key id; never key
-material.
+material. With ``--json``: one object (:data:`~iop.cli.command.REPORT_JSON`) plus ``key_id``
+and ``kem`` (``ed25519`` for the issuer).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import argparse
 import os
 from typing import Any
 
-from iop.cli.command import CommandError, Report
+from iop.cli.command import REPORT_JSON, CommandError, Report, add_json_argument
 from iop.security import keys
 from iop.security.pki import PKIError, check_node_id
 
@@ -28,6 +29,8 @@ ISSUER_PRIVATE_FILE = "issuer.key"
 ISSUER_PUBLIC_FILE = "issuer.pub"
 #: The --kem choices, default first.
 KEM_CHOICES = keys.KEMS
+#: What ``--json`` prints.
+JSON_DOCUMENT = REPORT_JSON[:-1] + ', "key_id": id, "kem": type}'
 
 
 def register(subparsers: Any) -> None:
@@ -43,6 +46,7 @@ def register(subparsers: Any) -> None:
         parser.add_argument(
             "--dir", default=DEFAULT_DIR, help=f"where to write (default: ./{DEFAULT_DIR})"
         )
+        add_json_argument(parser, JSON_DOCUMENT)
 
     issuer = commands.add_parser(
         "issuer",
@@ -98,6 +102,8 @@ def run_issuer(args: argparse.Namespace, report: Report) -> None:
         keys.write_issuer(key, private, public)
     except keys.KeyFileError as e:
         raise CommandError(str(e)) from None
+    report.fact("key_id", key.key_id)
+    report.fact("kem", "ed25519")
     report.wrote(
         private,
         f"lease-signing private key (Ed25519, key id {key.key_id}), mode 0600 (stays on the Edge)",
@@ -122,6 +128,8 @@ def run_recipient(args: argparse.Namespace, report: Report) -> None:
         keys.write_recipient(key, private, public)
     except keys.KeyFileError as e:
         raise CommandError(str(e)) from None
+    report.fact("key_id", key.key_id)
+    report.fact("kem", key.kem)
     report.wrote(
         private,
         f"recipient private key (KEM {key.kem}, key id {key.key_id}), mode 0600 (copy it to "

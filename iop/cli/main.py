@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:
         # --help (0) or a usage error (2, message already on stderr).
         return e.code if isinstance(e.code, int) else EXIT_USAGE
-    report = Report(sys.stdout)
+    report = Report(sys.stdout, as_json=bool(getattr(args, "json", False)))
     try:
         code = args.run(args, report)
     except CommandError as e:

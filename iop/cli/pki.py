@@ -9,7 +9,9 @@
   ``NODE_ID.node.D``, ``DIR/NODE_ID.crt`` and ``DIR/NODE_ID.key``.
 
 Private keys are written with mode 0600; nothing is replaced without ``--force``. Each command
-prints which edge.yaml / node.yaml key takes which file.
+prints which edge.yaml / node.yaml key takes which file; with ``--json``, one object
+(:data:`~iop.cli.command.REPORT_JSON`) plus ``names`` (the certificate's DNS names; the CA's
+common name for ``init``) and ``not_after`` (its expiry, ISO 8601 UTC).
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import argparse
 import os
 from typing import Any
 
-from iop.cli.command import CommandError, Report
+from iop.cli.command import REPORT_JSON, CommandError, Report, add_json_argument
 from iop.config.model import DEFAULT_TRUST_DOMAIN
 from iop.security import pki
 from iop.security.pki import PKIError
 
 DEFAULT_DIR = "pki"
+#: What ``--json`` prints.
+JSON_DOCUMENT = REPORT_JSON[:-1] + ', "names": [dns name], "not_after": ISO 8601}'
 
 
 def positive_days(text: str) -> int:
@@ -60,6 +64,7 @@ def register(subparsers: Any) -> None:
             help=f"how long the {what} is valid (default: {days})",
         )
         parser.add_argument("--force", action="store_true", help="replace files that already exist")
+        add_json_argument(parser, JSON_DOCUMENT)
 
     init = commands.add_parser(
         "init",
@@ -108,11 +113,17 @@ def _until(files: pki.IssuedFiles) -> str:
     return f"{files.not_after:%Y-%m-%d}"
 
 
+def _facts(report: Report, files: pki.IssuedFiles) -> None:
+    report.fact("names", list(files.names))
+    report.fact("not_after", files.not_after.isoformat())
+
+
 def run_init(args: argparse.Namespace, report: Report) -> None:
     try:
         files = pki.init_ca_files(args.dir, name=args.name, days=args.days, force=args.force)
     except PKIError as e:
         raise CommandError(str(e)) from None
+    _facts(report, files)
     report.wrote(
         files.cert_file,
         f"CA certificate {args.name!r}, valid until {_until(files)} (public: the Edge and "
@@ -143,6 +154,7 @@ def run_issue_edge(args: argparse.Namespace, report: Report) -> None:
     except PKIError as e:
         raise CommandError(str(e)) from None
     ca_cert = os.path.join(os.fspath(args.dir), pki.CA_CERT_FILE)
+    _facts(report, files)
     report.wrote(
         files.cert_file,
         f"server certificate for {args.name} (serverAuth), signed by {ca_cert}, valid until "
@@ -170,6 +182,7 @@ def run_issue_node(args: argparse.Namespace, report: Report) -> None:
     node_id = args.node_id
     ca_cert = os.path.join(os.fspath(args.dir), pki.CA_CERT_FILE)
     workload = files.names[0]
+    _facts(report, files)
     report.wrote(
         files.cert_file,
         f"client certificate for workload {workload} (clientAuth), signed by {ca_cert}, "

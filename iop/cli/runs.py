@@ -1,5 +1,8 @@
 # -*- test-case-name: iop.test.cli.test_runs_cli -*-
-"""``iop runs``: the running Edge's active runs (``GET /runs`` on its admin listener)."""
+"""
+``iop runs``: the running Edge's active runs (``GET /runs`` on its admin listener), as a table
+or with ``--json`` as the Edge answered (:data:`JSON_DOCUMENT`).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,10 @@ import json
 from typing import Any
 
 from iop.cli import status
-from iop.cli.command import Report
+from iop.cli.command import Report, add_json_argument
+
+#: What ``--json`` prints.
+JSON_DOCUMENT = '{"runs": [{"run_id", "node_id", "adapter", "target"}]}'
 
 
 def register(subparsers: Any) -> None:
@@ -19,7 +25,7 @@ def register(subparsers: Any) -> None:
         description="List the running Edge's active runs (GET /runs).",
     )
     status.add_admin_argument(runs)
-    runs.add_argument("--json", action="store_true", help="print the run list as JSON")
+    add_json_argument(runs, JSON_DOCUMENT)
     runs.set_defaults(run=run_runs)
 
 

@@ -1,7 +1,17 @@
 # -*- test-case-name: iop.test.cli.test_status_cli -*-
 """
-``iop status``: the running Edge's nodes and providers (``GET /status`` on its admin listener)
-as two tables, or with ``--json`` the snapshot as the Edge sent it.
+``iop status``: the running Edge's nodes, providers and client models (``GET /status`` on its
+admin listener) as three headed tables, or with ``--json`` the snapshot as the Edge sent it
+(:mod:`iop.edge.status` documents it; the keys are :data:`JSON_DOCUMENT`).
+
+What the tables show, decided for an operator reading them at a glance: a node that is not
+connected says since when (``down since 2026-05-01 14:02:11Z (12m ago)``, or ``never
+connected`` when it was not ready once since the Edge started) and why it was last refused; a
+provider's load is ``IN FLIGHT/CAPACITY`` (``1/4``: one of four leases held), and ``-`` when it
+takes no requests (its node is down or it is disabled: its capacity is 0 then, and ``0/0``
+would read as full); long-prompt leases have their own column, ``-`` when the provider has no
+long capacity. The models table is every model a client may name, whether a request for it can
+be served now (how many of its providers are available), and where it goes.
 
 Also the read side every admin-listener command shares: :func:`get_document` (GET a JSON
 object, or a :class:`~iop.cli.command.CommandError` naming the URL and the Edge's message) and
@@ -12,14 +22,28 @@ object, or a :class:`~iop.cli.command.CommandError` naming the URL and the Edge'
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from iop.cli.command import CommandError, Report
+from iop.cli.command import CommandError, Report, add_json_argument
 from iop.cli.config import ADMIN_ENV, DEFAULT_ADMIN, admin_headers, admin_url
+
+#: What ``iop status --json`` prints (GET /status as the Edge answered it).
+JSON_DOCUMENT = (
+    '{"edge": {"id", "mode"}, "nodes": [{"id", "alias", "connected", "state", "identity", '
+    '"last_refusal", "down_since_unix_ms", "providers"}], "providers": [{"id", "node_id", '
+    '"adapter", "type", "category", "models", "enabled", "priority", "status", "health", '
+    '"capacity", "long_capacity", "in_flight", "long_in_flight", "queued", "long_queued"}], '
+    '"models": [{"id", "available", "providers": [{"provider_id", "target", "status"}]}], '
+    '"routes": [{"model", "node_id", "adapter", "target", "available"}], "cluster"?}'
+)
+#: Now, in Unix seconds (how long ago a node went down).
+now: Callable[[], float] = time.time
 
 #: A GET of an admin route answers within this many seconds.
 TIMEOUT_SEC = 30.0
@@ -92,11 +116,15 @@ def register(subparsers: Any) -> None:
     """Add C{iop status}."""
     status = subparsers.add_parser(
         "status",
-        help="the running Edge's nodes and providers",
-        description="Show the running Edge's nodes and providers (GET /status).",
+        help="the running Edge's nodes, providers and client models",
+        description=(
+            "Show the running Edge's nodes, providers and client models (GET /status): why a "
+            "node is not connected and since when, each provider's leases against its "
+            "capacity, which models a client can use now."
+        ),
     )
     add_admin_argument(status)
-    status.add_argument("--json", action="store_true", help="print the snapshot as JSON")
+    add_json_argument(status, JSON_DOCUMENT)
     status.set_defaults(run=run_status)
 
 
@@ -105,78 +133,158 @@ def run_status(args: argparse.Namespace, report: Report) -> int:
     if args.json:
         print(json.dumps(document, indent=2), file=report.out)
     else:
-        for line in summary(document):
+        for line in summary(document, now()):
             print(line, file=report.out)
     return 0
 
 
-def summary(document: dict[str, Any]) -> list[str]:
-    """The human form of a status snapshot: the Edge, then a node table and a provider table
-    (and, in a cluster, the cluster's view)."""
+def summary(document: dict[str, Any], at: float | None = None) -> list[str]:
+    """The human form of a status snapshot: the Edge, then the nodes, the providers and the
+    client models (and, in a cluster, the cluster's view). ``at`` (Unix seconds) is now, for
+    how long ago a node went down."""
     edge = document.get("edge") or {}
     lines = [f"edge {edge.get('id', '?')} (mode: {edge.get('mode', '?')})", ""]
-    nodes = document.get("nodes") or []
-    if nodes:
-        lines += table(
-            ("NODE", "STATE", "CONNECTED", "IDENTITY", "PROVIDERS"),
-            [
-                (
-                    str(n.get("id", "")),
-                    str(n.get("state", "")),
-                    "yes" if n.get("connected") else "no",
-                    _identity(n.get("identity")),
-                    ",".join(n.get("providers") or []) or "-",
-                )
-                for n in nodes
-            ],
-        )
-        # Why a node that is not connected was last refused (its registration, by the Edge).
-        for n in nodes:
-            refusal = n.get("last_refusal")
-            if not n.get("connected") and isinstance(refusal, dict):
-                lines.append(
-                    f"{n.get('id', '')}: last registration refused"
-                    f" ({refusal.get('code', '?')}): {refusal.get('reason', '')}"
-                )
-    else:
-        lines.append("no nodes configured")
+    lines += _nodes(document.get("nodes") or [], at)
     lines.append("")
-    providers = document.get("providers") or []
-    if providers:
-        lines += table(
-            (
-                "PROVIDER",
-                "NODE",
-                "ADAPTER",
-                "STATUS",
-                "HEALTH",
-                "CAPACITY",
-                "IN_FLIGHT",
-                "QUEUED",
-                "MODELS",
-            ),
-            [
-                (
-                    str(p.get("id", "")),
-                    str(p.get("node_id", "")),
-                    str(p.get("adapter", "")),
-                    str(p.get("status", "")),
-                    str(p.get("health", "")),
-                    f"{p.get('capacity', 0)}/{p.get('long_capacity', 0)}",
-                    f"{p.get('in_flight', 0)}/{p.get('long_in_flight', 0)}",
-                    f"{p.get('queued', 0)}/{p.get('long_queued', 0)}",
-                    ",".join(p.get("models") or []) or "-",
-                )
-                for p in providers
-            ],
-        )
-        lines.append("(capacity, in_flight, queued: all/long)")
-    else:
-        lines.append("no providers configured")
+    lines += _providers(document.get("providers") or [])
+    lines.append("")
+    lines += _models(document.get("models") or [], document.get("routes") or [])
     cluster = document.get("cluster")
     if isinstance(cluster, dict):
         lines += ["", *_cluster(cluster)]
     return lines
+
+
+def _nodes(nodes: list[dict[str, Any]], at: float | None) -> list[str]:
+    if not nodes:
+        return ["no nodes configured"]
+    lines = table(
+        ("NODE", "STATE", "SINCE", "IDENTITY", "PROVIDERS"),
+        [
+            (
+                str(n.get("id", "")),
+                str(n.get("state", "")),
+                _since(n, at),
+                _identity(n.get("identity")),
+                ",".join(n.get("providers") or []) or "-",
+            )
+            for n in nodes
+        ],
+    )
+    # Why a node that is not connected was last refused (its registration, by the Edge).
+    for n in nodes:
+        refusal = n.get("last_refusal")
+        if not n.get("connected") and isinstance(refusal, dict):
+            lines.append(
+                f"{n.get('id', '')}: last registration refused"
+                f" ({refusal.get('code', '?')}): {refusal.get('reason', '')}"
+            )
+    return lines
+
+
+def _since(node: dict[str, Any], at: float | None) -> str:
+    """For a node that is not connected: ``down since`` when it went away, or that it has not
+    been ready since the Edge started; ``-`` for a connected node."""
+    if node.get("connected"):
+        return "-"
+    down = node.get("down_since_unix_ms")
+    if not isinstance(down, int):
+        return "never connected"
+    when = datetime.datetime.fromtimestamp(down / 1000, datetime.UTC)
+    text = f"down since {when:%Y-%m-%d %H:%M:%S}Z"
+    if at is not None:
+        text += f" ({_ago(at - down / 1000)})"
+    return text
+
+
+def _ago(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def _providers(providers: list[dict[str, Any]]) -> list[str]:
+    if not providers:
+        return ["no providers configured"]
+    lines = table(
+        (
+            "NODE",
+            "PROVIDER",
+            "ADAPTER",
+            "MODEL(S)",
+            "STATUS",
+            "HEALTH",
+            "IN FLIGHT/CAPACITY",
+            "LONG",
+            "QUEUED",
+        ),
+        [
+            (
+                str(p.get("node_id", "")),
+                str(p.get("id", "")),
+                str(p.get("adapter", "")),
+                ",".join(p.get("models") or []) or "-",
+                str(p.get("status", "")),
+                str(p.get("health", "")),
+                *_load(p),
+            )
+            for p in providers
+        ],
+    )
+    lines.append("(LONG: long-prompt leases in flight/capacity; -: takes no requests now)")
+    return lines
+
+
+def _load(p: dict[str, Any]) -> tuple[str, str, str]:
+    """IN FLIGHT/CAPACITY, LONG and QUEUED of a provider: ``-`` each when it is not available
+    (its capacity is 0 then, and "0/0" would read as full)."""
+    if p.get("status") != "available":
+        return "-", "-", "-"
+    long_capacity = int(p.get("long_capacity", 0))
+    long = f"{p.get('long_in_flight', 0)}/{long_capacity}" if long_capacity else "-"
+    queued = str(p.get("queued", 0))
+    if p.get("long_queued"):
+        queued += f" ({p['long_queued']} long)"
+    return f"{p.get('in_flight', 0)}/{p.get('capacity', 0)}", long, queued
+
+
+def _models(models: list[dict[str, Any]], routes: list[dict[str, Any]]) -> list[str]:
+    """The models a client can name: ``models[]`` with their providers, then direct routes."""
+    if not models and not routes:
+        return ["no client models configured"]
+    rows: list[tuple[str, str, str]] = []
+    for m in models:
+        refs = m.get("providers") or []
+        up = [r for r in refs if r.get("status") == "available"]
+        rows.append(
+            (
+                str(m.get("id", "")),
+                f"yes ({len(up)}/{len(refs)} providers)" if up else "no",
+                ", ".join(_ref(r) for r in refs) or "-",
+            )
+        )
+    for r in routes:
+        where = f"node {r['node_id']}" if r.get("node_id") else "the single ready node"
+        rows.append(
+            (
+                str(r.get("model", "")),
+                "yes" if r.get("available") else "no",
+                f"direct route: {r.get('adapter', '')} {r.get('target', '')} on {where}",
+            )
+        )
+    return table(("MODEL", "AVAILABLE", "PROVIDERS"), rows)
+
+
+def _ref(ref: dict[str, Any]) -> str:
+    text = str(ref.get("provider_id", ""))
+    if ref.get("target"):
+        text += f" ({ref['target']})"
+    status = ref.get("status")
+    if status and status != "available":
+        text += f" [{status}]"
+    return text
 
 
 def _cluster(view: dict[str, Any]) -> list[str]:

@@ -49,6 +49,13 @@ _COLUMNS = (
     ("reasoning_tokens", "REASONING"),
 )
 
+#: What ``--json`` prints (a row's keys are :class:`~iop.usage.query.Totals`' fields and cost).
+JSON_DOCUMENT = (
+    '{"complete": bool, "edges": [{"admin", "edge"}], "unreachable": [{"admin", "error"}], '
+    '"query": {"key", "team", "model", "since", "until", "by"}, "rows": [{"group", "currency", '
+    '"requests", "input_tokens", ..., "cost_micros", "cost", "unpriced", "unreported"}]}'
+)
+
 #: Now, in Unix seconds: what a relative ``--since 7d`` counts back from.
 now: Callable[[], float] = time.time
 
@@ -80,7 +87,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--until", metavar="WHEN", help="until, excluded (same forms)")
     parser.add_argument("--by", choices=GROUPINGS, help="one row per key, team, model or day")
     form = parser.add_mutually_exclusive_group()
-    form.add_argument("--json", action="store_true", help="print the merged answer as JSON")
+    form.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print one JSON object instead: {JSON_DOCUMENT}".replace("%", "%%"),
+    )
     form.add_argument("--csv", action="store_true", help="print the rows as CSV")
     parser.set_defaults(run=run_usage)
 

@@ -47,6 +47,13 @@ class NodeEvent:
     outcome: str = ""
 
 
+#: What the metrics and the console count a request under when it named no configured model
+#: (``RequestFinished.model`` is ""): none named, a body that could not be read, a model the Edge
+#: does not have, or a route without a model (``GET /v1/models``). A named bucket rather than an
+#: empty label, so that a per-model alert or panel sees these requests too.
+NO_MODEL = "(none)"
+
+
 @dataclass(frozen=True)
 class RequestFinished:
     """
@@ -58,11 +65,14 @@ class RequestFinished:
     Every string is from a bounded set, so it may be a metric label: ``surface`` (``openai``,
     ``anthropic``, ``admin``); ``operation`` (``chat``, ``responses``, ``messages``,
     ``count_tokens``, ``models``, ``run``, ``tunnel``, ``unrouted``); ``model``, ``provider_id``,
-    ``node_id``, ``target`` from the config (empty until the request named a configured model /
-    was placed — a client's unknown model name never appears); ``outcome``: ``complete``,
-    ``error``, ``cancelled`` (the work was cancelled, e.g. the client left) or ``refused`` (no
-    work was sent: a 4xx/5xx before placement or dispatch); ``error_code``: the error's machine
-    code in the surface's error body ("" on success; codes are IOP's own vocabulary).
+    ``node_id``, ``target`` from the config (``model`` is set as soon as the request named a
+    configured model or direct route, so a request refused after that — by its key's scope, a
+    limit, a bad field, no node for its route — counts under its model; the others are "" until
+    placed — a client's unknown model name never appears: :data:`NO_MODEL`); ``outcome``:
+    ``complete``, ``error``, ``cancelled`` (the work was cancelled, e.g. the client left) or
+    ``refused`` (no work was sent: a 4xx/5xx before placement or dispatch); ``error_code``: the
+    error's machine code in the surface's error body ("" on success; codes are IOP's own
+    vocabulary).
     ``status`` is the HTTP status sent (0 when the client left before any status was sent).
 
     Times are seconds: ``duration`` from the request's arrival at the handler to its end;

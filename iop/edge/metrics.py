@@ -18,7 +18,9 @@ Two sources, each exact:
   provider, node, operation, surface, status and outcome; its duration, time to first token and
   time per output token on the OpenTelemetry GenAI server metrics; its wait for a provider;
   its token usage by type (what the provider reported; a request without reported usage
-  observes nothing); its error code when it failed — and node lifecycle events by kind. The
+  observes nothing); its error code when it failed, by surface and operation
+  (``iop_client_errors``) and by model, provider and node (``iop_request_errors``, so a per-model
+  or per-provider alert sees why) — and node lifecycle events by kind. The
   bus drops events for a subscriber that falls far behind;
   ``iop_event_bus_dropped_events_total`` counts those, so a counter that is short says so.
 
@@ -28,7 +30,12 @@ prices, from the request's record; and each budget's limit, use and what remains
 (``iop_key_budget_*``, :class:`BudgetCollector`).
 
 Labels are bounded: model, provider, node, client key and team names from the config, outcome,
-token type and event kind from fixed sets. Never a key's secret, a token or free text.
+token type and event kind from fixed sets. Never a key's secret, a token or free text. A request
+that named no configured model (none, an unreadable body, a model the Edge does not have) counts
+under ``model="(none)"`` (:data:`~iop.edge.events.NO_MODEL`), never under an empty label: a
+refused or failed request still has a model to alert on. A request refused after it named a
+configured model or direct route (its key's scope, a limit, no node for the route) counts under
+that model.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred
 
 from iop.config.model import MICROS_PER_UNIT
-from iop.edge.events import NodeEvent, NodeEventKind, RequestFinished
+from iop.edge.events import NO_MODEL, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.registry import OwnershipState
 
 # The OpenTelemetry GenAI semantic conventions' bucket boundaries for each histogram.
@@ -356,6 +363,13 @@ class EdgeMetrics:
             ["surface", "operation", "status", "code"],
             registry=registry,
         )
+        self._request_errors = Counter(
+            "iop_request_errors",
+            "Client requests answered with an error status, by model, provider, node and the "
+            "error's code (provider and node empty when it was never placed).",
+            ["model", "provider", "node", "code"],
+            registry=registry,
+        )
         self._duration = Histogram(
             "gen_ai_server_request_duration_seconds",
             "Generation requests: arrival to the end of the response.",
@@ -447,19 +461,16 @@ class EdgeMetrics:
             self._node_events.labels(kind=_node_event_kind(event.kind)).inc()
 
     def _request_finished(self, event: RequestFinished) -> None:
-        where = (event.model, event.provider_id, event.node_id, event.operation, event.surface)
+        model = event.model or NO_MODEL
+        where = (model, event.provider_id, event.node_id, event.operation, event.surface)
         status = str(event.status)
         self._child(self._requests, *where, status, event.outcome).inc()
         if event.status >= 400:
-            self._child(
-                self._client_errors,
-                event.surface,
-                event.operation,
-                status,
-                event.error_code or "none",
-            ).inc()
+            code = event.error_code or "none"
+            self._child(self._client_errors, event.surface, event.operation, status, code).inc()
+            self._child(self._request_errors, model, event.provider_id, event.node_id, code).inc()
         if event.queue_wait is not None:
-            self._child(self._queue_wait, event.model).observe(event.queue_wait)
+            self._child(self._queue_wait, model).observe(event.queue_wait)
         if event.operation not in GENERATE_OPERATIONS:
             return
         if event.key:
@@ -480,7 +491,7 @@ class EdgeMetrics:
             "reasoning": usage.reasoning_tokens,
             "cached_input": usage.cached_input_tokens,
         }
-        labels = (event.model, event.provider_id, event.node_id)
+        labels = (model, event.provider_id, event.node_id)
         for token_type, count in counts.items():
             if count is not None:
                 self._child(self._tokens, *labels, token_type).observe(count)

@@ -27,7 +27,9 @@ node, or a managed node with other keys, would register, look healthy and then f
 request; it is refused instead with ``REGISTER_REJECT_LEASE_SUPPORT`` (fatal for the node).
 
 Every refusal that names a node is remembered as that node's last refusal
-(:meth:`NodeRegistry.last_refusal`: code, reason, time), which ``/status`` shows.
+(:meth:`NodeRegistry.last_refusal`: code, reason, time), which ``/status`` shows; so is when a
+ready node went away (:meth:`NodeRegistry.down_since`, forgotten once it is ready again), so
+that an operator reads "down since 14:02" rather than only "disconnected".
 
 Ready is ordered here, in :meth:`NodeRegistry.ready` alone: decide, *acknowledge* (the transport
 writes ``NodeReadyResponse``), and only then mark the node ready and tell the observers, whose
@@ -302,6 +304,8 @@ class NodeRegistry:
         self._last_identity: dict[str, IdentityCheck] = {}
         self._identity_refusals: dict[str, int] = {}
         self._last_refusal: dict[str, RegistrationRefusal] = {}
+        # Per node id: when its last ready connection went away (cleared when it is ready again).
+        self._down_since: dict[str, float] = {}
         self._registrations: dict[str, int] = {}
         self._reconnects: dict[str, int] = {}
         self._fences: dict[str, int] = {}
@@ -373,6 +377,13 @@ class NodeRegistry:
         """``node_id``'s last refused registration for status (None: none since start)."""
         refusal = self._last_refusal.get(node_id)
         return refusal.as_status() if refusal is not None else None
+
+    def down_since(self, node_id: str) -> float | None:
+        """When ``node_id``'s last ready connection went away, while it is not ready again
+        (None: ready now, or never ready since the Edge started)."""
+        if self.is_ready(node_id):
+            return None
+        return self._down_since.get(node_id)
 
     def stats(self) -> RegistryStats:
         """The registration, reconnect, fence and refusal counters now."""
@@ -486,6 +497,7 @@ class NodeRegistry:
             # The acknowledgement lost the connection on the spot: nothing became ready.
             return ReadyOutcome(False, "connection closed while acknowledging ready")
         owner.state = OwnershipState.READY
+        self._down_since.pop(node_id, None)
         for observer in self._observers:
             observer.node_ready(node_id, owner.generation)
         self.log.info("node {node_id} ready", node_id=node_id)
@@ -502,6 +514,7 @@ class NodeRegistry:
         del self._owners[owner.node_id]
         if owner.state is OwnershipState.READY:
             self._fences[owner.node_id] = self._fences.get(owner.node_id, 0) + 1
+            self._down_since[owner.node_id] = self._clock.seconds()
             for observer in self._observers:
                 observer.node_fenced(owner.node_id, owner.generation)
             self.log.info(

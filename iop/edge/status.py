@@ -12,7 +12,16 @@ the registry recorded of its client certificate (:meth:`~iop.edge.registry.NodeR
 workload names and the check's outcome, never key material; ``last_refusal`` is its last refused
 registration since the Edge started (``{"code", "reason", "at_unix_ms"}``, the code one of the
 registry's reject reasons, e.g. ``lease_support`` for a node that cannot verify managed leases),
-or null.
+or null; ``down_since_unix_ms`` is when a node that is not ready now lost its last ready
+connection (null while it is ready, and for a node not ready once since the Edge started: the
+Edge cannot know since when a node it never saw is down).
+
+``models`` are the client models of ``models[]``, each with its providers in the config's order,
+each provider's ``status`` as in ``providers`` and the model's ``available``: whether one of
+them can take a request now; ``routes`` are the direct routes (``openai.model_routes[]``), each
+with the node it is pinned to (null: the single ready node) and ``available``: whether that node
+is ready (unpinned: whether exactly one node is, as the route resolver requires). Together
+they are every model a client may name.
 
 In a cluster (``cluster:`` in edge.yaml) each provider's counters are this Edge's own leases
 and waiters, and ``cluster`` is the view across Edges
@@ -35,6 +44,8 @@ class ILiveNodes(Protocol):
     def identity(self, node_id: str) -> dict[str, Any]: ...
 
     def last_refusal(self, node_id: str) -> dict[str, Any] | None: ...
+
+    def down_since(self, node_id: str) -> float | None: ...
 
 
 class ProviderCounters(Protocol):
@@ -65,6 +76,7 @@ def snapshot(
     provider_entries: list[dict[str, Any]] = []
     for node in config.nodes:
         ready = nodes.is_ready(node.id)
+        down_since = nodes.down_since(node.id)
         node_entries.append(
             {
                 "id": node.id,
@@ -73,6 +85,7 @@ def snapshot(
                 "state": nodes.state(node.id),
                 "identity": nodes.identity(node.id),
                 "last_refusal": nodes.last_refusal(node.id),
+                "down_since_unix_ms": None if down_since is None else int(down_since * 1000),
                 "providers": [p.id for p in node.providers],
             }
         )
@@ -82,19 +95,44 @@ def snapshot(
         "edge": {"id": config.id, "mode": config.security.mode},
         "nodes": node_entries,
         "providers": provider_entries,
-        "models": [
-            {
-                "id": m.id,
-                "providers": [
-                    {"provider_id": ref.provider_id, "target": ref.target} for ref in m.providers
-                ],
-            }
-            for m in config.models
-        ],
+        "models": _models(config, provider_entries),
+        "routes": _routes(config, nodes),
     }
     if cluster is not None:
         status["cluster"] = cluster
     return status
+
+
+def _models(config: EdgeConfig, providers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    status = {p["id"]: p["status"] for p in providers}
+    models: list[dict[str, Any]] = []
+    for m in config.models:
+        refs = [
+            {
+                "provider_id": ref.provider_id,
+                "target": ref.target,
+                "status": status.get(ref.provider_id, "unavailable"),
+            }
+            for ref in m.providers
+        ]
+        available = any(ref["status"] == "available" for ref in refs)
+        models.append({"id": m.id, "available": available, "providers": refs})
+    return models
+
+
+def _routes(config: EdgeConfig, nodes: ILiveNodes) -> list[dict[str, Any]]:
+    # An unpinned route runs on the single ready node (iop.edge.routes.RouteResolver).
+    one_ready = sum(nodes.is_ready(n.id) for n in config.nodes) == 1
+    return [
+        {
+            "model": r.model,
+            "node_id": r.node_id,
+            "adapter": r.adapter,
+            "target": r.target,
+            "available": nodes.is_ready(r.node_id) if r.node_id is not None else one_ready,
+        }
+        for r in config.model_routes
+    ]
 
 
 def _provider_entry(

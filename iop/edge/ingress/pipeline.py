@@ -192,6 +192,9 @@ class Pipeline:
         if record is not None and principal is not None:
             record.authenticated(principal.name, principal.team)
         call = self.decode(request, codec)
+        if record is not None and call.model in self._gateway.model_ids():
+            # Whatever refuses it from here on, the request counts under the model it named.
+            record.model = call.model
         self.admit(principal, call.model)
         self.require(call.model)
         policy = self._gateway.model(call.model)

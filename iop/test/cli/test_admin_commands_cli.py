@@ -111,15 +111,17 @@ class StatusCommandTests(SynchronousTestCase):
             [
                 "edge edge-1 (mode: legacy)",
                 "",
-                "NODE    STATE         CONNECTED  IDENTITY  PROVIDERS",
-                "node-a  ready         yes        ok        a-chat",
-                "node-b  disconnected  no         -         -",
+                "NODE    STATE         SINCE            IDENTITY  PROVIDERS",
+                "node-a  ready         -                ok        a-chat",
+                "node-b  disconnected  never connected  -         -",
                 "",
-                "PROVIDER  NODE    ADAPTER        STATUS     HEALTH   CAPACITY  IN_FLIGHT  QUEUED"
-                "  MODELS",
-                "a-chat    node-a  openai_compat  available  healthy  4/1       2/0        3/1"
-                "     m1,m2",
-                "(capacity, in_flight, queued: all/long)",
+                "NODE    PROVIDER  ADAPTER        MODEL(S)  STATUS     HEALTH   "
+                "IN FLIGHT/CAPACITY  LONG  QUEUED",
+                "node-a  a-chat    openai_compat  m1,m2     available  healthy  "
+                "2/4                 0/1   3 (1 long)",
+                "(LONG: long-prompt leases in flight/capacity; -: takes no requests now)",
+                "",
+                "no client models configured",
             ],
         )
         self.assertEqual(self.admin.calls, [("GET", f"{ADMIN}/status", None)])
@@ -138,7 +140,7 @@ class StatusCommandTests(SynchronousTestCase):
         self.admin.answer(f"{ADMIN}/status", {**STATUS, "cluster": cluster})
         lines = run(["status"]).out.splitlines()
         self.assertEqual(
-            lines[lines.index("(capacity, in_flight, queued: all/long)") + 1 :],
+            lines[lines.index("no client models configured") + 1 :],
             [
                 "",
                 "cluster: this Edge is edge-1, Redis up, lease TTL 10.0s, 2 leases held here, "
@@ -206,7 +208,15 @@ class StatusCommandTests(SynchronousTestCase):
         )
         self.assertEqual(
             run(["status"]).out.splitlines(),
-            ["edge e (mode: managed)", "", "no nodes configured", "", "no providers configured"],
+            [
+                "edge e (mode: managed)",
+                "",
+                "no nodes configured",
+                "",
+                "no providers configured",
+                "",
+                "no client models configured",
+            ],
         )
 
 

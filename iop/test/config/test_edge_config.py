@@ -856,6 +856,9 @@ class ExampleFileTests(EdgeConfigTestMixin, SynchronousTestCase):
             raise self.skipTest("etc/iop/edge.yaml is not in this tree")
         shutil.copy(example, os.path.join(self.base, "edge.yaml"))
         self.write("secrets/build-c.token", "token-build-c\n")
+        # The example names the files `iop pki issue-edge edge.iop.internal` writes.
+        for name in ("edge.iop.internal.crt", "edge.iop.internal.key"):
+            self.write(os.path.join("pki", name), "PEM\n")
         environ = {
             "IOP_NODE_GPU_A_TOKEN": "token-gpu-a",
             "IOP_VLLM_API_KEY": "k1",

@@ -22,6 +22,7 @@
     status: null,
     connectedSince: {},      // node id -> Edge time (s) it became ready
     totals: {},              // model -> {requests, errors} since the Edge started
+    lastErrors: {models: {}, providers: {}},  // -> {at, status, code, ...} of the last error
     requests: [],            // the last requests, oldest first
     window: [],              // every request of the last HISTORY_SEC, for the rates
     nodeEvents: [],          // the last node events, oldest first
@@ -219,6 +220,8 @@
   function onSnapshot(s) {
     state.connectedSince = s.connected_since || {};
     state.totals = s.models || {};
+    const last = s.last_errors || {};
+    state.lastErrors = {models: last.models || {}, providers: last.providers || {}};
     state.requests = (s.requests || []).slice(-KEEP_REQUESTS);
     state.window = state.requests.slice();
     state.nodeEvents = (s.node_events || []).slice(-KEEP_NODE_EVENTS);
@@ -228,7 +231,16 @@
     if (r.at) state.skew = now() - r.at;
     const totals = state.totals[r.model] || (state.totals[r.model] = {requests: 0, errors: 0});
     totals.requests += 1;
-    if (isError(r)) totals.errors += 1;
+    if (isError(r)) {
+      totals.errors += 1;
+      // As the Edge's memory words it (payload.error_reason): the code, else how it ended,
+      // else "upstream" (the provider's own error answer, relayed).
+      const ended = r.outcome && r.outcome !== "complete" ? r.outcome : "upstream";
+      const reason = {at: r.at, status: r.status || 0, code: r.error_code || ended,
+        model: r.model, provider_id: r.provider_id, node_id: r.node_id};
+      state.lastErrors.models[r.model] = reason;
+      if (r.provider_id) state.lastErrors.providers[r.provider_id] = reason;
+    }
     state.requests.push(r);
     if (state.requests.length > KEEP_REQUESTS) state.requests.shift();
     state.window.push(r);
@@ -278,15 +290,30 @@
       (identity.refusals ? " · " + identity.refusals + " refused" : "");
   }
 
+  // A last error as a person reads it: "503 provider_busy, 12:03:04 (2m ago)".
+  function errorText(e) {
+    if (!e) return "";
+    return [e.status || "", e.code].filter(Boolean).join(" ") +
+      (e.at ? ", " + clock(e.at) + " (" + ago(e.at) + ")" : "");
+  }
+
+  // Ready: since when; not ready: since when it is down (the registry's time, in ms), or that
+  // it has not been ready since the Edge started.
+  function sinceText(n) {
+    const since = state.connectedSince[n.id];
+    if (n.connected) return since ? clock(since) + " (" + ago(since) + ")" : "";
+    const down = n.down_since_unix_ms;
+    if (down === null || down === undefined) return "never connected";
+    return "down since " + clock(down / 1000) + " (" + ago(down / 1000) + ")";
+  }
+
   function renderNodes(s) {
     replace($("nodes").tBodies[0], (s.nodes || []).map((n) => {
       const tr = el("tr", null, {"data-node-id": n.id, "data-state": n.state});
       tr.append(cell("id", n.alias ? n.id + " (" + n.alias + ")" : n.id));
       tr.append(cell("state", n.state, n.state === "ready" ? "good" :
         n.state === "pending" ? "warn" : "bad"));
-      const since = state.connectedSince[n.id];
-      tr.append(cell("connected_since", n.connected && since
-        ? clock(since) + " (" + ago(since) + ")" : ""));
+      tr.append(cell("connected_since", sinceText(n), n.connected ? "" : "bad"));
       const identity = n.identity || {};
       tr.append(cell("identity", identityText(identity),
         identity.checked ? (identity.ok ? "good" : "bad") : ""));
@@ -308,6 +335,8 @@
       tr.append(cell("queued", p.queued, "num"));
       const mine = (r) => r.provider_id === p.id && r.node_id === p.node_id;
       tr.append(cell("rate", recent(RATE_WINDOW_SEC, mine).length, "num"));
+      const lastError = state.lastErrors.providers[p.id];
+      tr.append(cell("last_error", errorText(lastError), lastError ? "bad" : ""));
       const chart = el("td", null, {"data-field": "chart"});
       chart.append(drawChart(p, mine));
       tr.append(chart);
@@ -348,13 +377,31 @@
     return svg;
   }
 
+  // Whether a client model can be served now, from /status: models[] by their providers,
+  // direct routes by their node.
+  function availability(s) {
+    const out = {};
+    for (const m of (s && s.models) || []) {
+      const refs = m.providers || [];
+      const up = refs.filter((r) => r.status === "available").length;
+      out[m.id] = [up > 0, up ? `yes (${up}/${refs.length})` : "no"];
+    }
+    for (const r of (s && s.routes) || []) {
+      out[r.model] = [r.available, (r.available ? "yes" : "no") + " (direct route)"];
+    }
+    return out;
+  }
+
   function renderModels(s) {
     const models = new Set(Object.keys(state.totals));
-    for (const m of (s && s.models) || []) models.add(m.id);
+    const available = availability(s);
+    for (const m of Object.keys(available)) models.add(m);
     replace($("models").tBodies[0], [...models].sort().map((model) => {
       const totals = state.totals[model] || {requests: 0, errors: 0};
       const tr = el("tr", null, {"data-model": model});
-      tr.append(cell("model", model || "(no model)"));
+      tr.append(cell("model", model || "(none)"));
+      const [up, text] = available[model] || [true, ""];
+      tr.append(cell("available", text, up ? "" : "bad"));
       tr.append(cell("requests", totals.requests, "num"));
       tr.append(cell("errors", totals.errors, totals.errors ? "num bad" : "num"));
       const mine = (r) => r.model === model;
@@ -364,6 +411,8 @@
       const last = state.requests.filter(mine).pop();
       tr.append(cell("last_status", last ? (last.status || last.outcome) : "",
         last && isError(last) ? "bad" : ""));
+      const lastError = state.lastErrors.models[model];
+      tr.append(cell("last_error", errorText(lastError), lastError ? "bad" : ""));
       return tr;
     }));
   }
