@@ -146,7 +146,8 @@ def run_issue_edge(args: argparse.Namespace, report: Report) -> None:
     report.wrote(
         files.cert_file,
         f"server certificate for {args.name} (serverAuth), signed by {ca_cert}, valid until "
-        f"{_until(files)}",
+        f"{_until(files)}; followed by the CA certificate (the Edge presents it: nodes that join "
+        "with a join string check its pin)",
     )
     report.wrote(files.key_file, "its private key, mode 0600 (stays on the Edge)")
     report.goes("edge.yaml", "node_transport.tls.cert_file", files.cert_file)
