@@ -4,9 +4,19 @@ TLS for the Edge-Node socket.
 
 - :func:`server_context_factory` builds the Edge listener's TLS options from PEM files; with a
   client CA configured it requires and verifies Node client certificates (mTLS).
-- :func:`client_connection_creator` builds what a Node dials with: it verifies that the Edge
-  certificate chains to the configured CA *and* carries the configured workload name (a DNS-ID,
-  checked by ``service_identity``, independent of the address dialled).
+- :func:`client_connection_creator` builds what a Node dials with (an :class:`EdgeTLSCreator`):
+  it verifies that the Edge certificate chains to the configured CA *and* carries the configured
+  workload name (a DNS-ID, checked by ``service_identity``, independent of the address dialled).
+  Instead of a CA file the node may know only the CA's pin (:func:`ca_pin`: the SHA-256 of its
+  SubjectPublicKeyInfo, what a join string carries): then the Edge must present its CA after its
+  certificate, and :func:`verify_pinned_chain` accepts the chain only if a certificate in it has
+  the pinned key and the leaf is issued under it, valid now, for serverAuth, with the name. Both
+  checks run in OpenSSL's verify callback, so a refused Edge never receives a byte from the node
+  (its token), and the handshake ends with an alert the Edge counts. Why the node refused
+  (:class:`EdgeRefused`: :class:`CAPinMismatch`, :class:`EdgeNameMismatch` with the names the
+  certificate carries and the flag to change, :class:`EdgeCertificateRefused`) is one plain line
+  the node's ``connectionLost`` gets from :func:`edge_refusal`; :func:`not_tls_answer` tells a
+  peer that answered with something not TLS (an HTTP listener).
 - :func:`verify_peer_workload` checks that an already CA-verified peer certificate (a Node's
   client certificate, read after the handshake with :func:`peer_certificate`) carries an exact
   workload name.
