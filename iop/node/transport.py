@@ -504,6 +504,8 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         )
         self._connection = _ConnectionMachine(self._core)
         self._disconnected = False
+        # Whether the peer has sent a byte (after TLS: of application data) on this connection.
+        self._answered = False
         self._disconnect_waiters: list[Deferred[None]] = []
 
     # -- connection --------------------------------------------------------------------------
@@ -527,6 +529,16 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         waiters, self._disconnect_waiters = self._disconnect_waiters, []
         for waiter in waiters:
             waiter.callback(None)
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._answered:
+            self._answered = True
+            if data.startswith(b"HTTP/"):
+                # An HTTP listener's answer to our frame: not an Edge node listener.
+                error: _Failed = not_an_edge(self.peer(), "it answered HTTP")
+                self._connection.abort("an HTTP answer", error)
+                return
+        super().dataReceived(data)
 
     def when_disconnected(self) -> Deferred[None]:
         """A new Deferred, fired with ``None`` once this connection is lost."""
@@ -635,7 +647,7 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         tls = ISSLTransport(self.transport, None)
         if tls is not None and tls.getPeerCertificate() is None:
             # Connected, and not even a TLS answer: not an Edge's node listener (an HTTP
-            # listener waits for a request line that never comes).
+            # listener waits for a request line that never comes; an Edge answers at once).
             error: _Failed = not_an_edge(
                 self.peer(),
                 f"it accepted the connection but sent no TLS answer in "

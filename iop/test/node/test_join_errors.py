@@ -12,9 +12,12 @@ import os
 import tempfile
 
 from OpenSSL import SSL
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, formatEvent
 from twisted.python import usage
 from twisted.python.failure import Failure
@@ -196,3 +199,23 @@ class JoinOptionsTests(SynchronousTestCase):
             ).node_config.reconnect.max_attempts,
             1,
         )
+
+
+class HTTPAnswerTests(SynchronousTestCase):
+    def test_http_answer_to_a_frame(self) -> None:
+        """A plaintext node pointed at an HTTP listener: its 400 answer is no frame."""
+        clock = Clock()
+        protocol = EdgeConnectionFactory(clock).buildProtocol(None)
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 8081))
+        protocol.makeConnection(transport)
+        d = protocol.handshake(TOKEN, clock, 10)
+        protocol.dataReceived(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+        failure = self.failureResultOf(d, NotAnEdgeError)
+        self.assertEqual(
+            failure.getErrorMessage(),
+            "127.0.0.1:8081 is not an IOP Edge node listener (it answered HTTP): is it "
+            "listen.admin or the client port? Dial the Edge's listen.nodes address",
+        )
+        self.assertTrue(transport.disconnecting)
+        protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(clock.getDelayedCalls(), [])
