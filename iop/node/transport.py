@@ -289,7 +289,7 @@ def _make_connection_machine() -> Callable[[_Core], _Connection]:
 
     @dialing.upon(_Connection.handshake).to(registering)
     def register(c: _Connection, s: _Core, token: str) -> Deferred[NodeSession]:
-        s.log.debug(
+        s.log.info(
             "registering with edge {peer}",
             peer=s.wire.peer(),
             node_version=s.node_version,
