@@ -9,9 +9,18 @@ private key and the Edge's lease-issuer public key; those files are only checked
 be readable here (the node parses them when it starts).
 
 :func:`node_config_from_flags` builds the same configuration from ``twistd iop-node``'s
-one-line join flags (``--edge HOST:PORT --token-file F --ca-file F``...): the flags become the
-node.yaml document they stand for and go through :func:`parse_node_config`, so defaults and
-validation are node.yaml's; every issue is reported under the flag that caused it.
+one-line join flags (``--join STRING``, or ``--edge HOST:PORT --token-file F --ca-file F``...):
+the flags become the node.yaml document they stand for and go through :func:`parse_node_config`,
+so defaults and validation are node.yaml's; every issue is reported under the flag that caused
+it. A join string (:mod:`iop.config.join`) stands for ``edge:``/``edges:``, the token and
+``edge.ca_sha256``, the pin of the Edge's CA, which node.yaml also takes instead of
+``ca_file``.
+
+The Edge's workload name defaults to :data:`DEFAULT_JOIN_SERVER_NAME` (``edge.iop.internal``)
+whichever way the node is configured. node.yaml used to default it to ``host``; a node whose name
+is left to its default accepts a certificate naming the dialled host as well
+(``ClientTLS.host_name``), so a node.yaml written for the old default keeps working, while the
+flags, a join string and node.yaml now agree on one default.
 
 A node dials one Edge (``edge:``) or several (``edges:``, a list of 1..16 mappings with
 ``edge:``'s keys, each checked the same way; repeated or comma-separated ``--edge``). Exactly one

@@ -133,15 +133,16 @@ class Options(usage.Options):
             "server-name",
             None,
             None,
-            f"With --edge: the Edge's workload name (default {DEFAULT_JOIN_SERVER_NAME}).",
+            "With --edge or --join: the Edge's workload name (default"
+            f" {DEFAULT_JOIN_SERVER_NAME}, or the join string's).",
         ],
-        ["cert-file", None, None, "With --edge: this node's client certificate (mTLS)."],
-        ["key-file", None, None, "With --edge: the client certificate's private key."],
+        ["cert-file", None, None, "With --edge or --join: this node's client certificate (mTLS)."],
+        ["key-file", None, None, "With --edge or --join: the client certificate's private key."],
         [
             "store",
             None,
             None,
-            f"With --edge: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
+            f"With --edge or --join: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
         ],
         *LOG_FLAGS,
     ]
