@@ -289,3 +289,15 @@ def test_connection_refused_retries_per_reconnect(cluster: Cluster, edge_yaml: P
     assert output.count("attempt 1 failed: ") == 1, output
     assert "giving up after 2 consecutive failed attempts" in output
     assert "Scheduling retry" not in output
+
+
+def test_client_port_is_not_a_node_listener(cluster: Cluster, edge_yaml: Path) -> None:
+    join = added(cluster, edge_yaml)
+    cluster.start_edge()
+    client = encode(JoinString((f"127.0.0.1:{cluster.client_port}",), join.token, join.ca_pin))
+    node = run_line(cluster, f"twistd -n iop-node --join {client}")
+    code, took = exits_at_once(node)
+    assert (code, took < AT_ONCE_SEC) == (1, True), node.output()
+    assert giving_up_line(node).startswith(
+        f"127.0.0.1:{cluster.client_port} is not an IOP Edge node listener ("
+    )
