@@ -4,7 +4,8 @@
 
 - ``iop pki init [--dir DIR] [--name NAME]``: a CA, ``DIR/ca.crt`` and ``DIR/ca.key``;
 - ``iop pki issue-edge NAME``: the Edge's server certificate for workload name NAME,
-  ``DIR/NAME.crt`` and ``DIR/NAME.key``;
+  ``DIR/NAME.crt`` (followed by the CA's certificate: the Edge presents it, and a node joining
+  with a join string checks it by its pin) and ``DIR/NAME.key``;
 - ``iop pki issue-node NODE_ID [--trust-domain D]``: a node's client certificate for
   ``NODE_ID.node.D``, ``DIR/NODE_ID.crt`` and ``DIR/NODE_ID.key``.
 
@@ -158,13 +159,18 @@ def run_issue_edge(args: argparse.Namespace, report: Report) -> None:
     report.wrote(
         files.cert_file,
         f"server certificate for {args.name} (serverAuth), signed by {ca_cert}, valid until "
-        f"{_until(files)}",
+        f"{_until(files)}; followed by the CA certificate (the Edge presents it: nodes that join "
+        "with a join string check its pin)",
     )
     report.wrote(files.key_file, "its private key, mode 0600 (stays on the Edge)")
     report.goes("edge.yaml", "node_transport.tls.cert_file", files.cert_file)
     report.goes("edge.yaml", "node_transport.tls.key_file", files.key_file)
     report.goes(
         "node.yaml", "edge.server_name", args.name, "every node checks the Edge carries this name"
+    )
+    report.note(
+        "Next, for each node: iop node add NODE_ID --edge HOST:PORT prints its edge.yaml entry "
+        "and the one line that joins it (no CA file on the node: it checks this CA by its pin)."
     )
 
 

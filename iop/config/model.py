@@ -111,11 +111,18 @@ class ServerTLS:
 class ClientTLS:
     """How a node verifies its Edge."""
 
+    # The CA that issued the Edge's certificate ("" when ca_pin stands for it).
     ca_file: str
     # The workload name the Edge's certificate must carry (DNS-ID), e.g. "edge.iop.internal".
     server_name: str
     cert_file: str | None = None
     key_file: str | None = None
+    # Instead of ca_file: "sha256:<hex>" of the Edge CA's SubjectPublicKeyInfo; the CA comes in
+    # the chain the Edge presents (a join string's pin, node.yaml edge.ca_sha256).
+    ca_pin: str | None = None
+    # When server_name was left to its default: the dialled host, accepted as the Edge's name too
+    # (node.yaml's server_name once defaulted to it).
+    host_name: str | None = None
 
 
 # ---------------------------------------------------------------------------------------------

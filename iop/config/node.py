@@ -9,9 +9,18 @@ private key and the Edge's lease-issuer public key; those files are only checked
 be readable here (the node parses them when it starts).
 
 :func:`node_config_from_flags` builds the same configuration from ``twistd iop-node``'s
-one-line join flags (``--edge HOST:PORT --token-file F --ca-file F``...): the flags become the
-node.yaml document they stand for and go through :func:`parse_node_config`, so defaults and
-validation are node.yaml's; every issue is reported under the flag that caused it.
+one-line join flags (``--join STRING``, or ``--edge HOST:PORT --token-file F --ca-file F``...):
+the flags become the node.yaml document they stand for and go through :func:`parse_node_config`,
+so defaults and validation are node.yaml's; every issue is reported under the flag that caused
+it. A join string (:mod:`iop.config.join`) stands for ``edge:``/``edges:``, the token and
+``edge.ca_sha256``, the pin of the Edge's CA, which node.yaml also takes instead of
+``ca_file``.
+
+The Edge's workload name defaults to :data:`DEFAULT_JOIN_SERVER_NAME` (``edge.iop.internal``)
+whichever way the node is configured. node.yaml used to default it to ``host``; a node whose name
+is left to its default accepts a certificate naming the dialled host as well
+(``ClientTLS.host_name``), so a node.yaml written for the old default keeps working, while the
+flags, a join string and node.yaml now agree on one default.
 
 A node dials one Edge (``edge:``) or several (``edges:``, a list of 1..16 mappings with
 ``edge:``'s keys, each checked the same way; repeated or comma-separated ``--edge``). Exactly one
@@ -39,6 +48,7 @@ from iop.config.errors import (
     as_section,
     read_yaml_file,
 )
+from iop.config.join import DEFAULT_SERVER_NAME, JoinString, check_pin
 from iop.config.logs import logging_section
 from iop.config.model import (
     DEFAULT_LEASE_CLOCK_SKEW_SEC,
@@ -46,7 +56,6 @@ from iop.config.model import (
     DEFAULT_RECONNECT_INTERVAL_SEC,
     DEFAULT_RECONNECT_MAX_ATTEMPTS,
     DEFAULT_STORE_PATH,
-    DEFAULT_TRUST_DOMAIN,
     SECURITY_MODES,
     ClientTLS,
     EdgeAddress,
@@ -77,11 +86,13 @@ _EDGE_ONLY_KEYS = {
 }
 
 
-# The Edge workload name a flag-joined node checks unless --server-name says otherwise: `edge.`
-# and the default trust domain, the name the examples give the Edge's certificate (`iop pki
-# issue-edge edge.iop.internal`). That certificate names the Edge's workload, not the DNS host or
-# address a node dials, so the host is not a useful default here.
-DEFAULT_JOIN_SERVER_NAME = f"edge.{DEFAULT_TRUST_DOMAIN}"
+# The Edge workload name a node checks unless --server-name or edge.server_name says otherwise,
+# the same for node.yaml, the flags and a join string: `edge.` and the default trust domain, the
+# name the examples give the Edge's certificate (`iop pki issue-edge edge.iop.internal`). That
+# certificate names the Edge's workload, not the DNS host or address a node dials. node.yaml once
+# defaulted to `host`: so that such configs keep working, a node whose server name is defaulted
+# also accepts a certificate naming the host it dials (ClientTLS.host_name).
+DEFAULT_JOIN_SERVER_NAME = DEFAULT_SERVER_NAME
 
 # node.yaml path -> the join flag that sets it.
 _FLAG_OF_PATH = {
@@ -90,6 +101,7 @@ _FLAG_OF_PATH = {
     "edge.port": "--edge",
     "edge.server_name": "--server-name",
     "edge.ca_file": "--ca-file",
+    "edge.ca_sha256": "--join",
     "edge.cert_file": "--cert-file",
     "edge.key_file": "--key-file",
     "token_file": "--token-file",
@@ -125,38 +137,58 @@ def split_host_port(value: str) -> tuple[str, str]:
     return host, port
 
 
+# The environment variable a join string's token is handed to node.yaml's `token: ${VAR}` under
+# (only in the mapping node_config_from_flags parses with, never in the process's environment).
+_JOIN_TOKEN_VAR = "IOP_JOIN_TOKEN"
+
+
 def node_config_from_flags(
     *,
-    edge: str | Sequence[str],
+    edge: str | Sequence[str] | None,
     token_file: str | None,
     ca_file: str | None,
     server_name: str | None = None,
     cert_file: str | None = None,
     key_file: str | None = None,
     store: str | None = None,
+    join: JoinString | None = None,
     base_dir: str | None = None,
     environ: Mapping[str, str] = os.environ,
 ) -> NodeDaemonConfig:
     """
     The node daemon configuration the one-line join flags describe, everything else defaulted
     as in node.yaml. ``edge`` is one ``HOST:PORT`` or several (a sequence, or comma-separated):
-    several become ``edges:``, each with the same TLS flags. ``--server-name`` defaults to
-    :data:`DEFAULT_JOIN_SERVER_NAME`. Relative file names resolve against ``base_dir`` (the
-    working directory by default).
+    several become ``edges:``, each with the same TLS flags. ``join`` (a decoded ``--join``
+    string) stands for ``--edge``, the token and the CA: its Edges, its token and its CA pin
+    (``edge.ca_sha256``); ``--server-name`` still overrides its name. The server name defaults
+    to :data:`DEFAULT_JOIN_SERVER_NAME`, as in node.yaml. Relative file names resolve against
+    ``base_dir`` (the working directory by default).
 
     @raise ConfigError: listing every problem found, each under its flag (``--token-file: ...``).
     """
     issues = Issues()
-    given = [edge] if isinstance(edge, str) else list(edge)
+    given = [] if edge is None else [edge] if isinstance(edge, str) else list(edge)
     addresses = [part.strip() for value in given for part in value.split(",")]
-    common: dict[str, object] = {
-        "server_name": server_name if server_name is not None else DEFAULT_JOIN_SERVER_NAME
-    }
+    common: dict[str, object] = {}
+    name = server_name
+    if join is not None:
+        if addresses:
+            issues.add("--edge", "give either --join (it names the Edge) or --edge, not both")
+        for flag, value in (("--token-file", token_file), ("--ca-file", ca_file)):
+            if value is not None:
+                issues.add(flag, "does not go with --join: the join string carries it")
+        addresses = list(join.edges)
+        common["ca_sha256"] = join.ca_pin
+        if name is None:
+            name = join.server_name
+    if name is not None:
+        common["server_name"] = name
     for key, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
-        if value is not None:
+        if value is not None and not (join is not None and key == "ca_file"):
             common[key] = value
     sections: list[dict[str, object]] = []
     have_edge = bool(addresses)
+    source = "--join" if join is not None else "--edge"
     for address in addresses:
         try:
             host, port_text = split_host_port(address)
@@ -164,7 +196,7 @@ def node_config_from_flags(
             have_edge = False
             shown = f" (got {address!r})" if len(addresses) > 1 else ""
             issues.add(
-                "--edge",
+                source,
                 "must be HOST:PORT (the Edge's listen.nodes address), e.g. "
                 f"edge.example.net:7443{shown}",
             )
@@ -177,7 +209,10 @@ def node_config_from_flags(
     document: dict[str, object] = (
         {"edges": sections} if len(sections) > 1 else {"edge": edge_section}
     )
-    if token_file is None:
+    if join is not None:
+        document["token"] = f"${{{_JOIN_TOKEN_VAR}}}"
+        environ = {**environ, _JOIN_TOKEN_VAR: join.token}
+    elif token_file is None:
         issues.add("--token-file", "is required with --edge: the file holding this node's token")
     else:
         document["token_file"] = token_file
@@ -191,11 +226,34 @@ def node_config_from_flags(
         )
     except ConfigError as e:
         for issue in _as_flag_issues(e.issues, have_edge=have_edge):
-            issues.add(issue.path, issue.message)
+            path = issue.path
+            if join is not None and path == "--edge":
+                path = "--join"
+            issues.add(path, issue.message)
         issues.raise_if_any()
         raise  # pragma: no cover - every issue maps to a flag
     issues.raise_if_any()
     return config
+
+
+def reconnect_attempts(value: str) -> int:
+    """
+    ``--reconnect``'s value as ``reconnect.max_attempts``: ``forever`` (0: retry until stopped),
+    ``off`` (1: one attempt, no retry) or N (N consecutive failed attempts, N >= 1).
+
+    @raise ValueError: anything else, with the message to show.
+    """
+    text = value.strip().lower()
+    if text == "forever":
+        return 0
+    if text == "off":
+        return 1
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ValueError(
+        "must be forever, off or a number of attempts (at least 1), as node.yaml "
+        "reconnect.max_attempts"
+    )
 
 
 def _as_flag_issues(issues: tuple[ConfigIssue, ...], *, have_edge: bool) -> list[ConfigIssue]:
@@ -207,7 +265,9 @@ def _as_flag_issues(issues: tuple[ConfigIssue, ...], *, have_edge: bool) -> list
         if not have_edge and issue.path in ("edge.host", "edge.port"):
             continue  # --edge was unusable: already reported
         flag = _flag_of(issue.path)
-        message = issue.message.replace("unless plaintext is true", "with --edge")
+        message = issue.message
+        if message.startswith("is required unless plaintext is true"):
+            message = "is required with --edge"
         renamed = ConfigIssue(flag, message)
         if renamed not in mapped:
             mapped.append(renamed)
@@ -348,9 +408,10 @@ def _edge(edge: Section, base_dir: str, managed: bool) -> EdgeAddress:
     if "/" in host or any(ch.isspace() for ch in host):
         edge.issues.add(edge.path_of("host"), "must be a host name or IP address, not a URL")
     port = edge.integer("port", 0, minimum=1, maximum=65535, required=True)
-    server_name = edge.string("server_name", host, nonempty=True)
+    named = edge.has("server_name")
+    server_name = edge.string("server_name", DEFAULT_SERVER_NAME, nonempty=True)
     plaintext = edge.boolean("plaintext", False)
-    tls_keys = [key for key in ("ca_file", "cert_file", "key_file") if edge.has(key)]
+    tls_keys = [key for key in ("ca_file", "ca_sha256", "cert_file", "key_file") if edge.has(key)]
     tls: ClientTLS | None = None
     if plaintext and managed:
         edge.issues.add(
@@ -369,10 +430,26 @@ def _edge(edge: Section, base_dir: str, managed: bool) -> EdgeAddress:
                 "(127.x.x.x, ::1 or localhost)",
             )
     else:
-        if not edge.has("ca_file"):
+        ca_file = ""
+        ca_pin: str | None = None
+        if edge.has("ca_sha256"):
+            pin_text = edge.string("ca_sha256")
+            try:
+                ca_pin = check_pin(pin_text)
+            except ValueError as e:
+                edge.issues.add(edge.path_of("ca_sha256"), str(e))
+            if edge.has("ca_file"):
+                edge.raw("ca_file")
+                edge.issues.add(
+                    edge.path_of("ca_file"),
+                    "give either ca_file (the CA certificate) or ca_sha256 (its pin), not both",
+                )
+        elif not edge.has("ca_file"):
             edge.raw("ca_file")
-            edge.issues.add(edge.path_of("ca_file"), "is required unless plaintext is true")
-            ca_file = ""
+            edge.issues.add(
+                edge.path_of("ca_file"),
+                "is required unless plaintext is true (or ca_sha256, the pin of the Edge's CA)",
+            )
         else:
             ca_file = required_file(edge, "ca_file", base_dir)
         cert_file = optional_file(edge, "cert_file", base_dir)
@@ -389,7 +466,12 @@ def _edge(edge: Section, base_dir: str, managed: bool) -> EdgeAddress:
                     "NODE_ID`)",
                 )
         tls = ClientTLS(
-            ca_file=ca_file, server_name=server_name.strip(), cert_file=cert_file, key_file=key_file
+            ca_file=ca_file,
+            server_name=server_name.strip(),
+            cert_file=cert_file,
+            key_file=key_file,
+            ca_pin=ca_pin,
+            host_name=None if named else host,
         )
     edge.finish()
     return EdgeAddress(host, port, tls, plaintext)

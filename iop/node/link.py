@@ -37,11 +37,14 @@ __all__ = ["build", "edge_endpoint", "edge_endpoints"]
 
 
 def edge_endpoint(edge: EdgeAddress, reactor: Any) -> IStreamClientEndpoint:
-    """TCP to the Edge, wrapped in TLS that checks the Edge's workload name (unless plaintext)."""
+    """
+    TCP to the Edge, wrapped in TLS that checks the Edge's certificate — against the CA file, or
+    the pinned CA it presents — and its workload name (unless plaintext).
+    """
     endpoint: IStreamClientEndpoint = HostnameEndpoint(reactor, edge.host, edge.port, timeout=10)
     if edge.plaintext or edge.tls is None:
         return endpoint
-    return wrapClientTLS(client_connection_creator(edge.tls), endpoint)
+    return wrapClientTLS(client_connection_creator(edge.tls, edge.name), endpoint)
 
 
 def edge_endpoints(config: NodeDaemonConfig, reactor: Any) -> list[IStreamClientEndpoint]:

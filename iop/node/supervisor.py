@@ -7,8 +7,15 @@ loop and the same :class:`~iop.config.model.ReconnectPolicy`.
 - ``max_attempts`` 0: retry until local shutdown. N > 0: give up after N consecutive failed
   attempts. A session that reached ready resets the count, so a session that later drops starts
   a fresh budget.
-- A :class:`~iop.node.errors.FatalError` (bad local config or credentials, or the Edge not
-  knowing our token) stops at once.
+- A :class:`~iop.node.errors.FatalError` (bad local config or credentials, the Edge not
+  knowing our token, the Edge's certificate refused: a wrong CA pin, name or CA) stops at once;
+  so does a :class:`~iop.node.errors.NotAnEdgeError` (the address is not an Edge node listener)
+  until a session has once been ready — after that the Edge was there, and a silent port is more
+  likely it restarting.
+- Logging: a failed attempt is one warning line, at most one per distinct error a minute (a
+  :class:`~iop.logs.limiter.LogLimiter`; what it holds back is summed up in one line), so a node
+  retrying forever does not fill its log; the dials themselves and ``ClientService``'s own retry
+  lines are debug or silent.
 - Exit codes, delivered by :meth:`NodeSupervisor.when_finished`: 1 after exhaustion or a fatal
   error, 0 after local shutdown (``stopService``). The supervisor never stops the reactor itself.
 
@@ -64,12 +71,15 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from iop.config.model import ReconnectPolicy, Secret
-from iop.node.errors import FatalError, NodeError
+from iop.logs.limiter import LogLimiter
+from iop.node.errors import FatalError, NodeError, NotAnEdgeError
 from iop.node.session import NodeSession
 from iop.node.transport import EdgeConnectionFactory, EdgeConnectionProtocol
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+# A failed attempt's line, at most once per distinct error in this many seconds.
+ATTEMPT_LOG_INTERVAL_SEC = 60.0
 
 DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 
@@ -148,9 +158,12 @@ class _Core:
     policy: ReconnectPolicy
     clock: IReactorTime
     log: Logger
+    limiter: LogLimiter
     dials: int = 0
     failures: int = 0
     last_error: str | None = None
+    # Whether a session has once been ready (the Edge proved to be there).
+    ever_ready: bool = False
     finish_waiters: list[Deferred[int]] = field(default_factory=list)
 
     def wait_finished(self) -> Deferred[int]:
@@ -222,7 +235,7 @@ def _make_supervisor_machine() -> Callable[[_Core], _Supervisor]:
         c: _Supervisor, s: _Core, endpoint: IStreamClientEndpoint, factory: IProtocolFactory
     ) -> Deferred[IProtocol]:
         s.dials += 1
-        s.log.info(
+        s.log.debug(
             "dialing edge (attempt {attempt}, limit {max_attempts})",
             attempt=s.failures + 1,
             max_attempts=s.policy.max_attempts or "unlimited",
@@ -250,7 +263,9 @@ def _make_supervisor_machine() -> Callable[[_Core], _Supervisor]:
     def attempt_failed(s: _Core, c: _Supervisor, failure: Failure) -> None:
         error = failure.value
         s.last_error = _describe_error(error)
-        if isinstance(error, FatalError):
+        if isinstance(error, FatalError) or (
+            isinstance(error, NotAnEdgeError) and not s.ever_ready
+        ):
             s.log.error("giving up: {error}", error=s.last_error)
             c._give_up(EXIT_FAILURE)
             return
@@ -263,6 +278,9 @@ def _make_supervisor_machine() -> Callable[[_Core], _Supervisor]:
                 error=s.last_error,
             )
             c._give_up(EXIT_FAILURE)
+            return
+        if not s.limiter.admit(s.last_error, "failed attempt"):
+            c._retry()
             return
         s.log.warn(
             "attempt {attempt} failed: {error}; retrying in {interval_sec} s",
@@ -291,6 +309,7 @@ def _make_supervisor_machine() -> Callable[[_Core], _Supervisor]:
         c: _Supervisor, s: _Core, session: NodeSession, edge: EdgeConnectionProtocol
     ) -> None:
         s.failures = 0
+        s.ever_ready = True
         s.log.info("node {node_id} connected to edge", node_id=session.node_id)
         edge.when_disconnected().addCallback(lambda _: c.session_ended(session))
 
@@ -341,6 +360,7 @@ def _make_supervisor_machine() -> Callable[[_Core], _Supervisor]:
 
     @stopping.upon(_Supervisor._client_stopped).to(finished)
     def done(c: _Supervisor, s: _Core, stopping_with: int, exit_code: int) -> None:
+        s.limiter.flush()
         s.log.info("node supervisor finished with exit code {exit_code}", exit_code=exit_code)
         waiters, s.finish_waiters = s.finish_waiters, []
         for waiter in waiters:
@@ -435,6 +455,14 @@ _SupervisorMachine = _make_supervisor_machine()
 # The service
 
 
+def _drop(event: object) -> None:
+    """ClientService's own lines ("Scheduling retry ..."): the supervisor's say it already."""
+
+
+class _QuietClientService(ClientService):
+    _log = Logger(observer=_drop)  # type: ignore[arg-type]
+
+
 @implementer(IStreamClientEndpoint)
 class _SupervisedEndpoint:
     """The Edge endpoint as ``ClientService`` sees it: every dial goes past the supervisor."""
@@ -491,14 +519,15 @@ class NodeSupervisor(Service):
         self._policy = policy
         self._clock = clock
         self._handshake_timeout = handshake_timeout
-        client = ClientService(
+        client = _QuietClientService(
             _SupervisedEndpoint(endpoint, self),
             factory,
             retryPolicy=lambda failed: policy.interval_sec,
             clock=clock,
             prepareConnection=self._prepare,
         )
-        self._core = _Core(client, policy, clock, self.log)
+        limiter = LogLimiter(clock, self._held_back, interval=ATTEMPT_LOG_INTERVAL_SEC, burst=3)
+        self._core = _Core(client, policy, clock, self.log, limiter)
         self._machine = _SupervisorMachine(self._core)
 
     # -- public ------------------------------------------------------------------------------
@@ -540,6 +569,15 @@ class NodeSupervisor(Service):
         """Local shutdown: exit code 0, unless the supervisor had already given up."""
         super().stopService()  # type: ignore[no-untyped-call]
         return self._machine.stop()
+
+    def _held_back(self, count: int, by_category: dict[str, int], since: float) -> None:
+        self.log.warn(
+            "{count} more failed attempt(s) in the last {seconds:.0f} s, not logged one by one;"
+            " last error: {error}",
+            count=count,
+            seconds=self._clock.seconds() - since,
+            error=self._core.last_error,
+        )
 
     # -- each connection ---------------------------------------------------------------------
 

@@ -18,17 +18,30 @@ reconnect policy: every Edge lost) the reactor is stopped and the process exits 
 once twistd has cleaned up; while one Edge's session is still supervised the node keeps serving.
 A local shutdown (SIGTERM/SIGINT) exits 0.
 
-Configuration is node.yaml (``--config``) or, for a one-line join, ``--edge HOST:PORT
---token-file F --ca-file F`` and friends with no file at all (``--edge`` repeated or
-comma-separated for several Edges)
-(:func:`iop.config.node.node_config_from_flags`); the two are exclusive. Under twistd the service
-comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer ``logging:`` (or
-``--log-format``/``--log-level``) asks for.
+Configuration is node.yaml (``--config``) or, with no file at all, flags
+(:func:`iop.config.node.node_config_from_flags`): ``--join STRING`` (or ``--join-file F``), the
+join string ``iop node add`` / ``iop token new --edge`` print (:mod:`iop.config.join`: the Edge's
+address, the token and the pin of its CA — no CA file, the node checks the CA the Edge presents
+against the pin), or ``--edge HOST:PORT --token-file F --ca-file F`` (``--edge`` repeated or
+comma-separated for several Edges). The three are exclusive. ``--server-name``, ``--cert-file``/
+``--key-file`` and ``--store`` go with either flag form. What ``--join`` covers: a legacy-mode
+node; a managed node (``security.mode: managed``) also needs its lease keys, which only node.yaml
+configures (there ``edge.ca_sha256`` takes the pin instead of ``ca_file``).
+
+``--reconnect forever|off|N`` (and ``--reconnect-interval SEC``) set node.yaml's ``reconnect:``
+policy from the command line, over node.yaml's own or with the flags: ``forever`` retries until
+stopped (``max_attempts: 0``), ``off`` makes one attempt, N gives up after N consecutive failed
+attempts. Errors retrying cannot fix (an unknown token, the Edge's certificate refused, not an
+Edge at that address) end the node at once whatever the policy.
+
+Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
+``logging:`` (or ``--log-format``/``--log-level``) asks for.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -43,8 +56,10 @@ from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
 from iop.config import ConfigError, load_node_config
+from iop.config.join import JoinString, JoinStringError
+from iop.config.join import decode as decode_join
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
-from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
+from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags, reconnect_attempts
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node import link
@@ -69,24 +84,48 @@ _EDGE_HELP = (
     "Join without node.yaml: the Edge's listen.nodes HOST:PORT (repeat it, or comma-separate,"
     " to dial several Edges)."
 )
-# The one-line join flags (everything but --edge needs --edge; none goes with --config).
+# The flags that stand for node.yaml (with --edge or --join; none goes with --config).
 _JOIN_FLAGS = ("token-file", "ca-file", "server-name", "cert-file", "key-file", "store")
 
 
 class Options(usage.Options):
     synopsis = (
-        "[--config PATH] | --edge HOST:PORT --token-file FILE --ca-file FILE"
+        "[--config PATH] | --join STRING | --edge HOST:PORT --token-file FILE --ca-file FILE"
         " [--server-name NAME] [--cert-file FILE --key-file FILE] [--store URI]"
+        " [--reconnect forever|off|N]"
     )
     longdesc = (
         "Run an IOP Node: dial the Edge, register, apply the config it sends, serve. Configure"
         " it with node.yaml (--config, default etc/iop/node.yaml) or, without any file, with"
+        " --join and the join string `iop node add NODE_ID` printed on the Edge's side (it"
+        " carries the Edge's address, this node's token and the pin of the Edge's CA), or with"
         " --edge and the flags after it (everything else defaulted as in node.yaml). Several"
         " Edges (node.yaml edges:, or --edge repeated): one session each, the others serving"
         " while one is lost."
     )
     optParameters = [
         ["config", "c", None, f"Path to node.yaml (default {DEFAULT_CONFIG_PATH})."],
+        [
+            "join",
+            None,
+            None,
+            "Join without node.yaml: the join string from `iop node add NODE_ID` (it holds the"
+            " token: on a shared host prefer --join-file).",
+        ],
+        ["join-file", None, None, "Like --join, the join string read from this file."],
+        [
+            "reconnect",
+            None,
+            None,
+            "forever, off (one attempt) or N (give up after N consecutive failed attempts);"
+            " overrides node.yaml reconnect.max_attempts (default 10).",
+        ],
+        [
+            "reconnect-interval",
+            None,
+            None,
+            "Seconds between attempts; overrides node.yaml reconnect.interval_sec (default 10).",
+        ],
         ["edge", None, None, _EDGE_HELP],
         ["token-file", None, None, "With --edge: file holding this node's token (one line)."],
         ["ca-file", None, None, "With --edge: CA certificate that issued the Edge's certificate."],
@@ -94,15 +133,16 @@ class Options(usage.Options):
             "server-name",
             None,
             None,
-            f"With --edge: the Edge's workload name (default {DEFAULT_JOIN_SERVER_NAME}).",
+            "With --edge or --join: the Edge's workload name (default"
+            f" {DEFAULT_JOIN_SERVER_NAME}, or the join string's).",
         ],
-        ["cert-file", None, None, "With --edge: this node's client certificate (mTLS)."],
-        ["key-file", None, None, "With --edge: the client certificate's private key."],
+        ["cert-file", None, None, "With --edge or --join: this node's client certificate (mTLS)."],
+        ["key-file", None, None, "With --edge or --join: the client certificate's private key."],
         [
             "store",
             None,
             None,
-            f"With --edge: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
+            f"With --edge or --join: the run store's SQLite URI (default {DEFAULT_STORE_PATH!r}).",
         ],
         *LOG_FLAGS,
     ]
@@ -120,19 +160,23 @@ class Options(usage.Options):
         raise SystemExit(0)
 
     def postOptions(self) -> None:
-        if self["edge"] is None:
+        join = self.join = self._join()
+        if self["edge"] is None and join is None:
             given = [f"--{flag}" for flag in _JOIN_FLAGS if self[flag] is not None]
             if given:
-                raise usage.UsageError(f"{', '.join(given)} only go with --edge HOST:PORT")
+                raise usage.UsageError(
+                    f"{', '.join(given)} only go with --join STRING or --edge HOST:PORT"
+                )
             path = self["config"] or DEFAULT_CONFIG_PATH
             try:
                 self.node_config: NodeDaemonConfig = load_node_config(path)
             except ConfigError as e:
                 raise usage.UsageError(f"invalid config {path}:\n{e}") from None
+            self.node_config = self._reconnect(self.node_config)
             return
         if self["config"] is not None:
             raise usage.UsageError(
-                "give either --config (node.yaml) or --edge and its flags, not both"
+                "give either --config (node.yaml) or --join / --edge and their flags, not both"
             )
         try:
             self.node_config = node_config_from_flags(
@@ -143,9 +187,54 @@ class Options(usage.Options):
                 cert_file=self["cert-file"],
                 key_file=self["key-file"],
                 store=self["store"],
+                join=join,
             )
         except ConfigError as e:
             raise usage.UsageError(f"invalid flags:\n{e}") from None
+        self.node_config = self._reconnect(self.node_config)
+
+    def _join(self) -> JoinString | None:
+        """The decoded --join / --join-file string, if one was given."""
+        text, flag = self["join"], "--join"
+        if self["join-file"] is not None:
+            if text is not None:
+                raise usage.UsageError("give either --join or --join-file, not both")
+            flag = "--join-file"
+            try:
+                with open(self["join-file"], encoding="utf-8") as f:
+                    text = f.read()
+            except OSError as e:
+                raise usage.UsageError(
+                    f"--join-file {self['join-file']}: cannot read: {e.strerror or e}"
+                ) from None
+        if text is None:
+            return None
+        try:
+            return decode_join(text)
+        except JoinStringError as e:
+            raise usage.UsageError(f"{flag}: {e}") from None
+
+    def _reconnect(self, config: NodeDaemonConfig) -> NodeDaemonConfig:
+        """``config`` with --reconnect / --reconnect-interval over its ``reconnect:``."""
+        policy = config.reconnect
+        if self["reconnect"] is not None:
+            try:
+                attempts = reconnect_attempts(self["reconnect"])
+            except ValueError as e:
+                raise usage.UsageError(f"--reconnect {self['reconnect']!r}: {e}") from None
+            policy = dataclasses.replace(policy, max_attempts=attempts)
+        if self["reconnect-interval"] is not None:
+            try:
+                interval = float(self["reconnect-interval"])
+            except ValueError:
+                interval = 0.0
+            if not interval > 0 or interval == float("inf"):
+                raise usage.UsageError(
+                    f"--reconnect-interval {self['reconnect-interval']!r}: must be a number of "
+                    "seconds above 0"
+                )
+            policy = dataclasses.replace(policy, interval_sec=interval)
+        return dataclasses.replace(config, reconnect=policy)
 
 
 def lease_keys(config: NodeDaemonConfig) -> NodeLeaseKeys | None:
@@ -281,6 +370,16 @@ def makeService(
 
         reactor = _reactor
     config = options.node_config
+    join: JoinString | None = getattr(options, "join", None)
+    if join is not None:
+        tls = config.edges[0].tls
+        log.info(
+            "joining {edges} with a join string: the Edge's CA is the one pinned as {pin},"
+            " its certificate must name {server_name}",
+            edges=", ".join(edge.name for edge in config.edges),
+            pin=join.ca_pin,
+            server_name=tls.server_name if tls is not None else "?",
+        )
     endpoints = link.edge_endpoints(config, reactor)
     leases = lease_keys(config)
     if store_executor is None:

@@ -37,13 +37,13 @@ from typing import Protocol
 from automat import TypeMachineBuilder
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
-from twisted.internet.interfaces import IAddress, IReactorTime
+from twisted.internet.interfaces import IAddress, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Factory, connectionDone
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from iop import __version__
-from iop.node.errors import FatalError, RetryableError
+from iop.node.errors import FatalError, RetryableError, connection_lost_error, not_an_edge
 from iop.node.session import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -82,7 +82,11 @@ def _accepted_node_id(response: pb.RegisterResponse) -> str:
         reason = response.reason or "no reason given"
         code = _reject_code_name(response.reject_code)
         if response.reject_code == pb.REGISTER_REJECT_UNKNOWN_TOKEN:
-            raise FatalError(f"edge does not know this node's token ({code}): {reason}")
+            raise FatalError(
+                f"the Edge does not know this node's token ({code}: {reason}): no edge.yaml "
+                "nodes[] entry has it; check its token_sha256, or print a new join line "
+                "(iop node add)"
+            )
         if response.reject_code == pb.REGISTER_REJECT_WORKLOAD_IDENTITY:
             raise FatalError(f"edge refused this node's client certificate ({code}): {reason}")
         if response.reject_code == pb.REGISTER_REJECT_LEASE_SUPPORT:
@@ -114,6 +118,8 @@ class _Wire(Protocol):
     def stop_heartbeat(self) -> None: ...
 
     def peer(self) -> str: ...
+
+    def tls_handle(self) -> object: ...
 
 
 class _Connection(Protocol):
@@ -198,9 +204,10 @@ class _Core:
 
     def lost(self, reason: Failure) -> None:
         self.writable = False
-        self.fail_waiter(
-            RetryableError(f"connection lost during the handshake: {reason.getErrorMessage()}")
-        )
+        if self.waiter is not None:
+            self.fail_waiter(
+                connection_lost_error(self.wire.tls_handle(), reason, self.wire.peer())
+            )
         session, self.session = self.session, None
         if session is not None:
             session.connection_lost(reason)
@@ -497,6 +504,8 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         )
         self._connection = _ConnectionMachine(self._core)
         self._disconnected = False
+        # Whether the peer has sent a byte (after TLS: of application data) on this connection.
+        self._answered = False
         self._disconnect_waiters: list[Deferred[None]] = []
 
     # -- connection --------------------------------------------------------------------------
@@ -508,8 +517,11 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         super().connectionLost(reason)
         self._heartbeat.stop()
         self._disconnected = True
+        was_ready = self._core.session is not None
         self._connection.connection_lost(reason)
-        self.log.info(
+        # A connection that never became ready: the supervisor's line for the attempt says why.
+        self.log.emit(
+            LogLevel.info if was_ready else LogLevel.debug,
             "connection to edge closed: {reason}",
             reason=self.close_reason or reason.getErrorMessage(),
             node_id=self._core.node_id,
@@ -517,6 +529,16 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         waiters, self._disconnect_waiters = self._disconnect_waiters, []
         for waiter in waiters:
             waiter.callback(None)
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._answered:
+            self._answered = True
+            if data.startswith(b"HTTP/"):
+                # An HTTP listener's answer to our frame: not an Edge node listener.
+                error: _Failed = not_an_edge(self.peer(), "it answered HTTP")
+                self._connection.abort("an HTTP answer", error)
+                return
+        super().dataReceived(data)
 
     def when_disconnected(self) -> Deferred[None]:
         """A new Deferred, fired with ``None`` once this connection is lost."""
@@ -574,7 +596,19 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
             self.drop_connection(reason, **fields)
 
     def peer(self) -> str:
-        return self._peer()
+        """The Edge as ``host:port``: as its logger names it, else the connection's peer."""
+        edge = getattr(self.log, "edge", None)
+        if isinstance(edge, str) and edge:
+            return edge
+        address = self.transport.getPeer() if self.transport is not None else None
+        host, port = getattr(address, "host", None), getattr(address, "port", None)
+        if host is None or port is None:
+            return self._peer()
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+    def tls_handle(self) -> object:
+        """The transport, whose TLS connection says why this node refused the Edge."""
+        return self.transport
 
     def adopt_heartbeat(self, interval_ms: int, timeout_ms: int) -> tuple[float, float]:
         """Restart the heartbeat with the Edge's cadence (0 keeps the current value)."""
@@ -610,6 +644,17 @@ class EdgeConnectionProtocol(EnvelopeProtocol):
         )
 
     def _heartbeat_expired(self) -> None:
+        tls = ISSLTransport(self.transport, None)
+        if tls is not None and tls.getPeerCertificate() is None:
+            # Connected, and not even a TLS answer: not an Edge's node listener (an HTTP
+            # listener waits for a request line that never comes; an Edge answers at once).
+            error: _Failed = not_an_edge(
+                self.peer(),
+                f"it accepted the connection but sent no TLS answer in "
+                f"{self._heartbeat_timeout:g} s",
+            )
+            self._connection.abort("no TLS answer", error)
+            return
         self.log.warn(
             "nothing from edge for {timeout} s; dropping the connection",
             timeout=self._heartbeat_timeout,

@@ -15,6 +15,8 @@ client certificate, carrying the workload names managed mode checks.
   existing file unless asked;
 - :func:`init_ca_files`, :func:`issue_edge_files`, :func:`issue_node_files` lay the files out in
   one directory (``ca.crt``/``ca.key``, ``<name>.crt``/``<name>.key``): what ``iop pki`` does.
+  The Edge's ``<name>.crt`` holds its certificate then the CA's: the Edge presents the CA in its
+  chain, which is how a node joining with only the CA's pin (a join string) gets the CA.
 
 Keys are EC P-256. Certificates are back-dated five minutes so that a little clock skew does not
 make them "not yet valid". A leaf never outlives the CA that signs it.
@@ -399,10 +401,18 @@ def _link_new(tmp: str, path: str) -> None:
         os.replace(tmp, path)
 
 
-def write_pair(pair: KeyPair, cert_path: str, key_path: str, *, overwrite: bool = False) -> None:
+def write_pair(
+    pair: KeyPair,
+    cert_path: str,
+    key_path: str,
+    *,
+    overwrite: bool = False,
+    chain: Sequence[x509.Certificate] = (),
+) -> None:
     """
-    Write a key and its certificate. Without C{overwrite}, nothing is written if either file
-    already exists. The key is written first: a certificate is never left without its key.
+    Write a key and its certificate (followed by C{chain}, its issuers, in the certificate
+    file). Without C{overwrite}, nothing is written if either file already exists. The key is
+    written first: a certificate is never left without its key.
     """
     if not overwrite:
         for path in (cert_path, key_path):
@@ -410,7 +420,7 @@ def write_pair(pair: KeyPair, cert_path: str, key_path: str, *, overwrite: bool 
                 raise PKIError(f"{path!r} exists; refusing to overwrite it (--force replaces it)")
     key, cert = pair
     write_pem(key_path, key, overwrite=overwrite)
-    write_pem(cert_path, cert, overwrite=overwrite)
+    write_pem(cert_path, cert, *chain, overwrite=overwrite)
 
 
 def _read(path: str, what: str) -> bytes:
@@ -527,12 +537,13 @@ def _issue_files(
     stem: str,
     make: Callable[[KeyPair], KeyPair],
     force: bool,
+    with_ca: bool = False,
 ) -> IssuedFiles:
     directory = os.fspath(directory)
     cert_path, key_path = _leaf_paths(directory, stem)
     ca = load_ca(*_ca_paths(directory))
     pair = make(ca)
-    write_pair(pair, cert_path, key_path, overwrite=force)
+    write_pair(pair, cert_path, key_path, overwrite=force, chain=(ca[1],) if with_ca else ())
     san = pair[1].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     names = tuple(san.get_values_for_type(x509.DNSName))
     return IssuedFiles(cert_path, key_path, names, pair[1].not_valid_after_utc)
@@ -547,10 +558,14 @@ def issue_edge_files(
 ) -> IssuedFiles:
     """
     Issue the Edge's server certificate (L{issue_edge}) with the CA in C{directory}: writes
-    C{<name>.crt} and C{<name>.key} (mode 0600) there. Without C{force} nothing is replaced.
+    C{<name>.crt} (the certificate, then the CA's: the Edge presents both, so a node that joins
+    with a join string finds the CA it pins in the chain) and C{<name>.key} (mode 0600) there.
+    Without C{force} nothing is replaced.
     """
     check_dns_name(name, "Edge name")
-    return _issue_files(directory, name, lambda ca: issue_edge(ca, name, days=days), force)
+    return _issue_files(
+        directory, name, lambda ca: issue_edge(ca, name, days=days), force, with_ca=True
+    )
 
 
 def issue_node_files(

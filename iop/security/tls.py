@@ -4,9 +4,19 @@ TLS for the Edge-Node socket.
 
 - :func:`server_context_factory` builds the Edge listener's TLS options from PEM files; with a
   client CA configured it requires and verifies Node client certificates (mTLS).
-- :func:`client_connection_creator` builds what a Node dials with: it verifies that the Edge
-  certificate chains to the configured CA *and* carries the configured workload name (a DNS-ID,
-  checked by ``service_identity``, independent of the address dialled).
+- :func:`client_connection_creator` builds what a Node dials with (an :class:`EdgeTLSCreator`):
+  it verifies that the Edge certificate chains to the configured CA *and* carries the configured
+  workload name (a DNS-ID, checked by ``service_identity``, independent of the address dialled).
+  Instead of a CA file the node may know only the CA's pin (:func:`ca_pin`: the SHA-256 of its
+  SubjectPublicKeyInfo, what a join string carries): then the Edge must present its CA after its
+  certificate, and :func:`verify_pinned_chain` accepts the chain only if a certificate in it has
+  the pinned key and the leaf is issued under it, valid now, for serverAuth, with the name. Both
+  checks run in OpenSSL's verify callback, so a refused Edge never receives a byte from the node
+  (its token), and the handshake ends with an alert the Edge counts. Why the node refused
+  (:class:`EdgeRefused`: :class:`CAPinMismatch`, :class:`EdgeNameMismatch` with the names the
+  certificate carries and the flag to change, :class:`EdgeCertificateRefused`) is one plain line
+  the node's ``connectionLost`` gets from :func:`edge_refusal`; :func:`not_tls_answer` tells a
+  peer that answered with something not TLS (an HTTP listener).
 - :func:`verify_peer_workload` checks that an already CA-verified peer certificate (a Node's
   client certificate, read after the handshake with :func:`peer_certificate`) carries an exact
   workload name.
@@ -25,6 +35,9 @@ key material).
 
 from __future__ import annotations
 
+import datetime
+import hashlib
+import ipaddress
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,6 +51,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
     load_pem_private_key,
 )
+from cryptography.x509.verification import PolicyBuilder, Store
+from cryptography.x509.verification import VerificationError as X509VerificationError
 from OpenSSL import SSL
 from OpenSSL.crypto import X509
 from service_identity import CertificateError, VerificationError
@@ -51,10 +66,10 @@ from twisted.internet.ssl import (
     Certificate,
     CertificateOptions,
     TLSVersion,
-    optionsForClientTLS,
     trustRootFromCertificates,
 )
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from iop.config.model import ClientTLS, ServerTLS
 
@@ -256,12 +271,14 @@ def server_context_factory(tls: ServerTLS) -> CertificateOptions:
     return options
 
 
-def client_connection_creator(tls: ClientTLS) -> IOpenSSLClientConnectionCreator:
+def client_connection_creator(tls: ClientTLS, edge: str = "") -> IOpenSSLClientConnectionCreator:
     """
-    What a Node dials its Edge with: the Edge certificate must chain to a CA in C{tls.ca_file}
-    and carry the workload name C{tls.server_name} (DNS-ID; checked whatever address is dialled,
-    and sent as SNI). When C{tls.cert_file}/C{tls.key_file} are set, they are presented as the
-    Node's client certificate (mTLS). TLS 1.2 or later.
+    What a Node dials its Edge with (an :class:`EdgeTLSCreator`): the Edge certificate must
+    chain to a CA in C{tls.ca_file} — or, with C{tls.ca_pin}, to the CA certificate in the chain
+    the Edge presents whose key has that pin — and carry the workload name C{tls.server_name}
+    (DNS-ID; checked whatever address is dialled, and sent as SNI). When
+    C{tls.cert_file}/C{tls.key_file} are set, they are presented as the Node's client
+    certificate (mTLS). TLS 1.2 or later. ``edge`` (``host:port``) is how refusals name the Edge.
 
     @raise TLSConfigError: as for L{server_context_factory}, or only one of cert_file/key_file
         is set, or server_name is not a usable name.
@@ -272,30 +289,352 @@ def client_connection_creator(tls: ClientTLS) -> IOpenSSLClientConnectionCreator
         raise TLSConfigError(
             "TLS client certificate: cert_file and key_file must be given together"
         )
-    trust_root = _trust_root(tls.ca_file, "TLS CA file")
     extra: dict[str, Any] = {"raiseMinimumTo": MINIMUM_TLS_VERSION}
+    if tls.ca_pin is None:
+        # OpenSSL verifies the chain against the CA file; the callback adds the name check.
+        extra["trustRoot"] = _trust_root(tls.ca_file, "TLS CA file")
     if tls.cert_file is not None and tls.key_file is not None:
         key, leaf, intermediates = _load_key_and_chain(tls.cert_file, tls.key_file)
-        # Not clientCertificate=PrivateCertificate(...): optionsForClientTLS would pass its
-        # pyOpenSSL objects on, and pyOpenSSL 26 warns about those on every connection.
+        # cryptography objects, not a PrivateCertificate: pyOpenSSL 26 warns about its own
+        # X509/PKey on every connection.
         extra.update(privateKey=key, certificate=leaf, extraCertChain=intermediates)
-        _check_context(
-            CertificateOptions(
-                privateKey=key,  # type: ignore[arg-type]
-                certificate=leaf,  # type: ignore[arg-type]
-                extraCertChain=intermediates,  # type: ignore[arg-type]
-            ),
-            tls.cert_file,
-            tls.key_file,
-        )
+        _check_context(CertificateOptions(**extra), tls.cert_file, tls.key_file)
     try:
-        return optionsForClientTLS(
-            tls.server_name, trustRoot=trust_root, extraCertificateOptions=extra
-        )
+        sni = _sni_bytes(tls.server_name)
     except (UnicodeError, ValueError) as e:
         raise TLSConfigError(
             f"TLS server_name {tls.server_name!r}: not a usable name: {e}"
         ) from None
+    return EdgeTLSCreator(CertificateOptions(**extra), tls, sni, edge or "the Edge")
+
+
+def _sni_bytes(name: str) -> bytes | None:
+    """What goes in SNI for ``name``: its IDNA form, or None for an IP address (never sent)."""
+    try:
+        ipaddress.ip_address(name)
+        return None
+    except ValueError:
+        pass
+    encoded = name.encode("idna")
+    if not encoded or any(c.isspace() for c in name):
+        raise ValueError("not a DNS name")
+    return encoded
+
+
+def ca_pin(cert: x509.Certificate) -> str:
+    """
+    A CA certificate's pin: ``sha256:`` and the hex SHA-256 of its DER SubjectPublicKeyInfo (the
+    key, not the certificate: a CA re-issued with the same key keeps its pin).
+    """
+    return "sha256:" + hashlib.sha256(_public_der(cert.public_key())).hexdigest()
+
+
+def ca_file_pin(path: str) -> str:
+    """
+    The pin of the CA certificate in the PEM file ``path``: its last certificate (a chain file,
+    leaf first, ends with its CA).
+
+    @raise TLSConfigError: the file holds no certificate, or its last one is not a CA.
+    """
+    cert = _load_certificates(path, "CA certificate file")[-1]
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        constraints = None
+    if constraints is None or not constraints.ca:
+        raise TLSConfigError(
+            f"CA certificate file {path!r}: its last certificate ({_subject(cert)}) is not a CA"
+        )
+    return ca_pin(cert)
+
+
+class EdgeRefused(Exception):
+    """
+    The Edge's TLS answer was refused (its certificate, or no TLS at all). The message is one
+    plain line: what was expected, what came, the setting to change.
+
+    @ivar retryable: whether waiting may fix it (an expired or not yet valid certificate may be
+        re-issued, a clock corrected); a wrong pin, name or CA never heals by itself.
+    """
+
+    retryable = False
+
+
+class CAPinMismatch(EdgeRefused):
+    """No certificate the Edge presented has the pinned CA key, or it sent no CA to check."""
+
+
+class EdgeNameMismatch(EdgeRefused):
+    """
+    The Edge's certificate does not carry the workload name the node requires.
+
+    @ivar expected: that name. @ivar presented: the names the certificate carries.
+    """
+
+    def __init__(self, message: str, expected: str, presented: Sequence[str]) -> None:
+        super().__init__(message)
+        self.expected = expected
+        self.presented = tuple(presented)
+
+
+class EdgeCertificateRefused(EdgeRefused):
+    """The Edge's certificate chain does not verify (another CA, expired, wrong usage...)."""
+
+    def __init__(self, message: str, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+def _subject(cert: x509.Certificate) -> str:
+    try:
+        text = cert.subject.rfc4514_string()
+    except ValueError:
+        text = "?"
+    return "".join(c if c.isprintable() else "?" for c in text[:_SUBJECT_LIMIT]) or "(no subject)"
+
+
+def _short_pin(pin: str) -> str:
+    return f"{pin[:15]}…{pin[-4:]}"
+
+
+def certificate_ip_addresses(cert: x509.Certificate) -> list[str]:
+    """The IP addresses in C{cert}'s subjectAltName extension, as text."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return []
+    return [str(a) for a in san.value.get_values_for_type(x509.IPAddress)]
+
+
+def _names(cert: x509.Certificate) -> list[str]:
+    return certificate_dns_names(cert) + certificate_ip_addresses(cert)
+
+
+def _carries_name(cert: x509.Certificate, name: str) -> bool:
+    """Whether C{cert} names C{name}: a DNS-ID (wildcards as service_identity allows), or an IP."""
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        try:
+            verify_certificate_hostname(cert, name)
+        except (VerificationError, CertificateError):
+            return False
+        return True
+    return any(ipaddress.ip_address(a) == address for a in certificate_ip_addresses(cert))
+
+
+def check_edge_name(leaf: x509.Certificate, tls: ClientTLS, edge: str) -> None:
+    """
+    Check that the Edge's certificate C{leaf} carries C{tls.server_name} (or, when that name was
+    defaulted, the dialled host C{tls.host_name}).
+
+    @raise EdgeNameMismatch: it carries neither, with the names it does carry.
+    """
+    wanted = [tls.server_name] + ([tls.host_name] if tls.host_name else [])
+    if any(_carries_name(leaf, name) for name in wanted):
+        return
+    presented = _names(leaf) or [f"no DNS name, CN {n}" for n in certificate_common_names(leaf)]
+    shown = ", ".join(presented) if presented else "no name at all"
+    fix = (
+        f"pass --server-name {presented[0]} (node.yaml edge.server_name) if that is the Edge's "
+        "workload name"
+        if _names(leaf)
+        else "issue the Edge a certificate for its workload name (iop pki issue-edge NAME)"
+    )
+    raise EdgeNameMismatch(
+        f"the certificate of {edge} names {shown}, not {tls.server_name}, the Edge name this "
+        f"node requires: {fix}",
+        tls.server_name,
+        _names(leaf),
+    )
+
+
+def verify_pinned_chain(
+    chain: Sequence[x509.Certificate],
+    tls: ClientTLS,
+    edge: str,
+    now: datetime.datetime | None = None,
+) -> x509.Certificate:
+    """
+    Verify the chain an Edge presented (leaf first) against the pinned CA C{tls.ca_pin}: a
+    certificate of the chain must have the pinned key; the leaf must be issued under it (through
+    the chain's intermediates), valid now, for server authentication, and carry the Edge's
+    workload name (:func:`check_edge_name`). Returns the pinned CA certificate.
+
+    @raise CAPinMismatch: no certificate has the pinned key (another Edge, or its CA changed),
+        or the Edge sent only its own certificate.
+    @raise EdgeNameMismatch: as for :func:`check_edge_name`.
+    @raise EdgeCertificateRefused: the leaf does not verify under the pinned CA.
+    """
+    if not chain:
+        raise CAPinMismatch(f"{edge} presented no certificate")
+    assert tls.ca_pin is not None
+    leaf = chain[0]
+    pinned = [cert for cert in chain if ca_pin(cert) == tls.ca_pin]
+    if not pinned:
+        if len(chain) == 1:
+            raise CAPinMismatch(
+                f"{edge} sent only its own certificate (issued by {leaf.issuer.rfc4514_string()}),"
+                " not its CA, so the join string's CA pin cannot be checked: its "
+                "node_transport.tls.cert_file must hold the certificate then its CA "
+                "(iop pki issue-edge writes both)"
+            )
+        presented = ", ".join(f"{_subject(c)} ({_short_pin(ca_pin(c))})" for c in chain[1:])
+        raise CAPinMismatch(
+            f"CA pin mismatch: no certificate {edge} presented has the CA key the join string "
+            f"pins ({_short_pin(tls.ca_pin)}); it presented {presented}. It is another Edge, "
+            "or its CA changed: print a new join line (iop node add)"
+        )
+    ca = pinned[0]
+    check_edge_name(leaf, tls, edge)
+    moment = now if now is not None else datetime.datetime.now(datetime.UTC)
+    if moment > leaf.not_valid_after_utc:
+        raise EdgeCertificateRefused(
+            f"the certificate of {edge} expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M}"
+            " UTC: issue it again (iop pki issue-edge)",
+            retryable=True,
+        )
+    if moment < leaf.not_valid_before_utc:
+        raise EdgeCertificateRefused(
+            f"the certificate of {edge} is not valid before "
+            f"{leaf.not_valid_before_utc:%Y-%m-%d %H:%M} UTC: check this host's clock",
+            retryable=True,
+        )
+    intermediates = [c for c in chain[1:] if c is not ca]
+    subject = (
+        x509.IPAddress(ipaddress.ip_address(tls.server_name))
+        if _sni_bytes(tls.server_name) is None
+        else x509.DNSName(tls.server_name)
+    )
+    named = [n for n in _names(leaf) if _carries_name(leaf, n)]
+    if not _carries_name(leaf, tls.server_name) and named:
+        # Matched through the defaulted host: verify for the name it carries.
+        subject = (
+            x509.DNSName(named[0])
+            if named[0] in certificate_dns_names(leaf)
+            else x509.IPAddress(ipaddress.ip_address(named[0]))
+        )
+    verifier = PolicyBuilder().store(Store([ca])).time(moment).build_server_verifier(subject)
+    try:
+        verifier.verify(leaf, intermediates)
+    except X509VerificationError as e:
+        raise EdgeCertificateRefused(
+            f"the certificate of {edge} does not verify under the pinned CA {_subject(ca)}: {e}"
+        ) from None
+    return ca
+
+
+@implementer(IOpenSSLClientConnectionCreator)
+class EdgeTLSCreator:
+    """
+    The Node's client TLS for one Edge: SNI is the Edge's workload name; the Edge's certificate
+    is checked in OpenSSL's verify callback, at depth 0, once the whole chain is known — so a
+    refusal ends the handshake before any application byte (the node's token) is written.
+
+    With a CA file, OpenSSL verifies the chain against it (its verdict stands) and the callback
+    adds the name check. With a pin (``ClientTLS.ca_pin``) there is nothing for OpenSSL to trust:
+    its verdict is ignored and :func:`verify_pinned_chain` decides, in Python, over the chain the
+    Edge presented. Either way a refusal reaches the node's ``connectionLost`` as an
+    :class:`EdgeRefused` (Twisted's ``failVerification``) with a message a person reads.
+    """
+
+    def __init__(
+        self, options: CertificateOptions, tls: ClientTLS, sni: bytes | None, edge: str
+    ) -> None:
+        self._options = options
+        self._tls = tls
+        self._sni = sni
+        self._edge = edge
+        options.getContext()  # now: problems surface at start-up
+
+    def clientConnectionForTLS(self, tlsProtocol: Any) -> SSL.Connection:
+        connection = SSL.Connection(self._options.getContext(), None)
+        if self._sni is not None:
+            connection.set_tlsext_host_name(self._sni)
+        connection.set_verify(
+            SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, self._verifier(tlsProtocol)
+        )
+        return connection
+
+    def _verifier(self, tlsProtocol: Any) -> Any:
+        tls, edge = self._tls, self._edge
+
+        def refuse(connection: SSL.Connection, error: EdgeRefused) -> bool:
+            # OpenSSL ends the handshake with an alert (the Edge counts a peer that refused
+            # it); edge_refusal() tells the node's connectionLost why.
+            _edge_refusals.setdefault(connection, error)
+            return False
+
+        def callback(
+            connection: SSL.Connection, certificate: X509, code: int, depth: int, ok: int
+        ) -> bool:
+            if connection in _edge_refusals:
+                return False
+            try:
+                if tls.ca_pin is None:
+                    if not ok:
+                        return refuse(
+                            connection, _ca_file_refusal(tls, edge, code, depth, certificate)
+                        )
+                    if depth == 0:
+                        check_edge_name(certificate.to_cryptography(), tls, edge)
+                elif depth == 0:
+                    # No trust anchor for OpenSSL here (its verdict is ignored): the chain the
+                    # Edge presented is checked against the pin.
+                    chain = connection.get_peer_cert_chain(as_cryptography=True) or []
+                    verify_pinned_chain(chain, tls, edge)
+            except EdgeRefused as e:
+                return refuse(connection, e)
+            except Exception as e:  # never raise into OpenSSL: refuse, saying what broke
+                return refuse(
+                    connection,
+                    EdgeCertificateRefused(f"cannot check the certificate of {edge}: {e}"),
+                )
+            return True
+
+        return callback
+
+
+# Per live client connection (gone with it): why this node refused the Edge's certificate.
+_edge_refusals: weakref.WeakKeyDictionary[SSL.Connection, EdgeRefused] = weakref.WeakKeyDictionary()
+
+
+def edge_refusal(transport: object, reason: Failure) -> EdgeRefused | None:
+    """
+    Why this node refused the Edge's certificate on C{transport}, when C{reason} (what the
+    node's ``connectionLost`` got) is the TLS error of that refusal; None otherwise.
+    """
+    if isinstance(reason.value, EdgeRefused):
+        return reason.value
+    if not isinstance(reason.value, SSL.Error):
+        return None
+    handle = ISystemHandle(transport, None)
+    connection = handle.getHandle() if handle is not None else None
+    if not isinstance(connection, SSL.Connection):
+        return None
+    return _edge_refusals.get(connection)
+
+
+def _ca_file_refusal(
+    tls: ClientTLS, edge: str, code: int, depth: int, certificate: X509
+) -> EdgeCertificateRefused:
+    """Why OpenSSL refused the Edge's chain against the CA file, as one line."""
+    reason, words = _VERIFY_ERRORS.get(code, ("bad_certificate", f"X509 error {code}"))
+    try:
+        subject = _subject(certificate.to_cryptography())
+    except Exception:
+        subject = "?"
+    where = f"its certificate ({subject})" if depth == 0 else f"its issuer {subject}"
+    fix = {
+        "unknown_ca": f"is {tls.ca_file} (edge.ca_file, --ca-file) the CA that issued it?",
+        "expired": "issue it again (iop pki issue-edge)",
+        "not_yet_valid": "check this host's clock",
+        "wrong_usage": "issue it as a server certificate (iop pki issue-edge)",
+    }.get(reason, f"checked against {tls.ca_file}")
+    return EdgeCertificateRefused(
+        f"{edge} presented a certificate this node refuses: {where}: {words}; {fix}",
+        retryable=reason in ("expired", "not_yet_valid"),
+    )
 
 
 def certificate_dns_names(cert: x509.Certificate) -> list[str]:
@@ -494,3 +833,19 @@ def handshake_refusal(transport: object, reason: Failure) -> HandshakeRefusal | 
     connection = handle.getHandle() if handle is not None else None
     verify = verify_failure(connection) if isinstance(connection, SSL.Connection) else None
     return classify_refusal(error, verify)
+
+
+# What OpenSSL says when the bytes that came back are not TLS records (an HTTP listener's
+# "HTTP/1.1 400 Bad Request", a plaintext protocol's greeting).
+_NOT_TLS = (
+    "wrong version number",
+    "packet length too long",
+    "http request",
+    "record layer failure",
+)
+
+
+def not_tls_answer(error: SSL.Error) -> bool:
+    """Whether a client handshake's C{error} says the peer answered with something not TLS."""
+    words = _openssl_reason(error).lower()
+    return any(phrase in words for phrase in _NOT_TLS)

@@ -41,7 +41,7 @@ from iop.wire import runtime_pb2 as pb
 ROOT = Path(iop.__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 UNITS = ROOT / "etc" / "systemd"
-JOIN = "twistd -n iop-node --edge HOST:PORT --token-file FILE --ca-file FILE [--server-name NAME]"
+JOIN = "twistd -n iop-node --join STRING"
 # How many node connections the units' descriptor limit must leave room for, besides the
 # client connections (the scale the Edge is benchmarked at).
 NODES = 1000

@@ -21,9 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 WITHOUT_JSON = {
     # Its output is already the node's JSON answer, as the Edge relayed it.
     ("node", "command"),
-    # Owned elsewhere (the secret commands print the secret once; their --json is theirs).
-    ("token", "new"),
-    ("key", "new"),
 }
 
 

@@ -136,7 +136,10 @@ class HappyPathTests(NodeConfigTestCase):
         del data["edge"]["server_name"]
         config = self.parse(data)
         assert config.tls is not None
-        self.assertEqual(config.tls.server_name, "edge.example.net")
+        # The same default as the flags' and a join string's; the host (node.yaml's old
+        # default) is accepted too, so configs written for it keep working.
+        self.assertEqual(config.tls.server_name, "edge.iop.internal")
+        self.assertEqual(config.tls.host_name, "edge.example.net")
         self.assertIsNone(config.tls.cert_file)
         self.assertIsNone(config.tls.key_file)
         self.assertEqual((config.reconnect.max_attempts, config.reconnect.interval_sec), (10, 10.0))
@@ -488,6 +491,7 @@ class NodeConfigFromFlagsTests(SynchronousTestCase):
         from_flags = self.build()
         data = base_config()
         data["edge"]["ca_file"] = "ca.crt"
+        del data["edge"]["server_name"]  # both default it the same way
         from_yaml = parse_node_config(data, base_dir=self.dir, environ={})
         self.assertEqual(from_flags, from_yaml)
         self.assertEqual(from_flags.store_path, DEFAULT_STORE_PATH)

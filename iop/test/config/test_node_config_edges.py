@@ -7,6 +7,7 @@ one-line join's repeated or comma-separated ``--edge`` builds the same list.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -190,7 +191,15 @@ class JoinFlagEdgesTests(SynchronousTestCase):
         self.assertEqual(
             [e.name for e in repeated.edges], ["a.example.net:7443", "b.example.net:7443"]
         )
-        self.assertEqual(repeated.edges[0].tls, repeated.edges[1].tls)
+        tls = [e.tls for e in repeated.edges]
+        # The same TLS flags; each Edge's own host is accepted besides the default name.
+        self.assertEqual(
+            [t.host_name if t else None for t in tls], ["a.example.net", "b.example.net"]
+        )
+        self.assertEqual(
+            {dataclasses.replace(t, host_name=None) for t in tls if t is not None},
+            {tls[0] and dataclasses.replace(tls[0], host_name=None)},
+        )
         self.assertEqual(self.build(["a.example.net:7443"]), self.build("a.example.net:7443"))
 
     def test_same_as_node_yaml(self) -> None:

@@ -27,7 +27,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from OpenSSL import SSL
-from service_identity import VerificationError
 from twisted.internet.interfaces import IHandshakeListener, IOpenSSLClientConnectionCreator
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import (
@@ -48,6 +47,8 @@ from iop.config.model import ClientTLS, ServerTLS
 from iop.security import pki as security_pki
 from iop.security.tls import (
     REFUSAL_REASONS,
+    EdgeNameMismatch,
+    EdgeRefused,
     HandshakeRefusal,
     TLSConfigError,
     VerifyFailure,
@@ -56,6 +57,7 @@ from iop.security.tls import (
     certificate_dns_names,
     classify_refusal,
     client_connection_creator,
+    edge_refusal,
     handshake_refusal,
     peer_certificate,
     server_context_factory,
@@ -167,6 +169,7 @@ class _Peer(Protocol):
         self.handshake_done = False
         self.peer_certificate: x509.Certificate | None = None
         self.lost_reason: Failure | None = None
+        self.edge_refusal: EdgeRefused | None = None
 
     def connectionMade(self) -> None:
         # Buffered by TLS until the handshake completes.
@@ -182,6 +185,8 @@ class _Peer(Protocol):
 
     def connectionLost(self, reason: Failure = None) -> None:  # type: ignore[assignment]
         self.lost_reason = reason
+        # While the TLS connection is still there: why this side refused the peer, if it did.
+        self.edge_refusal = edge_refusal(self.transport, reason)
 
 
 def _factory(proto: Protocol) -> Factory:
@@ -269,7 +274,8 @@ class ServerAuthenticationTests(_TLSTestCase):
     def test_wrongWorkloadName(self) -> None:
         """
         A node expecting a workload name the edge certificate does not carry refuses the
-        connection with a verification error, even though the certificate chains to its CA.
+        connection (a TLS alert the edge sees), even though the certificate chains to its CA;
+        the node's connectionLost learns why in plain words (edge_refusal).
         """
         p = _pki()
         edge, node, _ = _connect(
@@ -281,7 +287,12 @@ class ServerAuthenticationTests(_TLSTestCase):
         self.assertRefused(edge, node)
         self.assertFalse(node.handshake_done)
         assert node.lost_reason is not None
-        node.lost_reason.trap(VerificationError)
+        node.lost_reason.trap(SSL.Error)
+        refusal = node.edge_refusal
+        assert isinstance(refusal, EdgeNameMismatch)
+        self.assertEqual(refusal.expected, "other.iop.internal")
+        self.assertIn(EDGE_NAME, refusal.presented)
+        self.assertIn(f"pass --server-name {EDGE_NAME}", str(refusal))
         self.assertNoWarnings()
 
     def test_otherCA(self) -> None:
