@@ -73,9 +73,11 @@ Counting (:meth:`ProviderPool.stats`)
     Per provider: leases granted, and leases returned, each exactly once, either ``released``
     by their holder or ``fenced`` (returned by the fence of their generation; a later release
     of such a lease counts nothing). So grants minus releases is the provider's held leases at any
-    moment. Per model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and
-    how many of them waited in the queue; a request for an unknown model id counts nowhere (its
-    id is the client's, not the config's). Plain ints, read by the metrics at scrape time. In a
+    moment. A provider a refresh removed keeps its counters while it retires and leaves the
+    stats with its last lease (a series that ends; added back later, it starts from zero). Per
+    model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and how many of
+    them waited in the queue; a request for an unknown model id counts nowhere (its id is the
+    client's, not the config's). Plain ints, read by the metrics at scrape time. In a
     cluster these are this Edge's own leases and waiters.
 """
 
@@ -158,7 +160,7 @@ LEASE_RELEASE_OUTCOMES = ("released", "fenced")
 class PoolStats:
     """
     The pool's counters at one moment (:meth:`ProviderPool.stats`), every configured provider
-    and model key present (zero until something happens).
+    (and every retiring one) and model key present (zero until something happens).
 
     ``lease_grants[(provider_id, node_id)]``, ``lease_releases[(provider_id, node_id,
     outcome)]`` (outcome in :data:`LEASE_RELEASE_OUTCOMES`), ``in_flight[(provider_id,
