@@ -45,7 +45,8 @@ system: $(STAMP) $(AGENTS)
 # redis-server): the lease table on Redis must change nothing a client sees. By default the
 # suites that drive the pool hardest; `make system-cluster CLUSTER_TESTS=tests` runs them all.
 CLUSTER_TESTS ?= tests/test_pool.py tests/test_ready_pump.py tests/test_refresh_under_load.py \
-	tests/test_config_refresh.py tests/test_client_apis.py tests/test_tunnel.py
+	tests/test_config_refresh.py tests/test_client_apis.py tests/test_tunnel.py \
+	tests/test_provider_live.py
 system-cluster: $(STAMP) $(AGENTS)
 	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q $(CLUSTER_TESTS)
 

@@ -267,6 +267,10 @@ class IWaiters(Interface):
     def waiting() -> Mapping[str, int]:
         """How many requests wait per model key now."""
 
+    def provider_ids() -> Sequence[str]:
+        """The providers the pool knows now: the configured ones (a refresh adds and removes
+        them) and removed ones whose leases have not all ended here."""
+
 
 class ILeaseTable(Interface):
     """Where a pool's slots are granted, and how long a granted slot stays its holder's."""

@@ -38,16 +38,30 @@ Queue
     :data:`MAX_STALE_GRANTS` times).
 
 Live reconfiguration
-    A refreshed config's catalog is prepared first (:meth:`ProviderPool.plan`: same nodes and
-    provider ids, else ``ValueError`` and nothing changes), switched in one step
-    (:meth:`~ProviderPool.switch`, which returns the plan back) and only then are the waiters
-    re-evaluated (:meth:`~ProviderPool.pump`), so the caller can switch its other parts in
-    between and every grant after the pump sees all of it. Live: ``capacity``,
-    ``long_capacity``, ``long_context_threshold``, ``priority``, ``max_queue``,
-    ``queue_timeout_sec``, ``enabled`` and every ``models[]`` provider list (with its targets).
+    A refreshed config's catalog is prepared first (:meth:`ProviderPool.plan`: the same nodes,
+    else ``ValueError`` and nothing changes), switched in one step (:meth:`~ProviderPool.switch`,
+    which returns the plan back) and only then are the waiters re-evaluated
+    (:meth:`~ProviderPool.pump`), so the caller can switch its other parts in between and every
+    grant after the pump sees all of it. Live: ``capacity``, ``long_capacity``,
+    ``long_context_threshold``, ``priority``, ``max_queue``, ``queue_timeout_sec``, ``enabled``,
+    every ``models[]`` provider list (with its targets) and the providers under each node.
     Held leases finish where they are: a capacity lowered below ``in_flight`` grants nothing
     until releases bring it below; a lease keeps the long slot it was granted with. Queue limit
     and timeout changes apply to waiters that queue afterwards.
+
+Providers added and removed
+    A provider added under a node is a candidate at once if its node is ready (it starts with
+    zero occupancy in that generation), else unavailable like every provider of a node that is
+    not. A removed provider is treated like a disabled one that never comes back: it takes no
+    new work, and the pump moves its waiters to another live candidate or ends them
+    ``Unavailable``; its held leases finish where they are. Until the last of them is returned
+    (released, or fenced with its node) it stays *retiring*: its releases and fences are
+    counted and returned to the table exactly once, :meth:`~ProviderPool.stats` and
+    :meth:`~ProviderPool.removed` still show it; then it is forgotten. Re-added while it still
+    retires (same node), it comes back with its leases and counters. A provider id the plan
+    finds under another node than now (moved), or retiring on another node, is a
+    ``ValueError``: leases, counters and the table's records are keyed by provider id, and one
+    id on two nodes at once would mix them up.
 
 Generations
     Only the node's active generation's fence changes anything: its leases are returned exactly
@@ -59,9 +73,11 @@ Counting (:meth:`ProviderPool.stats`)
     Per provider: leases granted, and leases returned, each exactly once, either ``released``
     by their holder or ``fenced`` (returned by the fence of their generation; a later release
     of such a lease counts nothing). So grants minus releases is the provider's held leases at any
-    moment. Per model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and
-    how many of them waited in the queue; a request for an unknown model id counts nowhere (its
-    id is the client's, not the config's). Plain ints, read by the metrics at scrape time. In a
+    moment. A provider a refresh removed keeps its counters while it retires and leaves the
+    stats with its last lease (a series that ends; added back later, it starts from zero). Per
+    model key: how every request ended (:data:`~iop.edge.queue.QUEUE_OUTCOMES`) and how many of
+    them waited in the queue; a request for an unknown model id counts nowhere (its id is the
+    client's, not the config's). Plain ints, read by the metrics at scrape time. In a
     cluster these are this Edge's own leases and waiters.
 """
 
@@ -124,11 +140,13 @@ class _NodeState:
 @dataclass(frozen=True)
 class PoolPlan:
     """
-    A catalog the pool switches to in one step (:meth:`ProviderPool.switch`): per provider id
+    A catalog the pool switches to in one step (:meth:`ProviderPool.switch`): per node the
+    providers under it (new ones made by the plan, not yet known to the pool); per provider id
     its config, enabled toggle and the model keys listing it; per model key its candidates.
     Built by :meth:`ProviderPool.plan`; only valid for that pool.
     """
 
+    nodes: Mapping[str, tuple[ProviderState, ...]]
     configs: Mapping[str, ProviderConfig]
     enabled: Mapping[str, bool]
     memberships: Mapping[str, frozenset[str]]
@@ -142,7 +160,7 @@ LEASE_RELEASE_OUTCOMES = ("released", "fenced")
 class PoolStats:
     """
     The pool's counters at one moment (:meth:`ProviderPool.stats`), every configured provider
-    and model key present (zero until something happens).
+    (and every retiring one) and model key present (zero until something happens).
 
     ``lease_grants[(provider_id, node_id)]``, ``lease_releases[(provider_id, node_id,
     outcome)]`` (outcome in :data:`LEASE_RELEASE_OUTCOMES`), ``in_flight[(provider_id,
@@ -179,13 +197,10 @@ class ProviderPool:
     ) -> None:
         self._clock = clock
         self._table: ILeaseTable = table if table is not None else InProcessTable()
+        # The configured providers; removed ones still holding leases (see the docstring).
         self._resources: dict[str, ProviderState] = {}
-        self._nodes: dict[str, _NodeState] = {}
-        for node in config.nodes:
-            resources = [ProviderState(node.id, p) for p in node.providers]
-            self._nodes[node.id] = _NodeState(resources)
-            for res in resources:
-                self._resources[res.provider_id] = res
+        self._retiring: dict[str, ProviderState] = {}
+        self._nodes: dict[str, _NodeState] = {n.id: _NodeState([]) for n in config.nodes}
         self._models: dict[str, tuple[Candidate, ...]] = {}
         self._queue_stats = QueueStats()
         self._queue: WaitQueue[Lease] = WaitQueue(
@@ -349,33 +364,37 @@ class ProviderPool:
 
     def plan(self, config: EdgeConfig) -> PoolPlan:
         """
-        Prepare the switch to ``config``'s catalog without changing anything: each provider's
-        new settings (capacity, long capacity and threshold, priority, queue limits, enabled)
-        and the ``models[]`` candidate lists. The nodes and the provider ids under each node must
-        be the ones this pool was built with (adding or removing them needs a restart): raises
-        ``ValueError`` naming the difference otherwise.
+        Prepare the switch to ``config``'s catalog without changing anything: the providers
+        under each node (added ones made here), each provider's settings (capacity, long
+        capacity and threshold, priority, queue limits, enabled) and the ``models[]`` candidate
+        lists. The nodes must be the ones this pool was built with, and a provider may not move
+        to another node (see the module docstring): raises ``ValueError`` naming the
+        difference otherwise.
         """
         nodes = {n.id: n for n in config.nodes}
         if set(nodes) != set(self._nodes):
             raise ValueError(
                 f"nodes differ: running {sorted(self._nodes)}, candidate {sorted(nodes)}"
             )
+        states: dict[str, ProviderState] = {}
+        per_node: dict[str, tuple[ProviderState, ...]] = {}
         configs: dict[str, ProviderConfig] = {}
-        for node_id, state in self._nodes.items():
-            running = {res.provider_id for res in state.resources}
-            candidate = {p.id: p for p in nodes[node_id].providers}
-            if set(candidate) != running or len(candidate) != len(nodes[node_id].providers):
-                raise ValueError(
-                    f"node {node_id}: providers differ: running {sorted(running)}, "
-                    f"candidate {sorted(p.id for p in nodes[node_id].providers)}"
-                )
-            configs.update(candidate)
+        for node_id, node in nodes.items():
+            under: list[ProviderState] = []
+            for p in node.providers:
+                if p.id in states:
+                    raise ValueError(f"node {node_id}: provider {p.id} is configured twice")
+                state = self._state_for(node_id, p)
+                states[p.id] = state
+                configs[p.id] = p
+                under.append(state)
+            per_node[node_id] = tuple(under)
         models: dict[str, tuple[Candidate, ...]] = {}
         memberships: dict[str, set[str]] = {pid: set() for pid in configs}
         for model in config.models:
             candidates: list[Candidate] = []
             for ref in model.providers:
-                found = self._resources.get(ref.provider_id)
+                found = states.get(ref.provider_id)
                 if found is None or found.provider_id in {c.ref.provider_id for c in candidates}:
                     self.log.warn(
                         "model {model_id}: ignoring unknown or repeated provider {provider_id}",
@@ -387,10 +406,30 @@ class ProviderPool:
                 memberships[found.provider_id].add(model.id)
             models[model.id] = tuple(candidates)
         return PoolPlan(
+            nodes=per_node,
             configs=configs,
             enabled={pid: c.enabled for pid, c in configs.items()},
             memberships={pid: frozenset(m) for pid, m in memberships.items()},
             models=models,
+        )
+
+    def _state_for(self, node_id: str, config: ProviderConfig) -> ProviderState:
+        """The state provider ``config`` has under ``node_id`` in a plan: its own if configured
+        or retiring there, a new one if it is new; ``ValueError`` if it is elsewhere."""
+        pid = config.id
+        known = self._resources.get(pid) or self._retiring.get(pid)
+        if known is None:
+            return ProviderState(node_id, config)
+        if known.node_id == node_id:
+            return known
+        if pid in self._resources:
+            raise ValueError(
+                f"provider {pid} moved from node {known.node_id} to node {node_id}: "
+                "a restart is required"
+            )
+        raise ValueError(
+            f"provider {pid} still holds {known.in_flight} leases on node {known.node_id} "
+            f"since its removal: it can be added to node {node_id} once they have ended"
         )
 
     def switch(self, plan: PoolPlan) -> PoolPlan:
@@ -398,20 +437,58 @@ class ProviderPool:
         Take ``plan`` (from :meth:`plan` on this pool) as the catalog, at once and without
         failing; returns the plan that switches back. Held leases are untouched: they finish on
         the slot they hold, and a capacity lowered below ``in_flight`` grants nothing until
-        releases bring it below. Nobody's outcome changes until :meth:`pump`.
+        releases bring it below. An added provider takes its node's active generation (live
+        at once if the node is ready); a removed one retires (see the module docstring). Nobody's
+        outcome changes until :meth:`pump`.
         """
         undo = PoolPlan(
+            nodes={nid: tuple(node.resources) for nid, node in self._nodes.items()},
             configs={pid: res.config for pid, res in self._resources.items()},
             enabled={pid: res.enabled for pid, res in self._resources.items()},
             memberships={pid: frozenset(res.models) for pid, res in self._resources.items()},
             models=dict(self._models),
         )
+        resources: dict[str, ProviderState] = {}
+        for node_id, under in plan.nodes.items():
+            node = self._nodes[node_id]
+            node.resources = list(under)
+            for res in under:
+                pid = res.provider_id
+                res.config = plan.configs[pid]
+                res.enabled = plan.enabled[pid]
+                res.models = set(plan.memberships[pid])
+                res.generation = node.active
+                resources[pid] = res
+                if self._retiring.pop(pid, None) is not None:
+                    self.log.info(
+                        "provider {provider_id} on node {node_id} added back while retiring",
+                        provider_id=pid,
+                        node_id=node_id,
+                    )
+                elif pid not in self._resources:
+                    self.log.info(
+                        "provider {provider_id} added on node {node_id}",
+                        provider_id=pid,
+                        node_id=node_id,
+                    )
         for pid, res in self._resources.items():
-            res.config = plan.configs[pid]
-            res.enabled = plan.enabled[pid]
-            res.models = set(plan.memberships[pid])
+            if pid not in resources:
+                self._retire(res)
+        self._resources = resources
         self._models = dict(plan.models)
         return undo
+
+    def _retire(self, res: ProviderState) -> None:
+        """A provider left the catalog: it retires until its last lease is returned."""
+        res.models = set()
+        if res.leases:
+            self._retiring[res.provider_id] = res
+        self.log.info(
+            "provider {provider_id} removed from node {node_id}: {held} leases finish on it",
+            provider_id=res.provider_id,
+            node_id=res.node_id,
+            held=res.in_flight,
+        )
 
     def pump(self) -> None:
         """
@@ -455,7 +532,7 @@ class ProviderPool:
         grants: dict[tuple[str, str], int] = {}
         releases: dict[tuple[str, str, str], int] = {}
         in_flight: dict[tuple[str, str], int] = {}
-        for pid, res in self._resources.items():
+        for pid, res in self._held_states():
             key = (pid, res.node_id)
             grants[key] = res.grants
             releases[(*key, "released")] = res.released
@@ -482,12 +559,13 @@ class ProviderPool:
         and the waiters in arrival order.
         """
         providers: dict[str, dict[str, Any]] = {}
-        for pid, res in self._resources.items():
+        for pid, res in self._held_states():
             live = self.counters(res.node_id, pid)
             providers[pid] = {
                 "node_id": res.node_id,
                 "generation": res.generation,
                 "enabled": res.enabled,
+                "removed": pid in self._retiring,
                 "live": res.live,
                 "capacity": res.config.capacity,
                 "long_capacity": res.config.long_capacity,
@@ -509,7 +587,36 @@ class ProviderPool:
             ],
         }
 
+    def removed(self, node_id: str) -> list[tuple[ProviderConfig, dict[str, int]]]:
+        """
+        The providers removed from ``node_id`` by a refresh whose leases have not all ended
+        yet (retiring), each with its last config and its held leases (``in_flight``,
+        ``long_in_flight``; never queued: a removed provider has no waiters).
+        """
+        return [
+            (
+                res.config,
+                {
+                    "in_flight": res.in_flight,
+                    "long_in_flight": res.long_in_flight,
+                    "queued": 0,
+                    "long_queued": 0,
+                },
+            )
+            for res in self._retiring.values()
+            if res.node_id == node_id
+        ]
+
+    def provider_ids(self) -> list[str]:
+        """Every provider this pool has leases or a place in the catalog for: the configured
+        ones in config order, then the retiring ones."""
+        return [pid for pid, _ in self._held_states()]
+
     # -- internals ---------------------------------------------------------------------------
+
+    def _held_states(self) -> list[tuple[str, ProviderState]]:
+        """The configured providers, then the retiring ones."""
+        return [*self._resources.items(), *self._retiring.items()]
 
     def _decide(self, waiter: Waiter[Lease]) -> Outcome | Deferred[Outcome]:
         return self._ask(waiter.model_id, waiter.prompt_tokens)
@@ -605,17 +712,29 @@ class ProviderPool:
         return lease
 
     def _release(self, lease: Lease) -> None:
-        res = self._resources[lease.provider_id]
-        if not res.drop(lease):
+        pid = lease.provider_id
+        res = self._resources.get(pid) or self._retiring.get(pid)
+        # (None: removed, and every lease it held since returned, this one by a fence.)
+        if res is None or not res.drop(lease):
             return
         # The table sees this return before the pump's next grant.
         self._table.release(lease.lease_id)
+        if not res.leases and self._retiring.get(pid) is res:
+            del self._retiring[pid]
+            self.log.info(
+                "removed provider {provider_id} on node {node_id}: its last lease ended",
+                provider_id=pid,
+                node_id=res.node_id,
+            )
         self.pump()
 
     def _fence_node(self, node_id: str, node: _NodeState) -> None:
         generation = node.active
         node.active = None
-        returned = [lease for res in node.resources for lease in res.fence()]
+        retiring = [res for res in self._retiring.values() if res.node_id == node_id]
+        for res in retiring:
+            del self._retiring[res.provider_id]
+        returned = [lease for res in [*node.resources, *retiring] for lease in res.fence()]
         self.log.info(
             "node {node_id} generation {generation} fenced: {returned} leases returned",
             node_id=node_id,

@@ -23,6 +23,14 @@ with the node it is pinned to (null: the single ready node) and ``available``: w
 is ready (unpinned: whether exactly one node is, as the route resolver requires). Together
 they are every model a client may name.
 
+A provider a config refresh removed while it held leases stays listed, after its node's
+configured providers, until its last lease on this Edge has ended: ``status=removed``,
+``health=draining``, ``capacity=0``, and ``in_flight``/``long_in_flight`` the leases still held
+(the work an operator sees finishing), from the pool's :class:`RemovedProviders`. Dropped at
+once instead, its running streams would vanish from ``/status``, the console and the
+``iop_provider_*`` gauges while they still run on the node; the node's ``providers`` list
+names only the configured ones.
+
 In a cluster (``cluster:`` in edge.yaml) each provider's counters are this Edge's own leases
 and waiters, and ``cluster`` is the view across Edges
 (:meth:`~iop.edge.cluster.table.ClusterLeaseTable.view`): Redis reachable or not, every Edge's
@@ -31,7 +39,7 @@ waiters, the leases held per provider over every Edge.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from iop.config.model import EdgeConfig, ProviderConfig
 
@@ -52,6 +60,13 @@ class ProviderCounters(Protocol):
     """Live lease and queue occupancy; the provider pool provides it."""
 
     def counters(self, node_id: str, provider_id: str) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class RemovedProviders(Protocol):
+    """Providers removed by a refresh whose leases have not all ended; the pool provides it."""
+
+    def removed(self, node_id: str) -> list[tuple[ProviderConfig, dict[str, int]]]: ...
 
 
 _ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
@@ -91,6 +106,9 @@ def snapshot(
         )
         for provider in node.providers:
             provider_entries.append(_provider_entry(node.id, provider, ready, live))
+        if isinstance(live, RemovedProviders):
+            for provider, held in live.removed(node.id):
+                provider_entries.append(_removed_entry(node.id, provider, held))
     status: dict[str, Any] = {
         "edge": {"id": config.id, "mode": config.security.mode},
         "nodes": node_entries,
@@ -160,4 +178,10 @@ def _provider_entry(
             long_capacity=p.long_capacity,
             **live.counters(node_id, p.id),
         )
+    return entry
+
+
+def _removed_entry(node_id: str, p: ProviderConfig, held: dict[str, int]) -> dict[str, Any]:
+    entry = _provider_entry(node_id, p, False, NoDispatchCounters())
+    entry.update(status="removed", health="draining", capacity=0, long_capacity=0, **held)
     return entry

@@ -59,7 +59,15 @@ Status
     lately with its waiters, and the leases held per provider over every Edge, refreshed every
     :data:`VIEW_SEC` (this Edge's own report goes up in the same call); whether Redis answered
     the last time, and whether the view is stale. It holds no clock readings, so two reads of
-    an idle cluster are equal.
+    an idle cluster are equal. The providers it reports are the pool's at each report
+    (:meth:`~iop.edge.leasetable.IWaiters.provider_ids`): a provider a config refresh added
+    shows from the next report on, a removed one until its last lease on this Edge has ended
+    (the leases other Edges hold on it are theirs to report until they refresh).
+
+Providers added and removed by a config refresh
+    Nothing here is per provider but the view: a grant names its candidates with their
+    capacities each time, and a lease is renewed and released by its id, so a provider new to
+    the catalog is granted on at once and a removed one's leases renew until released.
 """
 
 from __future__ import annotations
@@ -146,7 +154,8 @@ class ClusterLeaseTable:
     ) -> None:
         """
         ``store``: the shared table; ``provider_ids``: every configured provider (the cluster
-        view reports their leases over every Edge).
+        view reports their leases over every Edge), until a pool is attached: from then on the
+        pool's (:meth:`~iop.edge.leasetable.IWaiters.provider_ids`, which a refresh changes).
         """
         self._store = store
         self._clock = clock
@@ -326,11 +335,13 @@ class ClusterLeaseTable:
         self._redis_up = False
 
     def _report(self) -> Deferred[None]:
-        queued = dict(self._waiters.waiting()) if self._waiters is not None else {}
+        waiters = self._waiters
+        queued = dict(waiters.waiting()) if waiters is not None else {}
+        providers = list(waiters.provider_ids()) if waiters is not None else self._provider_ids
         lifetime_ms = int(VIEW_SEC * VIEW_LIFETIMES * 1000)
-        return self._store.view(
-            self._edge_id, queued, self._provider_ids, lifetime_ms
-        ).addCallbacks(self._viewed, self._unreachable)
+        return self._store.view(self._edge_id, queued, providers, lifetime_ms).addCallbacks(
+            self._viewed, self._unreachable
+        )
 
     def _viewed(self, view: ClusterView) -> None:
         self._redis_up = True

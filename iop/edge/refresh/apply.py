@@ -5,18 +5,20 @@ Apply a refreshed config's live changes to the running Edge: all of them togethe
 :class:`LiveApplier` holds the running config (:attr:`LiveApplier.config`) and its generation
 (:attr:`LiveApplier.generation`, 1 at start, +1 per apply) and switches the Edge parts that
 read config at dispatch time: the provider pool (capacities, priorities, queue limits, enabled
-toggles, ``models[]`` candidate lists), the gateway (model map and generation policy, providers,
-protocol profiles), the direct-route resolver, the credential issuer (``credentials[]``: slots,
-secrets, revisions, enabled; a binding made before the switch no longer seals) and the node
-registry (a node registering afterwards gets the new config in its ``RegisterResponse``).
+toggles, ``models[]`` candidate lists, providers added and removed), the gateway (model map
+and generation policy, providers, protocol profiles), the direct-route resolver, the credential
+issuer (``credentials[]``: slots, secrets, revisions, enabled, the providers' slots; a binding
+made before the switch no longer seals) and the node registry (a node registering afterwards
+gets the new config in its ``RegisterResponse``).
 
 :meth:`LiveApplier.apply` takes a candidate the classifier found all live
 (:mod:`iop.edge.refresh.classify`) and, in this order:
 
 1. re-checks the invariants a live switch relies on — the same nodes, the same adapters on each
-   node (all settings but ``max_concurrency``, which the node resizes live), the same provider
-   ids under each node with the same adapter instance, type and category — and raises
-   ``ValueError`` naming the difference, changing nothing;
+   node (all settings but ``max_concurrency``, which the node resizes live), providers added
+   or removed only on adapters the node runs (:mod:`iop.edge.refresh.catalog`), each kept
+   provider with the same adapter instance, type and category — and raises ``ValueError``
+   naming the difference, changing nothing;
 2. prepares everything that can fail: the pool's new catalog, every node's new payload;
 3. switches every part, each step only assignments; if one step raises anyway, the steps
    already taken are switched back and the exception propagates: the running config is as it
@@ -30,9 +32,10 @@ registry (a node registering afterwards gets the new config in its ``RegisterRes
    Waiters whose model has no live candidate left end ``Unavailable`` at once.
 
 Requests already placed finish on the lease and placement they hold; a lowered capacity drains
-by releases (no grant until ``in_flight`` is below it). It returns the ids of the *ready* nodes
-whose ``NodeConfigPayload`` content changed (``config_revision`` aside), in config order: the
-nodes a refresh must push the new payload to, and no other.
+by releases (no grant until ``in_flight`` is below it), a removed provider's leases end as its
+work does (the pool keeps it retiring until then, :mod:`iop.edge.pool`). It returns the ids of
+the *ready* nodes whose ``NodeConfigPayload`` content changed (``config_revision`` aside), in
+config order: the nodes a refresh must push the new payload to, and no other.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from iop.edge.credentials import CredentialIssuer
 from iop.edge.gateway import EdgeGateway
 from iop.edge.payload import build_node_payload
 from iop.edge.pool import PoolPlan, ProviderPool
+from iop.edge.refresh.catalog import restart_reasons
 from iop.edge.registry import NodeRegistry, PayloadBuilder
 from iop.edge.routes import RouteResolver
 from iop.wire import runtime_pb2 as pb
@@ -62,10 +66,12 @@ ConfigListener = Callable[[EdgeConfig], None]
 
 def check_live_invariants(running: EdgeConfig, candidate: EdgeConfig) -> None:
     """
-    What a live switch needs to hold between ``running`` and ``candidate``: the same node ids,
-    per node the same adapters (by name, all settings) and the same provider ids, and per
-    provider the same adapter instance, type and category (what a lease carries to the node).
-    Raises ``ValueError`` naming the first difference.
+    What a live switch needs to hold between ``running`` and ``candidate``: the same node ids;
+    per node the same adapters (by name, all settings); providers added or removed only as
+    :func:`~iop.edge.refresh.catalog.restart_reasons` allows (on an adapter the node runs, not
+    moved between nodes, no adapter's profile changed); per provider kept the same adapter
+    instance, type and category (what a lease carries to the node). Raises ``ValueError``
+    naming the first difference.
     """
     old_nodes = {n.id: n for n in running.nodes}
     new_nodes = {n.id: n for n in candidate.nodes}
@@ -73,19 +79,24 @@ def check_live_invariants(running: EdgeConfig, candidate: EdgeConfig) -> None:
         added = sorted(set(new_nodes) - set(old_nodes))
         removed = sorted(set(old_nodes) - set(new_nodes))
         raise ValueError(f"nodes added {added} / removed {removed}: a restart is required")
+    # A provider's own reason first: it names the provider an adapter change came with.
+    for (node_id, pid), reason in restart_reasons(running, candidate).items():
+        raise ValueError(
+            f"node {node_id}: provider {pid} added or removed ({reason}): a restart is required"
+        )
     for node_id, old in old_nodes.items():
         new = new_nodes[node_id]
         if _adapters(old.adapters) != _adapters(new.adapters):
-            raise ValueError(f"node {node_id}: adapters changed: a restart is required")
+            raise ValueError(
+                f"node {node_id}: adapters changed: a restart is required (the node answers "
+                "restart_required to an adapter change)"
+            )
         old_providers = {p.id: p for p in old.providers}
         new_providers = {p.id: p for p in new.providers}
-        if set(old_providers) != set(new_providers):
-            raise ValueError(
-                f"node {node_id}: providers {sorted(old_providers)} became "
-                f"{sorted(new_providers)}: a restart is required"
-            )
         for pid, p in old_providers.items():
-            q = new_providers[pid]
+            q = new_providers.get(pid)
+            if q is None:
+                continue
             for name in ("adapter_instance", "type", "category"):
                 before, after = getattr(p, name), getattr(q, name)
                 # A disabled provider's adapter is not resolved (its instance is empty): enabling

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any, Literal
 
 from iop.config.model import (
@@ -50,6 +50,7 @@ from iop.config.model import (
     Team,
     UsageConfig,
 )
+from iop.edge.refresh.catalog import restart_reasons
 from iop.edge.refresh.report import (
     ABSENT,
     MODES,
@@ -150,6 +151,11 @@ _NODE_ID = "node token/alias/agent kind: fixed at registration"
 _ADAPTER = "adapter settings: the node builds its adapters from them"
 _EXECUTION = "a provider execution field: the node's adapter runs with it"
 _CATALOG = "provider type/category/adapter/models: the node's resource catalog"
+_PROVIDER_ENTRY = (
+    "on an adapter the node runs: the pool, status, lease table and credential issuer take it "
+    "at once, in-flight work on a removed one finishes (restart: an adapter new on the node, "
+    "a move between nodes, an adapter's protocol profile changed)"
+)
 _POOL = "the provider pool applies it to the next dispatch"
 _LONG = "a pool capacity like capacity: the provider pool applies it to the next dispatch"
 _MODEL = "models[] display/provider mapping: the Edge's routing, for the next dispatch"
@@ -232,8 +238,8 @@ RULES: dict[type, dict[str, Rule]] = {
             "providers",
             ProviderConfig,
             "id",
-            RESTART,
-            "a new or removed provider changes the node's resource catalog",
+            LIVE,
+            _PROVIDER_ENTRY,
             "provider",
             PROJECT,
         ),
@@ -435,7 +441,27 @@ def classify(running: EdgeConfig, candidate: EdgeConfig) -> list[ChangeReport]:
     """Every change from ``running`` to ``candidate``, in config order, each with its class."""
     reports: list[ChangeReport] = []
     _diff(reports, "", running, candidate, EdgeConfig, _Scope())
-    return reports
+    return _providers_added_or_removed(reports, restart_reasons(running, candidate))
+
+
+def _providers_added_or_removed(
+    reports: list[ChangeReport], reasons: dict[tuple[str, str], str]
+) -> list[ChangeReport]:
+    """
+    A provider added or removed is live unless :func:`~iop.edge.refresh.catalog.restart_reasons`
+    says why not: then its own report is ``restart_required`` and says so.
+    """
+    if not reasons:
+        return reports
+    out: list[ChangeReport] = []
+    for r in reports:
+        reason = reasons.get((r.node, r.provider))
+        entry = r.path.endswith("]") and ABSENT in (r.old, r.new)
+        if reason and entry and r.change_class == LIVE:
+            what = "added" if r.old == ABSENT else "removed (position in the running config)"
+            r = replace(r, change_class=RESTART, detail=f"{what}; {reason}")
+        out.append(r)
+    return out
 
 
 def _join(prefix: str, key: str) -> str:

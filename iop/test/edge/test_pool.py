@@ -679,7 +679,7 @@ class ReconfigureTests(PoolTestCase):
         self.pool.pump()
         self.assertEqual([lease.provider_id for lease in waiting], ["p3"])
 
-    def test_nodes_and_provider_ids_must_stay(self) -> None:
+    def test_nodes_must_stay_and_providers_not_move(self) -> None:
         config = make_config(self.nodes, self.models)
         n1, n2 = config.nodes
         cases = [
@@ -692,7 +692,7 @@ class ReconfigureTests(PoolTestCase):
                         dataclasses.replace(n2, providers=(*n2.providers, n1.providers[1])),
                     ),
                 ),
-                "node n1: providers differ",
+                "provider p2 moved from node n1 to node n2",
             ),
         ]
         before = self.pool.snapshot()

@@ -326,7 +326,8 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (AdapterConfig, "max_concurrency"): [(f"{A}.max_concurrency", LIVE)],
     # Provider catalog and execution fields restart, pool fields live (seed); the project's
     # additions as the README table decides.
-    (ProviderConfig, "id"): [(P, RESTART), (P, RESTART)],
+    # A new id is one provider removed and another added, on an adapter the node runs: live.
+    (ProviderConfig, "id"): [(P, LIVE), (P, LIVE)],
     (ProviderConfig, "adapter"): [(f"{P}.adapter", RESTART)],
     (ProviderConfig, "adapter_instance"): [(f"{P}.adapter", RESTART)],
     (ProviderConfig, "category"): [(f"{P}.category", RESTART)],
@@ -845,13 +846,13 @@ class EntryTests(SynchronousTestCase):
                     base,
                     lambda n: dataclasses.replace(n, providers=(*n.providers, provider("b-new"))),
                 ),
-                [("nodes[1].providers[2]", ABSENT, "b-new", RESTART)],
+                [("nodes[1].providers[2]", ABSENT, "b-new", LIVE)],
             ),
             (
                 LOCATORS[NodeConfig](
                     base, lambda n: dataclasses.replace(n, providers=n.providers[1:])
                 ),
-                [("nodes[1].providers[0]", "b-chat", ABSENT, RESTART)],
+                [("nodes[1].providers[0]", "b-chat", ABSENT, LIVE)],
             ),
             (
                 LOCATORS[NodeConfig](
@@ -1013,7 +1014,7 @@ class FromYamlTests(SynchronousTestCase, EdgeConfigTestMixin):
             ),
             ([], {"TOKEN_A": "rotated-token"}, [("nodes[0].token", RESTART)]),
             ([], {"UPSTREAM_KEY": OTHER_SECRET}, [("nodes[0].adapters[0].headers", RESTART)]),
-            ([drop("nodes.0.providers.1")], {}, [("nodes[0].providers[1]", RESTART)]),
+            ([drop("nodes.0.providers.1")], {}, [("nodes[0].providers[1]", LIVE)]),
         ]
         for mutations, environ, expected in cases:
             candidate = self.load(*mutations, environ=environ)
