@@ -13,6 +13,11 @@ the node pusher, ``POST /config/refresh`` and SIGHUP), the admin surface
 client request publishes a :class:`~iop.edge.events.RequestFinished` on the event bus. After a
 refresh applied the new config is :attr:`EdgeService.config`.
 
+Stopping (SIGTERM) drains first (:mod:`iop.edge.ingress.drain`): the client listener closes and
+the work in flight gets ``edge.drain_timeout_sec`` to finish while everything else — the node
+link and its listener, the cluster's Redis, the usage ledger, the admin surface — still runs;
+only then does the tree stop as before.
+
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener
 (:func:`~iop.edge.link.check_managed_transport`). Open files (:mod:`iop.edge.descriptors`) are
 read, raised and shared out before anything else: the client listener gets the caps that are
@@ -26,7 +31,9 @@ import functools
 from typing import Any
 
 from twisted.application.service import IService, MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.python import usage
 
 from iop.config import ConfigError, load_edge_config
@@ -73,6 +80,8 @@ class Options(usage.Options):
 
 class EdgeService(MultiService):
     """The Edge's service tree; its parts are attributes for tests and later wiring."""
+
+    _log = Logger()
 
     def __init__(self, config: EdgeConfig, reactor: Any) -> None:
         super().__init__()
@@ -136,6 +145,12 @@ class EdgeService(MultiService):
         )
         self.applier.add_listener(self.client_api.use_config)
         self.clients = self.client_api.app
+
+    def stopService(self) -> Deferred[Any]:
+        """Drain the client API (module docstring), then stop every part."""
+        drained = self.client_api.drain.run(self.config.drain_timeout_sec)
+        drained.addErrback(lambda failure: self._log.failure("drain failed", failure))
+        return drained.addCallback(lambda _: MultiService.stopService(self))
 
     def _use_config(self, config: EdgeConfig) -> None:
         """The applier's switch (and its undo): the running config is this one."""

@@ -5,7 +5,8 @@ The client API as a part of an Edge: :func:`build` makes the
 the event bus) with the access log that reads the bus, and :meth:`ClientApi.listener` its
 listener on ``openai.listen`` (or a port shared with ``openai.reuse_port``) under the
 connection caps the Edge's open-file limit affords — so the Edge's composition root only hands
-the service to its tree.
+the service to its tree. :attr:`ClientApi.drain` winds that listener down when the Edge stops
+(:mod:`iop.edge.ingress.drain`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from iop.edge.accesslog import AccessLog
 from iop.edge.descriptors import ClientCaps
 from iop.edge.events import EventBus
 from iop.edge.ingress.app import ClientApp
+from iop.edge.ingress.drain import Drain
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
 from iop.edge.ingress.sources import Gateway
 from iop.edge.quota import InProcessQuotaTable, QuotaGate
@@ -37,6 +39,8 @@ class ClientApi:
     access_log: AccessLog
     # The keys' and teams' limits and budgets the pipeline reserves against.
     gate: QuotaGate
+    # The listener's drain when the Edge stops (it knows the site once listener() made it).
+    drain: Drain
 
     def use_config(self, config: EdgeConfig) -> None:
         """A refresh applied: the client keys, their limits and budgets follow it."""
@@ -59,6 +63,7 @@ class ClientApi:
         except ReusePortUnavailable as e:
             raise usage.UsageError(str(e)) from None
         site = self.app.site(caps)
+        self.drain.attach(site)
         clients = StreamServerEndpointService(ObservedEndpoint(endpoint, site.listening), site)
         clients._raiseSynchronously = True
         clients.setName("clients")
@@ -81,4 +86,4 @@ def build(
     # One access log line per finished client request.
     access_log = AccessLog(clock=reactor)
     bus.subscribe(access_log.observe)
-    return ClientApi(config, app, access_log, gate)
+    return ClientApi(config, app, access_log, gate, Drain(reactor, lambda: app.active))
