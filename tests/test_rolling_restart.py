@@ -14,13 +14,12 @@ A stopping Edge drains (``edge.drain_timeout_sec``, iop.edge.ingress.drain), wit
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import sys
 import threading
 import time
 from typing import Any
-
-import logging
 
 import openai
 import pytest
@@ -109,7 +108,7 @@ class Load:
                 assert text, "an empty answer"
                 with self._lock:
                     self.ok += 1
-            except Exception as e:  # noqa: BLE001 - every failure is the test's finding
+            except Exception as e:
                 with self._lock:
                     self.failed.append(f"{type(e).__name__}: {e}")
             stream = not stream
@@ -149,8 +148,8 @@ def test_a_rolling_restart_under_load_loses_nothing(
             wait_until(lambda: load.ok >= 20, 30, "the load running")
             for edge in (a, b):
                 restart(cluster, edge)
-                before = load.ok
-                wait_until(lambda: load.ok >= before + 20, 30, f"load served after {edge.name}")
+                wanted = load.ok + 20
+                wait_until(lambda: load.ok >= wanted, 30, f"load served after {edge.name}")  # noqa: B023
         finally:
             load.stop()
     assert load.failed == [], load.failed[:5]
@@ -217,16 +216,14 @@ def test_at_the_bound_what_is_left_is_cut(cluster: Cluster) -> None:
     """A drain's bound reached: what is left is cut, the Edge exits 0 and says so."""
     upstream = cluster.start_fake("fake_openai", "--tokens", "100", "--delay-ms", "100")
     edge = serve_alone(cluster, upstream, drain_timeout_sec=1)
-    client = openai.OpenAI(
-        base_url=cluster.client_url + "/v1", api_key=CLIENT_KEY, max_retries=0
-    )
+    client = openai.OpenAI(base_url=cluster.client_url + "/v1", api_key=CLIENT_KEY, max_retries=0)
     errors: list[str] = []
 
     def stream() -> None:
         try:
             for _ in client.chat.completions.create(model="chat", messages=MESSAGES, stream=True):
                 pass
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             errors.append(type(e).__name__)
 
     thread = threading.Thread(target=stream, daemon=True)

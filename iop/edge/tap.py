@@ -21,8 +21,10 @@ only then does the tree stop as before.
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener
 (:func:`~iop.edge.link.check_managed_transport`). Open files (:mod:`iop.edge.descriptors`) are
 read, raised and shared out before anything else: the client listener gets the caps that are
-left. Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd` (the log
-observer ``logging:`` asks for; a refresh switches its level).
+left. Once every listener listens, :class:`~iop.edge.banner.Banner` logs one line with the
+version and each listener's URL. Under twistd the service comes wrapped by
+:func:`iop.logs.twistd.for_twistd` (the log observer ``logging:`` asks for; a refresh switches
+its level).
 """
 
 from __future__ import annotations
@@ -37,8 +39,11 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from iop.config import ConfigError, load_edge_config
+from iop.config.edge import split_endpoint
 from iop.config.model import EdgeConfig
+from iop.daemon.errors import config_problem
 from iop.edge import admin_service, link
+from iop.edge.banner import Banner
 from iop.edge.cluster import service as cluster
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.descriptors import OpenFiles, descriptor_caps, raise_soft_limit
@@ -58,7 +63,7 @@ from iop.security.keys import KeyFileError
 from iop.usage import service as usage_service
 from iop.version import version_line
 
-__all__ = ["EdgeService", "Options", "check_managed_transport", "makeService"]
+__all__ = ["EdgeService", "Options", "check_managed_transport", "listen_settings", "makeService"]
 
 
 class Options(usage.Options):
@@ -75,7 +80,8 @@ class Options(usage.Options):
         try:
             self.edge_config: EdgeConfig = load_edge_config(self["config"])
         except ConfigError as e:
-            raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
+            path = self["config"]
+            raise usage.UsageError(config_problem(f"invalid config {path}", e, path)) from None
 
 
 class EdgeService(MultiService):
@@ -178,12 +184,23 @@ def makeService(
     except KeyFileError as e:
         raise usage.UsageError(f"managed mode: {e}") from None
     report.setName("descriptors")
+    nodes = edge.link.listener(config, reactor)
+    admin = edge.admin_surface.listener(config, reactor)
+    clients = edge.client_api.listener(caps, reactor)
+    node_scheme = "tls" if config.tls is not None and not config.plaintext_nodes else "tcp"
+    listeners = [
+        ("clients", "http", clients),
+        ("nodes", node_scheme, nodes),
+        ("admin", "http", admin),
+    ]
     parts = [
-        edge.link.listener(config, reactor),
-        edge.admin_surface.listener(config, reactor),
-        edge.client_api.listener(caps, reactor),
+        nodes,
+        admin,
+        clients,
         report,
         edge.refresh.on_signal(reactor),
+        # One line once every listener listens: the version and each one's URL.
+        Banner([listener for listener in listeners if listener[2] is not None]),
         # Run by twistd: a daemon's startup objects leave the garbage collector's work.
         FrozenStartup() if options.parent is not None else None,
     ]
@@ -194,6 +211,23 @@ def makeService(
     if isinstance(top, TwistdLogging):
         edge.applier.add_listener(functools.partial(_use_logging, top))
     return top
+
+
+def listen_settings(options: Options) -> dict[int, str]:
+    """The port each listener setting binds (port 0 left out: it cannot be in use), for a
+    startup failure to name (:mod:`iop.daemon.errors`)."""
+    config = options.edge_config
+    endpoints = [
+        ("listen.nodes", config.node_listen),
+        ("listen.admin", config.admin_listen),
+        ("openai.listen", config.client_api.listen or ""),
+    ]
+    settings: dict[int, str] = {}
+    for setting, endpoint in endpoints:
+        args, _ = split_endpoint(endpoint) if endpoint else ([], {})
+        if len(args) > 1 and args[0] == "tcp" and args[1].isdigit() and int(args[1]):
+            settings.setdefault(int(args[1]), setting)
+    return settings
 
 
 def _use_logging(top: TwistdLogging, config: EdgeConfig) -> None:

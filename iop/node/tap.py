@@ -45,6 +45,7 @@ from twisted.web.client import HTTPConnectionPool
 from iop.config import ConfigError, load_node_config
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags
+from iop.daemon.errors import config_problem
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node import link
@@ -128,7 +129,7 @@ class Options(usage.Options):
             try:
                 self.node_config: NodeDaemonConfig = load_node_config(path)
             except ConfigError as e:
-                raise usage.UsageError(f"invalid config {path}:\n{e}") from None
+                raise usage.UsageError(config_problem(f"invalid config {path}", e, path)) from None
             return
         if self["config"] is not None:
             raise usage.UsageError(
@@ -145,7 +146,7 @@ class Options(usage.Options):
                 store=self["store"],
             )
         except ConfigError as e:
-            raise usage.UsageError(f"invalid flags:\n{e}") from None
+            raise usage.UsageError(config_problem("invalid flags", e)) from None
 
 
 def lease_keys(config: NodeDaemonConfig) -> NodeLeaseKeys | None:

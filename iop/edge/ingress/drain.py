@@ -89,10 +89,11 @@ class Drain:
         if site is None:
             # No client listener (or it never listened): nothing to drain.
             return succeed(None)
-        self._done = done = Deferred()
+        done: Deferred[None] = Deferred()
+        self._done = done
         started = self._clock.seconds()
         site.draining = True
-        accepted = _close_listener(site)
+        accepted, closed = _close_listener(site)
         for channel in list(site.live):
             channel.drain()
         requests, connections = self.in_flight()
@@ -105,7 +106,7 @@ class Drain:
             accepted=accepted,
             timeout=timeout,
         )
-        state = _State(started, started + timeout)
+        state = _State(started, started + timeout, closed)
         poll = state.poll = LoopingCall(self._poll, site, state)
         poll.clock = self._clock
         poll.start(POLL_SEC, now=True).addErrback(
@@ -151,7 +152,8 @@ class Drain:
         # (A later run finds nothing left and returns at once.)
         self._site = None
         if done is not None:
-            done.callback(None)
+            # Done once the listening socket is closed too (a turn of the reactor after).
+            state.closed.addBoth(lambda _: done.callback(None))
 
 
 def _share(running: Deferred[None]) -> Deferred[None]:
@@ -169,8 +171,9 @@ def _share(running: Deferred[None]) -> Deferred[None]:
 class _State:
     """One drain's progress."""
 
-    def __init__(self, started: float, deadline: float) -> None:
+    def __init__(self, started: float, deadline: float, closed: Deferred[None]) -> None:
         self.started = started
+        self.closed = closed
         self.deadline = deadline
         self.cut_at: float | None = None
         self.cut = 0
@@ -178,11 +181,12 @@ class _State:
         self.poll: LoopingCall | None = None
 
 
-def _close_listener(site: ClientSite) -> int:
-    """Accept what the listening port has queued, then close it; how many were accepted."""
+def _close_listener(site: ClientSite) -> tuple[int, Deferred[None]]:
+    """Accept what the listening port has queued, then close it: how many were accepted, and
+    a Deferred that fires once the socket is closed."""
     port: Any = site.connections.port
     if port is None or not getattr(port, "connected", False):
-        return 0
+        return 0, succeed(None)
     before = len(site.live)
     accept = getattr(port, "doRead", None)
     if accept is not None and not getattr(port, "disconnecting", False):
@@ -191,5 +195,10 @@ def _close_listener(site: ClientSite) -> int:
             accept()
             if len(site.live) == count:
                 break
-    port.stopListening()
-    return len(site.live) - before
+    closing = port.stopListening()
+    closed: Deferred[None] = Deferred()
+    if isinstance(closing, Deferred):
+        closing.addBoth(lambda _: closed.callback(None))
+    else:
+        closed.callback(None)
+    return len(site.live) - before, closed

@@ -120,6 +120,8 @@ class ClientSite(Site):
     """
 
     protocol = ClientChannel  # type: ignore[assignment]  # an HTTPChannel, not the H2 switch
+    # No "Starting factory <... at 0x...>" lines: the Edge's start banner names its listeners.
+    noisy = False
 
     def __init__(
         self,

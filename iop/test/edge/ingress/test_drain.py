@@ -7,8 +7,8 @@ accepting what it had queued, idle connections close, a request being served fin
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from twisted.internet.testing import EventLoggingObserver
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -66,9 +66,9 @@ class DrainCase(SynchronousTestCase):
         self.drain.attach(self.wire.site)
         self.port = FakePort(self.wire, 0)
         self.wire.site.listening(self.port)
-        self.logged: list[dict[str, Any]] = []
-        globalLogPublisher.addObserver(self.logged.append)
-        self.addCleanup(globalLogPublisher.removeObserver, self.logged.append)
+        self.logged = EventLoggingObserver()
+        globalLogPublisher.addObserver(self.logged)
+        self.addCleanup(globalLogPublisher.removeObserver, self.logged)
 
     def run_drain(self, timeout: float = 30.0) -> list[object]:
         fired: list[object] = []
