@@ -345,9 +345,12 @@ def both_ready(edge: Edge) -> bool:
 
 
 def start_edge(cluster: Cluster, edge: Edge) -> None:
-    edge.daemon = cluster.daemon("iop-edge", cluster.root / f"{edge.name}.yaml", edge.name).start()
+    path = cluster.root / f"{edge.name}.yaml"
+    edge.daemon = cluster.daemon("iop-edge", path, edge.name).start()
     wait_until(lambda: port_open(edge.admin_port), 20, f"{edge.name} admin port")
-    wait_until(lambda: port_open(edge.client_port), 20, f"{edge.name} client port")
+    # (A shared port, openai.reuse_port, is joined once the Edge's nodes are ready.)
+    if not yaml.safe_load(path.read_text())["openai"].get("reuse_port"):
+        wait_until(lambda: port_open(edge.client_port), 20, f"{edge.name} client port")
 
 
 def write_node(cluster: Cluster, name: str, token_var: str, edges: tuple[Edge, ...]) -> None:

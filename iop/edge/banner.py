@@ -65,6 +65,9 @@ class Banner(Service):
         gatherResults(ports, consumeErrors=True).addCallbacks(self._announce, lambda _: None)
 
     def _announce(self, ports: list[Any]) -> None:
+        if any(port is None for port in ports):
+            # A listener stopped before it listened (the Edge stopped while starting).
+            return
         urls = [
             (name, listener_url(scheme, port.getHost()))
             for (name, scheme, _), port in zip(self._listeners, ports, strict=True)

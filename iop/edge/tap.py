@@ -9,7 +9,9 @@ this order: the cluster (:mod:`iop.edge.cluster.service`, with ``cluster:``), th
 loopback plaintext), the gateway, config refresh (:mod:`iop.edge.refresh.build`: the applier,
 the node pusher, ``POST /config/refresh`` and SIGHUP), the admin surface
 (:mod:`iop.edge.admin_service`: Klein app, auth, console, metrics, ``GET /usage``) and, when
-``openai.listen`` is set, the client API (:mod:`iop.edge.ingress.service`); every finished
+``openai.listen`` is set, the client API (:mod:`iop.edge.ingress.service`; with
+``openai.reuse_port`` it joins the shared port once its nodes are ready,
+:mod:`iop.edge.ingress.join`); every finished
 client request publishes a :class:`~iop.edge.events.RequestFinished` on the event bus. After a
 refresh applied the new config is :attr:`EdgeService.config`.
 
@@ -50,6 +52,7 @@ from iop.edge.descriptors import OpenFiles, descriptor_caps, raise_soft_limit
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress import service as ingress
+from iop.edge.ingress.join import JoinGate
 from iop.edge.leasetable import InProcessTable
 from iop.edge.ledger import LedgerFeed
 from iop.edge.link import check_managed_transport
@@ -186,7 +189,13 @@ def makeService(
     report.setName("descriptors")
     nodes = edge.link.listener(config, reactor)
     admin = edge.admin_surface.listener(config, reactor)
-    clients = edge.client_api.listener(caps, reactor)
+    join = None
+    if config.client_api.reuse_port:
+        # A port shared with other Edges: join it once the nodes are ready here.
+        gate = JoinGate([node.id for node in config.nodes], reactor)
+        edge.registry.add_observer(gate)
+        join = gate.wait
+    clients = edge.client_api.listener(caps, reactor, join)
     node_scheme = "tls" if config.tls is not None and not config.plaintext_nodes else "tcp"
     listeners = [
         ("clients", "http", clients),

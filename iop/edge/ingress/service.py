@@ -11,10 +11,12 @@ the service to its tree. :attr:`ClientApi.drain` winds that listener down when t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.defer import Deferred
 from twisted.python import usage
 
 from iop.config.model import ClientAPIConfig, EdgeConfig
@@ -47,11 +49,17 @@ class ClientApi:
         self.gate.use_config(config)
         self.app.pipeline.use_config(config)
 
-    def listener(self, caps: ClientCaps | None, reactor: Any) -> StreamServerEndpointService | None:
+    def listener(
+        self,
+        caps: ClientCaps | None,
+        reactor: Any,
+        join: Callable[[], Deferred[None]] | None = None,
+    ) -> StreamServerEndpointService | None:
         """
         The client listener (named ``clients``) with the connection caps ``caps`` (None: as
         configured); ``None`` without ``openai.listen``. It raises at start when its port
-        cannot be had.
+        cannot be had. With ``openai.reuse_port`` and ``join``, it listens once ``join()``
+        fires (:mod:`iop.edge.ingress.join`).
 
         @raise usage.UsageError: ``openai.reuse_port`` where this system cannot share a port.
         """
@@ -59,7 +67,7 @@ class ClientApi:
             return None
         try:
             # openai.reuse_port: a port shared with this host's other Edge processes.
-            endpoint = client_endpoint(reactor, self.config)
+            endpoint = client_endpoint(reactor, self.config, join)
         except ReusePortUnavailable as e:
             raise usage.UsageError(str(e)) from None
         site = self.app.site(caps)
