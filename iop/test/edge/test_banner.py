@@ -82,3 +82,16 @@ class BannerServiceTests(SynchronousTestCase):
         clients._waitingForPort.errback(RuntimeError("cannot bind"))
         clients._waitingForPort.addErrback(lambda f: None)
         self.assertIsNone(banner.line)
+
+
+class QuietFactoryTests(SynchronousTestCase):
+    """The banner names the listeners: our factories log no "Starting factory <... at 0x...>"."""
+
+    def test_our_factories_are_quiet(self) -> None:
+        from iop.edge.admin_service import AdminSite
+        from iop.edge.cluster.redis import _LeaseFactory, _WakeFactory
+        from iop.edge.ingress.http import ClientSite
+        from iop.edge.transport import NodeConnectionFactory
+
+        for factory in (AdminSite, ClientSite, NodeConnectionFactory, _LeaseFactory, _WakeFactory):
+            self.assertFalse(factory.noisy, factory)
