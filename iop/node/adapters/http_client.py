@@ -104,6 +104,7 @@ class _NoDelay:
     def connect(self, protocol_factory: IProtocolFactory) -> Deferred[IProtocol]:
         if hasattr(protocol_factory, "noisy"):
             protocol_factory.noisy = False
+
         def no_delay(protocol: IProtocol) -> IProtocol:
             set_no_delay = getattr(getattr(protocol, "transport", None), "setTcpNoDelay", None)
             if set_no_delay is not None:
