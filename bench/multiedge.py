@@ -274,7 +274,6 @@ def start_group(
             f"{edge.name}'s admin listener",
         )
         child.check()
-    wait_until(lambda: port_open(group.client_port), 30, f"{name}'s client port")
     group.nodes_shared, configs = node_configs(root, group.edges, env)
     for i, node_config in enumerate(configs, 1):
         path = root / f"node-{i}.yaml"
@@ -299,6 +298,8 @@ def start_group(
         )
         for node in group.nodes:
             node.check()
+    # Every Edge joins the shared client port once its nodes are ready.
+    wait_until(lambda: port_open(group.client_port), 30, f"{name}'s client port")
     return group
 
 

@@ -397,7 +397,8 @@ class Cluster:
         edge.start()
         wait_until(lambda: port_open(self.admin_port), 20, "edge admin port")
         section = yaml.safe_load(config.read_text()).get("openai") or {}
-        if section.get("listen"):
+        # (A shared port, openai.reuse_port, is joined once the Edge's nodes are ready.)
+        if section.get("listen") and not section.get("reuse_port"):
             wait_until(lambda: port_open(self.client_port), 20, "edge client API port")
         return edge
 

@@ -287,10 +287,11 @@ def chat_node(
 
 
 def two_edges(
-    cluster: Cluster, redis: RedisServer, *, delay_ms: int
+    cluster: Cluster, redis: RedisServer, *, delay_ms: int, reuse_port: bool = False
 ) -> tuple[Edge, Edge, int, int]:
     """Edges A and B (one cluster), nodes node-a and node-b each dialing both, each node's
-    provider (capacity 4) in front of its own fake upstream; all ready on both Edges."""
+    provider (capacity 4) in front of its own fake upstream; all ready on both Edges. With
+    ``reuse_port`` both Edges share A's client port (``openai.reuse_port``)."""
     cluster.env["IOP_TEST_REDIS_PASSWORD"] = redis.password
     cluster.env["IOP_TEST_NODE_B_TOKEN"] = secrets.token_urlsafe(24)
     upstreams = [
@@ -298,7 +299,7 @@ def two_edges(
         for _ in range(2)
     ]
     a = Edge("edge", cluster.node_port, cluster.admin_port, cluster.client_port)
-    b = Edge("edge-b", free_port(), free_port(), free_port())
+    b = Edge("edge-b", free_port(), free_port(), a.client_port if reuse_port else free_port())
     path = cluster.write_edge_config(
         protocol_profiles=[OPENAI_CHAT_PROFILE],
         nodes=[
@@ -312,7 +313,7 @@ def two_edges(
                 "default_max_tokens": 64,
             }
         ],
-        openai=cluster.client_api(),
+        openai=cluster.client_api(reuse_port=True) if reuse_port else cluster.client_api(),
         cluster=cluster_section(redis, "edge-a"),
     )
     write_second_edge(cluster, path, b)
@@ -344,9 +345,12 @@ def both_ready(edge: Edge) -> bool:
 
 
 def start_edge(cluster: Cluster, edge: Edge) -> None:
-    edge.daemon = cluster.daemon("iop-edge", cluster.root / f"{edge.name}.yaml", edge.name).start()
+    path = cluster.root / f"{edge.name}.yaml"
+    edge.daemon = cluster.daemon("iop-edge", path, edge.name).start()
     wait_until(lambda: port_open(edge.admin_port), 20, f"{edge.name} admin port")
-    wait_until(lambda: port_open(edge.client_port), 20, f"{edge.name} client port")
+    # (A shared port, openai.reuse_port, is joined once the Edge's nodes are ready.)
+    if not yaml.safe_load(path.read_text())["openai"].get("reuse_port"):
+        wait_until(lambda: port_open(edge.client_port), 20, f"{edge.name} client port")
 
 
 def write_node(cluster: Cluster, name: str, token_var: str, edges: tuple[Edge, ...]) -> None:

@@ -102,10 +102,10 @@ def test_a_port_taken_without_reuse_port_is_refused(cluster: Cluster, tmp_path: 
     second.write_chat_edge_config(
         upstream, edge={"id": "edge-2"}, openai=second.client_api(reuse_port=True)
     )
-    # Not in the fixture's list: twistd reports a listener it could not bind with a traceback.
+    # Not in the fixture's list: it fails to start (one line naming openai.listen).
     argv = [TWISTD, "--nodaemon", "--pidfile=", "--logfile=-", "iop-edge", "--config"]
     daemon = Daemon(
         "edge-2", [*argv, str(second.root / "edge.yaml")], second.env, second.root / "edge.log"
     )
     assert daemon.start().wait(30) != 0
-    assert "Address already in use" in daemon.output()
+    assert f"openai.listen: 127.0.0.1:{first.client_port} is already in use" in daemon.output()

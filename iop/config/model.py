@@ -24,6 +24,8 @@ DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024
 DEFAULT_RECONNECT_MAX_ATTEMPTS = 10
 DEFAULT_RECONNECT_INTERVAL_SEC = 10.0
 DEFAULT_STORE_PATH = "file:iop.db?cache=shared&mode=rwc"
+# edge.drain_timeout_sec: a stopping Edge's work in flight gets this long to finish.
+DEFAULT_DRAIN_TIMEOUT_SEC = 30.0
 
 # Managed mode (``security:`` in edge.yaml and node.yaml).
 SECURITY_MODES = frozenset({"legacy", "managed"})
@@ -607,6 +609,8 @@ class EdgeConfig:
     cluster: ClusterConfig | None = None
     usage: UsageConfig = field(default_factory=lambda: UsageConfig())
     source_path: str = ""
+    # edge.drain_timeout_sec: how long a stopping Edge lets its work in flight finish.
+    drain_timeout_sec: float = DEFAULT_DRAIN_TIMEOUT_SEC
 
     @property
     def node_listen_endpoint(self) -> str:

@@ -40,6 +40,9 @@ class AdminSite(Site):
     polls, every few seconds) are not logged one line each; its writes (runs, commands,
     refreshes) are."""
 
+    # No "Starting factory <... at 0x...>" lines: the Edge's start banner names its listeners.
+    noisy = False
+
     def log(self, request: Any) -> None:
         if request.method not in (b"GET", b"HEAD"):
             super().log(request)

@@ -65,7 +65,7 @@ class NodeLink:
             try:
                 context_factory = server_context_factory(config.tls)
             except TLSConfigError as e:
-                raise usage.UsageError(str(e)) from None
+                raise usage.UsageError(f"node_transport.tls: {e}") from None
             factory = TLSMemoryBIOFactory(context_factory, False, self.factory)
         nodes = StreamServerEndpointService(
             serverFromString(reactor, config.node_listen_endpoint), factory

@@ -9,15 +9,24 @@ this order: the cluster (:mod:`iop.edge.cluster.service`, with ``cluster:``), th
 loopback plaintext), the gateway, config refresh (:mod:`iop.edge.refresh.build`: the applier,
 the node pusher, ``POST /config/refresh`` and SIGHUP), the admin surface
 (:mod:`iop.edge.admin_service`: Klein app, auth, console, metrics, ``GET /usage``) and, when
-``openai.listen`` is set, the client API (:mod:`iop.edge.ingress.service`); every finished
+``openai.listen`` is set, the client API (:mod:`iop.edge.ingress.service`; with
+``openai.reuse_port`` it joins the shared port once its nodes are ready,
+:mod:`iop.edge.ingress.join`); every finished
 client request publishes a :class:`~iop.edge.events.RequestFinished` on the event bus. After a
 refresh applied the new config is :attr:`EdgeService.config`.
+
+Stopping (SIGTERM) drains first (:mod:`iop.edge.ingress.drain`): the client listener closes and
+the work in flight gets ``edge.drain_timeout_sec`` to finish while everything else — the node
+link and its listener, the cluster's Redis, the usage ledger, the admin surface — still runs;
+only then does the tree stop as before.
 
 Managed mode (``security.mode: managed``) will not start without mTLS on the node listener
 (:func:`~iop.edge.link.check_managed_transport`). Open files (:mod:`iop.edge.descriptors`) are
 read, raised and shared out before anything else: the client listener gets the caps that are
-left. Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd` (the log
-observer ``logging:`` asks for; a refresh switches its level).
+left. Once every listener listens, :class:`~iop.edge.banner.Banner` logs one line with the
+version and each listener's URL. Under twistd the service comes wrapped by
+:func:`iop.logs.twistd.for_twistd` (the log observer ``logging:`` asks for; a refresh switches
+its level).
 """
 
 from __future__ import annotations
@@ -26,18 +35,24 @@ import functools
 from typing import Any
 
 from twisted.application.service import IService, MultiService
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.python import usage
 
 from iop.config import ConfigError, load_edge_config
+from iop.config.edge import split_endpoint
 from iop.config.model import EdgeConfig
+from iop.daemon.errors import config_problem
 from iop.edge import admin_service, link
+from iop.edge.banner import Banner
 from iop.edge.cluster import service as cluster
 from iop.edge.credentials import CredentialIssuer
 from iop.edge.descriptors import OpenFiles, descriptor_caps, raise_soft_limit
 from iop.edge.events import EventBus
 from iop.edge.gateway import EdgeGateway
 from iop.edge.ingress import service as ingress
+from iop.edge.ingress.join import JoinGate
 from iop.edge.leasetable import InProcessTable
 from iop.edge.ledger import LedgerFeed
 from iop.edge.link import check_managed_transport
@@ -51,7 +66,7 @@ from iop.security.keys import KeyFileError
 from iop.usage import service as usage_service
 from iop.version import version_line
 
-__all__ = ["EdgeService", "Options", "check_managed_transport", "makeService"]
+__all__ = ["EdgeService", "Options", "check_managed_transport", "listen_settings", "makeService"]
 
 
 class Options(usage.Options):
@@ -68,11 +83,14 @@ class Options(usage.Options):
         try:
             self.edge_config: EdgeConfig = load_edge_config(self["config"])
         except ConfigError as e:
-            raise usage.UsageError(f"invalid config {self['config']}:\n{e}") from None
+            path = self["config"]
+            raise usage.UsageError(config_problem(f"invalid config {path}", e, path)) from None
 
 
 class EdgeService(MultiService):
     """The Edge's service tree; its parts are attributes for tests and later wiring."""
+
+    _log = Logger()
 
     def __init__(self, config: EdgeConfig, reactor: Any) -> None:
         super().__init__()
@@ -137,6 +155,12 @@ class EdgeService(MultiService):
         self.applier.add_listener(self.client_api.use_config)
         self.clients = self.client_api.app
 
+    def stopService(self) -> Deferred[Any]:
+        """Drain the client API (module docstring), then stop every part."""
+        drained = self.client_api.drain.run(self.config.drain_timeout_sec)
+        drained.addErrback(lambda failure: self._log.failure("drain failed", failure))
+        return drained.addCallback(lambda _: MultiService.stopService(self))
+
     def _use_config(self, config: EdgeConfig) -> None:
         """The applier's switch (and its undo): the running config is this one."""
         self.config = config
@@ -163,12 +187,29 @@ def makeService(
     except KeyFileError as e:
         raise usage.UsageError(f"managed mode: {e}") from None
     report.setName("descriptors")
+    nodes = edge.link.listener(config, reactor)
+    admin = edge.admin_surface.listener(config, reactor)
+    join = None
+    if config.client_api.reuse_port:
+        # A port shared with other Edges: join it once the nodes are ready here.
+        gate = JoinGate([node.id for node in config.nodes], reactor)
+        edge.registry.add_observer(gate)
+        join = gate.wait
+    clients = edge.client_api.listener(caps, reactor, join)
+    node_scheme = "tls" if config.tls is not None and not config.plaintext_nodes else "tcp"
+    listeners = [
+        ("clients", "http", clients),
+        ("nodes", node_scheme, nodes),
+        ("admin", "http", admin),
+    ]
     parts = [
-        edge.link.listener(config, reactor),
-        edge.admin_surface.listener(config, reactor),
-        edge.client_api.listener(caps, reactor),
+        nodes,
+        admin,
+        clients,
         report,
         edge.refresh.on_signal(reactor),
+        # One line once every listener listens: the version and each one's URL.
+        Banner([listener for listener in listeners if listener[2] is not None]),
         # Run by twistd: a daemon's startup objects leave the garbage collector's work.
         FrozenStartup() if options.parent is not None else None,
     ]
@@ -179,6 +220,23 @@ def makeService(
     if isinstance(top, TwistdLogging):
         edge.applier.add_listener(functools.partial(_use_logging, top))
     return top
+
+
+def listen_settings(options: Options) -> dict[int, str]:
+    """The port each listener setting binds (port 0 left out: it cannot be in use), for a
+    startup failure to name (:mod:`iop.daemon.errors`)."""
+    config = options.edge_config
+    endpoints = [
+        ("listen.nodes", config.node_listen),
+        ("listen.admin", config.admin_listen),
+        ("openai.listen", config.client_api.listen or ""),
+    ]
+    settings: dict[int, str] = {}
+    for setting, endpoint in endpoints:
+        args, _ = split_endpoint(endpoint) if endpoint else ([], {})
+        if len(args) > 1 and args[0] == "tcp" and args[1].isdigit() and int(args[1]):
+            settings.setdefault(int(args[1]), setting)
+    return settings
 
 
 def _use_logging(top: TwistdLogging, config: EdgeConfig) -> None:

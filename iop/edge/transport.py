@@ -444,6 +444,8 @@ class NodeConnectionFactory(Factory):
     """Builds one :class:`NodeConnection` per node socket, sharing the registry."""
 
     protocol = NodeConnection  # type: ignore[assignment]
+    # No "Starting factory <... at 0x...>" lines: the Edge's start banner names its listeners.
+    noisy = False
 
     def __init__(
         self,

@@ -60,6 +60,7 @@ from iop.config.join import JoinString, JoinStringError
 from iop.config.join import decode as decode_join
 from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags, reconnect_attempts
+from iop.daemon.errors import config_problem
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node import link
@@ -171,7 +172,7 @@ class Options(usage.Options):
             try:
                 self.node_config: NodeDaemonConfig = load_node_config(path)
             except ConfigError as e:
-                raise usage.UsageError(f"invalid config {path}:\n{e}") from None
+                raise usage.UsageError(config_problem(f"invalid config {path}", e, path)) from None
             self.node_config = self._reconnect(self.node_config)
             return
         if self["config"] is not None:
@@ -190,7 +191,7 @@ class Options(usage.Options):
                 join=join,
             )
         except ConfigError as e:
-            raise usage.UsageError(f"invalid flags:\n{e}") from None
+            raise usage.UsageError(config_problem("invalid flags", e)) from None
         self.node_config = self._reconnect(self.node_config)
 
     def _join(self) -> JoinString | None:

@@ -6,7 +6,9 @@ OpenAI-compatible upstream, an Ollama upstream and a scripted CLI coding agent.
 
 Creates ``var/demo/`` on first use (dev PKI, a random node token, the agent's workspace; kept so
 restarts reuse them), starts the fakes, ``twistd -n iop-edge`` and ``twistd -n iop-node`` as
-child processes, prints how to try it (with each node's PID), and stops everything on Ctrl-C. A
+child processes, prints how to try it (with each node's PID) once both nodes are ready on the
+Edge (its ``/status``: the first request it suggests is served, not refused with a 503
+``node_unavailable``), and stops everything on Ctrl-C. A
 node that stops — `kill <pid>` to watch its queue drain to the other — leaves the Edge and the
 other node serving; the Edge or a fake stopping ends the demo. The token reaches both
 daemons as ``${IOP_DEMO_NODE_TOKEN}`` / ``${IOP_DEMO_NODE_B_TOKEN}``; never into the configs.
@@ -24,6 +26,7 @@ both are gone (or Redis or a fake stops).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import shutil
@@ -33,7 +36,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+import urllib.request
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -273,6 +277,45 @@ def start_nodes(
     }
 
 
+# How long the launcher waits for its nodes to be ready on every Edge before it prints its banner.
+NODES_READY_SEC = 60.0
+
+
+def nodes_ready(admin: str, node_ids: Iterable[str]) -> bool:
+    """Every node of ``node_ids`` is connected and ready on the Edge whose admin URL is
+    ``admin`` (its ``/status``)."""
+    try:
+        with urllib.request.urlopen(admin + "/status", timeout=2) as response:
+            snapshot = json.loads(response.read())
+    except (OSError, ValueError):
+        return False
+    nodes = {node.get("id"): node for node in snapshot.get("nodes", [])}
+    return all(
+        nodes.get(n, {}).get("connected") and nodes[n].get("state") == "ready" for n in node_ids
+    )
+
+
+def wait_for_nodes(
+    admins: Iterable[str], children: Sequence[subprocess.Popen[bytes]], timeout: float
+) -> bool:
+    """
+    Wait until both demo nodes are ready on every Edge of ``admins``: the banner comes after,
+    so that the first request it suggests is served (not a 503 ``node_unavailable``). False
+    after ``timeout`` seconds, or when a child of ``children`` has exited.
+    """
+    ids = [name for name, _ in NODE_CONFIGS]
+    pending = list(admins)
+    deadline = time.monotonic() + timeout
+    while pending:
+        pending = [admin for admin in pending if not nodes_ready(admin, ids)]
+        if not pending:
+            return True
+        if time.monotonic() > deadline or any(c.poll() is not None for c in children):
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def try_it_lines(admin: str) -> str:
     """The commands to try, against the client port and the admin listener ``admin``."""
     run = "curl -N -X POST " + admin + '/runs -d \'{"model": "%s", "input": "hello"}\''
@@ -320,6 +363,8 @@ def run_single() -> int:
         essential = [child for tier in children.tiers for child in tier]
         nodes = start_nodes(children, DEMO_CONFIG)
         admin = EDGE.admin
+        if not wait_for_nodes([admin], essential, NODES_READY_SEC):
+            print("the demo nodes are not ready yet; see their logs above", file=sys.stderr)
         print(
             "\nIOP demo is up: edge (nodes on 127.0.0.1:7443 over TLS, client API on :8080 with\n"
             "key sk-iop-demo, admin on :8081), nodes demo-a and demo-b, and fake providers behind\n"
@@ -451,6 +496,9 @@ def run_cluster() -> int:
                 return 1
         essential = list(children.tiers[BACKENDS])
         nodes = start_nodes(children, CLUSTER_CONFIG, labelled=True)
+        admins = [spec.admin for spec in CLUSTER_EDGES]
+        if not wait_for_nodes(admins, [*essential, *edges.values()], NODES_READY_SEC):
+            print("the demo nodes are not ready yet; see their logs above", file=sys.stderr)
         print(cluster_banner(edges, nodes), flush=True)
         gone: set[str] = set()
         while all(child.poll() is None for child in essential):

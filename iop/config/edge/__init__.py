@@ -102,7 +102,8 @@ def _edge_config(
     top = as_section(issues, "", data)
     if top is None:
         return None
-    edge_id = identity_section(top)
+    identity = identity_section(top)
+    edge_id = identity.id
     listen = listen_section(top)
     admin = admin_section(top, listen, base_dir=base_dir, environ=environ)
     # Read first: the mode decides what the rest of the file must hold.
@@ -140,6 +141,7 @@ def _edge_config(
         return None
     return EdgeConfig(
         id=edge_id,
+        drain_timeout_sec=identity.drain_timeout_sec,
         node_listen=listen.nodes,
         admin_listen=listen.admin,
         tls=transport.tls,

@@ -1,7 +1,13 @@
 # -*- test-case-name: iop.test.config.test_edge_config,iop.test.config.test_admin_section -*-
 """
-The Edge's own identity and listeners in edge.yaml: ``edge:`` (its id), ``listen:`` (where
-nodes and the admin API connect) and ``admin:`` (the admin API's bearer token).
+The Edge's own identity and listeners in edge.yaml: ``edge:`` (its id and how long it drains
+when it stops), ``listen:`` (where nodes and the admin API connect) and ``admin:`` (the admin
+API's bearer token).
+
+``edge.drain_timeout_sec`` (default 30 s, 0 = cut at once) bounds a stopping Edge's drain: the
+client listener closes at once, the work in flight gets this long to finish, what is left is
+then cancelled (:mod:`iop.edge.ingress.drain`). A service manager's stop timeout must exceed it
+(``TimeoutStopSec`` in the systemd units).
 """
 
 from __future__ import annotations
@@ -12,12 +18,13 @@ from dataclasses import dataclass
 from iop.config.checks import check_id, check_tcp_endpoint, endpoint_interface
 from iop.config.edge import links
 from iop.config.errors import Section
-from iop.config.model import AdminConfig, NodeToken
+from iop.config.model import DEFAULT_DRAIN_TIMEOUT_SEC, AdminConfig, NodeToken
 from iop.config.secrets import edge_node_token
 
 __all__ = [
     "DEFAULT_ADMIN_LISTEN",
     "DEFAULT_EDGE_ID",
+    "Identity",
     "Listen",
     "admin_section",
     "identity_section",
@@ -40,15 +47,24 @@ class Listen:
     admin_interface: str | None = "127.0.0.1"
 
 
-def identity_section(top: Section) -> str:
-    """``edge.id`` (``edge`` when absent)."""
+@dataclass(frozen=True)
+class Identity:
+    """``edge:`` as read."""
+
+    id: str = DEFAULT_EDGE_ID
+    drain_timeout_sec: float = DEFAULT_DRAIN_TIMEOUT_SEC
+
+
+def identity_section(top: Section) -> Identity:
+    """``edge.id`` (``edge`` when absent) and ``edge.drain_timeout_sec`` (>= 0)."""
     identity = top.section("edge")
-    edge_id = DEFAULT_EDGE_ID
-    if identity is not None:
-        edge_id = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
-        check_id(top.issues, identity.path_of("id"), edge_id)
-        identity.finish()
-    return edge_id
+    if identity is None:
+        return Identity()
+    edge_id = identity.string("id", DEFAULT_EDGE_ID, nonempty=True)
+    check_id(top.issues, identity.path_of("id"), edge_id)
+    drain = identity.number("drain_timeout_sec", DEFAULT_DRAIN_TIMEOUT_SEC, minimum=0)
+    identity.finish()
+    return Identity(edge_id, drain)
 
 
 def listen_section(top: Section) -> Listen:

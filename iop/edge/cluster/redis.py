@@ -131,6 +131,8 @@ class _LeaseFactory(txredisapi.RedisFactory):  # type: ignore[misc]
     """The lease connection's factory: says when a connection joins its pool (usable)."""
 
     protocol = _LeaseProtocol
+    # No "Starting factory <... at 0x...>" line at every (re)connect.
+    noisy = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -292,6 +294,8 @@ class _WakeFactory(txredisapi.RedisFactory):  # type: ignore[misc]
     reconnect) and reports then, since wake-ups published while it was down are lost."""
 
     protocol = _WakeProtocol
+    # No "Starting factory <... at 0x...>" line at every (re)connect.
+    noisy = False
 
     def __init__(self, channel: str, on_wake: Callable[[], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -96,6 +96,8 @@ class ClientApp:
     ) -> None:
         self._config = config
         self._clock = clock
+        # Requests whose handler is running (placed work included): what a drain waits for.
+        self.active = 0
         # Each finished request's record goes here (the Edge's event bus); None: not recorded.
         self._publish = publish
         self.pipeline = Pipeline(gateway, config, clock, gate)
@@ -161,9 +163,11 @@ class ClientApp:
     ) -> bytes:
         surface = route.surface or surface_of(request)
         record = self._record(request, surface, route.operation)
+        self.active += 1
         try:
             return await self._handle(Exchange(request, record), surface, route, arguments or {})
         finally:
+            self.active -= 1
             if record is not None:
                 record.handler_done()
 

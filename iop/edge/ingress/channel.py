@@ -36,6 +36,14 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
 With ``openai.cors``, a refusal to a request from an allowed origin carries the
 ``Access-Control-*`` headers (:mod:`.cors`), so a page can read why it was refused.
 
+**Draining** (the Edge stops, :mod:`.drain`): :meth:`ClientChannel.drain` closes a kept-alive
+connection with no request at once; a request already read, or still arriving, is served to
+its end and answered with ``Connection: close`` (a response already started gets no header:
+the connection closes after it), so no request the Edge has read is refused, and a client's
+next request opens a connection that lands on another Edge. :meth:`ClientChannel.cut` aborts
+the connection when the drain's bound has passed (the work is cancelled as when a client goes
+away).
+
 Every deadline runs on the site's clock (``callLater``). A refusal is a lingering close: the
 answer and a FIN are sent, what the client still sends is read and dropped, and a client that
 has not closed :data:`ABORT_AFTER_SEC` later is aborted.
@@ -269,6 +277,10 @@ class ClientChannel(HTTPChannel):
     # the request being read began.
     publish: Publish | None = None
     _request_start = 0.0
+    # The Edge is stopping: every response closes its connection (:meth:`drain`).
+    draining = False
+    # The site's set of open connections (what a drain waits on); None: not tracked.
+    live: set[ClientChannel] | None = None
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -299,7 +311,42 @@ class ClientChannel(HTTPChannel):
         if self.holds_descriptor and self.counter is not None:
             self.holds_descriptor = False
             self.counter.close()
+        if self.live is not None:
+            self.live.discard(self)
         super().connectionLost(reason)
+
+    # -- draining ------------------------------------------------------------------------------
+
+    def drain(self) -> None:
+        """The Edge stops taking work: close now if no request is on this connection, else
+        close once the one being read or served is answered (module docstring)."""
+        self.draining = True
+        if self._closing:
+            return
+        if self._phase == _IDLE:
+            # Between requests: nothing to lose. (A request crossing this close on the wire
+            # fails as a connection error, which clients retry on a new connection.)
+            self.loseConnection()
+            return
+        for request in self.requests:
+            if not request.startedWriting:
+                request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+        if self._phase != _HEAD:
+            # A request already has its head: close after its answer. (One still in its head
+            # is told at its end, by checkPersistence.)
+            self.persistent = False
+
+    def cut(self) -> None:
+        """The drain's bound passed: abort this connection (its work is cancelled as when the
+        client goes away)."""
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def checkPersistence(self, request: Any, version: bytes) -> bool:
+        if self.draining:
+            request.responseHeaders.setRawHeaders(b"connection", [b"close"])
+            return False
+        return bool(super().checkPersistence(request, version))
 
     def evict(self) -> None:
         """The counter makes room at its total cap: this connection, which has sent no whole

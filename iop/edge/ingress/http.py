@@ -115,10 +115,13 @@ class ClientSite(Site):
     :mod:`iop.edge.descriptors`; None: the config's own); every request is a
     :class:`LimitedRequest`. ``allowed_methods(path)`` names the methods the app serves at a
     path (for ``Allow``); ``methods`` is all of them. :meth:`listening` hands it the port, which
-    the counter pauses at its descriptor cap.
+    the counter pauses at its descriptor cap. :attr:`live` holds every open connection and
+    :attr:`draining` says the Edge is stopping (:mod:`.drain`).
     """
 
     protocol = ClientChannel  # type: ignore[assignment]  # an HTTPChannel, not the H2 switch
+    # No "Starting factory <... at 0x...>" lines: the Edge's start banner names its listeners.
+    noisy = False
 
     def __init__(
         self,
@@ -159,6 +162,9 @@ class ClientSite(Site):
         self._cors = CorsPolicy(config.cors) if config.cors is not None else None
         self._allowed_methods = allowed_methods
         self._publish = publish
+        # Every open connection (what a drain waits on), and whether the Edge is draining.
+        self.live: set[ClientChannel] = set()
+        self.draining = False
 
     def log(self, request: Any) -> None:
         """No combined-log line per request: the Edge's access log has one for each, with what
@@ -181,6 +187,9 @@ class ClientSite(Site):
         channel.methods = self._methods
         channel.allowed_methods = self._allowed_methods
         channel.publish = self._publish
+        channel.draining = self.draining
+        channel.live = self.live
+        self.live.add(channel)
         return channel
 
 

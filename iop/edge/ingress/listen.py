@@ -12,6 +12,10 @@ descriptor and the endpoint closes its own. Every Edge process binding the same 
 joins one group: the kernel spreads new connections over the group's listening sockets, and
 when one process stops the others keep the port.
 
+With a ``join`` (:class:`~iop.edge.ingress.join.JoinGate`'s ``wait``), the endpoint binds at once
+— a port held by a listener without ``SO_REUSEPORT`` is refused at start, as without one — but
+listens only when ``join`` fires: until then the socket is in no group and gets no connection.
+
 Linux only: the kernel balances connections over ``SO_REUSEPORT`` sockets there (3.9 and
 later); other systems either lack the option or give a port's connections to one socket, so
 :func:`client_endpoint` refuses them (:class:`ReusePortUnavailable`). Linux also requires every
@@ -90,6 +94,7 @@ class ReusePortEndpoint:
         *,
         reuse_port_option: int | None = None,
         socket_factory: SocketFactory | None = None,
+        join: Callable[[], defer.Deferred[None]] | None = None,
     ) -> None:
         if not IReactorSocket.providedBy(reactor):
             raise ReusePortUnavailable(
@@ -103,6 +108,7 @@ class ReusePortEndpoint:
         self._backlog = backlog
         self._option = check_reuse_port() if reuse_port_option is None else reuse_port_option
         self._socket_factory = socket_factory or make_socket
+        self._join = join
 
     def __repr__(self) -> str:
         return f"<ReusePortEndpoint {self._interface or '0.0.0.0'}:{self._port}>"
@@ -112,21 +118,38 @@ class ReusePortEndpoint:
         return socket.AF_INET6 if isIPv6Address(self._interface) else socket.AF_INET
 
     def listen(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IListeningPort]:
-        return defer.execute(self._listen, protocolFactory)
+        try:
+            sock = self._bind()
+        except CannotListenError:
+            return defer.fail()
+        if self._join is None:
+            return defer.execute(self._listen, sock, protocolFactory)
+        joined = self._join()
+        # Stopped before joining: the bound socket is closed, never listened on.
+        joined.addErrback(lambda failure: (sock.close(), failure)[1])
+        return joined.addCallback(lambda _: self._listen(sock, protocolFactory))
 
-    def _listen(self, factory: IProtocolFactory) -> IListeningPort:
-        family = self.family
-        sock = self._socket_factory(family, socket.SOCK_STREAM)
+    def _bind(self) -> Any:
+        sock = self._socket_factory(self.family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, self._option, 1)
+            sock.bind((self._interface, self._port))
+        except OSError as e:
+            sock.close()
+            raise CannotListenError(self._interface, self._port, e) from None
+        return sock
+
+    def _listen(self, sock: Any, factory: IProtocolFactory) -> IListeningPort:
         try:
             try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.setsockopt(socket.SOL_SOCKET, self._option, 1)
-                sock.bind((self._interface, self._port))
                 sock.listen(self._backlog)
                 sock.setblocking(False)
             except OSError as e:
                 raise CannotListenError(self._interface, self._port, e) from None
-            port: IListeningPort = self._reactor.adoptStreamPort(sock.fileno(), family, factory)
+            port: IListeningPort = self._reactor.adoptStreamPort(
+                sock.fileno(), self.family, factory
+            )
             return port
         finally:
             # The reactor listens on its own duplicate of the descriptor.
@@ -152,10 +175,14 @@ def reuse_port_endpoint(reactor: Any, description: str, **kwargs: Any) -> ReuseP
     )
 
 
-def client_endpoint(reactor: Any, config: ClientAPIConfig) -> IStreamServerEndpoint:
+def client_endpoint(
+    reactor: Any,
+    config: ClientAPIConfig,
+    join: Callable[[], defer.Deferred[None]] | None = None,
+) -> IStreamServerEndpoint:
     """
     The endpoint ``openai.listen`` names: Twisted's own for it, or a :class:`ReusePortEndpoint`
-    when ``openai.reuse_port`` is on.
+    (listening once ``join`` fires, if given) when ``openai.reuse_port`` is on.
 
     @raise ReusePortUnavailable: ``reuse_port`` on a system without it.
     """
@@ -163,7 +190,7 @@ def client_endpoint(reactor: Any, config: ClientAPIConfig) -> IStreamServerEndpo
     if description is None:
         raise ValueError("openai.listen is not set")
     if config.reuse_port:
-        return reuse_port_endpoint(reactor, description)
+        return reuse_port_endpoint(reactor, description, join=join)
     endpoint: IStreamServerEndpoint = serverFromString(reactor, description)
     return endpoint
 

@@ -5,15 +5,18 @@ The client API as a part of an Edge: :func:`build` makes the
 the event bus) with the access log that reads the bus, and :meth:`ClientApi.listener` its
 listener on ``openai.listen`` (or a port shared with ``openai.reuse_port``) under the
 connection caps the Edge's open-file limit affords — so the Edge's composition root only hands
-the service to its tree.
+the service to its tree. :attr:`ClientApi.drain` winds that listener down when the Edge stops
+(:mod:`iop.edge.ingress.drain`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService
+from twisted.internet.defer import Deferred
 from twisted.python import usage
 
 from iop.config.model import ClientAPIConfig, EdgeConfig
@@ -21,6 +24,7 @@ from iop.edge.accesslog import AccessLog
 from iop.edge.descriptors import ClientCaps
 from iop.edge.events import EventBus
 from iop.edge.ingress.app import ClientApp
+from iop.edge.ingress.drain import Drain
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
 from iop.edge.ingress.sources import Gateway
 from iop.edge.quota import InProcessQuotaTable, QuotaGate
@@ -37,17 +41,25 @@ class ClientApi:
     access_log: AccessLog
     # The keys' and teams' limits and budgets the pipeline reserves against.
     gate: QuotaGate
+    # The listener's drain when the Edge stops (it knows the site once listener() made it).
+    drain: Drain
 
     def use_config(self, config: EdgeConfig) -> None:
         """A refresh applied: the client keys, their limits and budgets follow it."""
         self.gate.use_config(config)
         self.app.pipeline.use_config(config)
 
-    def listener(self, caps: ClientCaps | None, reactor: Any) -> StreamServerEndpointService | None:
+    def listener(
+        self,
+        caps: ClientCaps | None,
+        reactor: Any,
+        join: Callable[[], Deferred[None]] | None = None,
+    ) -> StreamServerEndpointService | None:
         """
         The client listener (named ``clients``) with the connection caps ``caps`` (None: as
         configured); ``None`` without ``openai.listen``. It raises at start when its port
-        cannot be had.
+        cannot be had. With ``openai.reuse_port`` and ``join``, it listens once ``join()``
+        fires (:mod:`iop.edge.ingress.join`).
 
         @raise usage.UsageError: ``openai.reuse_port`` where this system cannot share a port.
         """
@@ -55,10 +67,11 @@ class ClientApi:
             return None
         try:
             # openai.reuse_port: a port shared with this host's other Edge processes.
-            endpoint = client_endpoint(reactor, self.config)
+            endpoint = client_endpoint(reactor, self.config, join)
         except ReusePortUnavailable as e:
             raise usage.UsageError(str(e)) from None
         site = self.app.site(caps)
+        self.drain.attach(site)
         clients = StreamServerEndpointService(ObservedEndpoint(endpoint, site.listening), site)
         clients._raiseSynchronously = True
         clients.setName("clients")
@@ -81,4 +94,4 @@ def build(
     # One access log line per finished client request.
     access_log = AccessLog(clock=reactor)
     bus.subscribe(access_log.observe)
-    return ClientApi(config, app, access_log, gate)
+    return ClientApi(config, app, access_log, gate, Drain(reactor, lambda: app.active))

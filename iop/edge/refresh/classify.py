@@ -143,6 +143,7 @@ PROJECT = "project"
 
 _IDENTITY = "Edge identity"
 _LISTENER = "a listener is bound once, at start"
+_DRAIN = "the drain on stop is set up with the client listener, at start"
 _BOOTSTRAP = "TLS/bootstrap: certificates and keys are loaded at start"
 _TRANSPORT = "control plane: node connections are built with it"
 _OPENAI = "the openai section: the client listener, its keys and routes are built at start"
@@ -179,6 +180,7 @@ _CURRENCY = "the label written beside every cost; cost budgets' running totals a
 RULES: dict[type, dict[str, Rule]] = {
     EdgeConfig: {
         "id": Leaf("edge.id", RESTART, _IDENTITY),
+        "drain_timeout_sec": Leaf("edge.drain_timeout_sec", RESTART, _DRAIN, origin=PROJECT),
         "node_listen": Leaf("listen.nodes", RESTART, _LISTENER),
         "admin_listen": Leaf("listen.admin", RESTART, _LISTENER),
         "tls": Record("node_transport.tls", ServerTLS, RESTART, _BOOTSTRAP),

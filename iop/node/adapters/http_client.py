@@ -94,12 +94,17 @@ def bytes_producer(data: Any) -> IBodyProducer:
 
 @implementer(IStreamClientEndpoint)
 class _NoDelay:
-    """An endpoint whose connections send small writes at once (``TCP_NODELAY``)."""
+    """An endpoint whose connections send small writes at once (``TCP_NODELAY``), and whose
+    factories (the connection pool makes one per upstream connection) log no "Starting
+    factory <...>" / "Stopping factory" line each."""
 
     def __init__(self, endpoint: IStreamClientEndpoint) -> None:
         self._endpoint = endpoint
 
     def connect(self, protocol_factory: IProtocolFactory) -> Deferred[IProtocol]:
+        if hasattr(protocol_factory, "noisy"):
+            protocol_factory.noisy = False
+
         def no_delay(protocol: IProtocol) -> IProtocol:
             set_no_delay = getattr(getattr(protocol, "transport", None), "setTcpNoDelay", None)
             if set_no_delay is not None:

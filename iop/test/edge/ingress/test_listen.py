@@ -21,6 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from iop.config import ConfigError
 from iop.edge.ingress import listen
 from iop.edge.ingress.http import ClientSite
+from iop.edge.ingress.join import JOIN_WAIT_SEC
 from iop.edge.ingress.listen import (
     ReusePortEndpoint,
     ReusePortUnavailable,
@@ -217,6 +218,10 @@ class ClientEndpointTests(SynchronousTestCase):
         reactor, service = self.make_service(True)
         service.startService()
         self.addCleanup(service.stopService)
+        # Bound at once, listening once its nodes are ready or the join bound has passed.
+        self.assertIn(("bind", ("127.0.0.1", 8081)), sockets.made[0].calls)
+        self.assertEqual(reactor.adoptedPorts, [])
+        reactor.advance(JOIN_WAIT_SEC)
         [(fileno, family, factory)] = reactor.adoptedPorts
         self.assertEqual((fileno, family), (42, socket.AF_INET))
         self.assertIsInstance(factory, ClientSite)

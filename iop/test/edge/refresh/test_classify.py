@@ -296,6 +296,7 @@ C = "credentials[1]"
 TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     # Edge identity, listeners, bootstrap, control plane: restart (seed).
     (EdgeConfig, "id"): [("edge.id", RESTART)],
+    (EdgeConfig, "drain_timeout_sec"): [("edge.drain_timeout_sec", RESTART)],
     (EdgeConfig, "node_listen"): [("listen.nodes", RESTART)],
     (EdgeConfig, "admin_listen"): [("listen.admin", RESTART)],
     (EdgeConfig, "plaintext_nodes"): [("node_transport.plaintext", RESTART)],
