@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.python import usage
 
 from iop.config.model import EdgeAddress, NodeDaemonConfig
+from iop.node.drain import NodeDrain
 from iop.node.edges import EdgeLogger, EdgeSupervisors, SupervisedEdge
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
@@ -66,10 +67,13 @@ def build(
     adapter_context: AdapterContext,
     store: RunStore,
     leases: NodeLeaseKeys | None,
+    drain: NodeDrain | None = None,
 ) -> EdgeSupervisors:
     """
     One supervised session per Edge of ``config`` over its endpoint in ``endpoints``
     (:func:`edge_endpoints`), under the service named ``supervisor`` (built, not started).
+    ``drain``: the node's drain, which every session admits its work through and which the
+    supervisors wait for before they stop.
     """
     several = len(config.edges) > 1
     supervised: list[SupervisedEdge] = []
@@ -97,7 +101,9 @@ def build(
             reactor,
             SessionBuilder(
                 adapter_context,
-                setup=make_session_setup(store, reactor, transport_info_for(index), leases=leases),
+                setup=make_session_setup(
+                    store, reactor, transport_info_for(index), leases=leases, drain=drain
+                ),
             ),
             max_frame_bytes=config.max_frame_bytes,
             log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
@@ -115,7 +121,7 @@ def build(
         supervised.append(
             SupervisedEdge(edge.name, not (edge.plaintext or edge.tls is None), supervisor)
         )
-    supervisors = EdgeSupervisors(supervised)
+    supervisors = EdgeSupervisors(supervised, drain)
     supervisors.setName("supervisor")
     group.append(supervisors)
     return supervisors
