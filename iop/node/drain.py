@@ -19,7 +19,7 @@ One :class:`NodeDrain` per process, shared by every Edge's sessions; each sessio
   session refuses new work at once. A session that registers while the node drains (it had
   lost its Edge and redialled) is told nothing either and refuses at once.
 - Work in flight (every item in any session's admission table) runs on. The drain ends when the
-  last of it ends, or at the bound, whichever comes first; what still runs at the bound is cut
+  last of it ends (on the reactor turn after, once its last message is written), or at the bound, whichever comes first; what still runs at the bound is cut
   when the sessions close (the Edge tells its clients the node disconnected), and one line says
   how many were cut.
 - ``drain_timeout_sec`` 0: no drain at all, the sessions close at once (as before drains
@@ -119,6 +119,7 @@ class NodeDrain:
         self.since: float | None = None
         self._waiters: list[Deferred[None]] = []
         self._bound: IDelayedCall | None = None
+        self._settling: IDelayedCall | None = None
 
     @property
     def in_flight(self) -> int:
@@ -178,7 +179,14 @@ class NodeDrain:
     def _left(self, work: object) -> None:
         if self._work.pop(id(work), None) is None:
             return
-        if self.draining and not self._work and not self.drained:
+        if self.draining and not self._work and not self.drained and self._settling is None:
+            # On the next turn: the work leaves its table before its last message is sent,
+            # and the sessions must close after that message, not before.
+            self._settling = self._clock.callLater(0, self._settle)
+
+    def _settle(self) -> None:
+        self._settling = None
+        if not self._work and not self.drained:
             self.log.info("node drained: the last work in flight has ended")
             self._finish()
 
@@ -197,9 +205,10 @@ class NodeDrain:
         self._finish()
 
     def _finish(self) -> None:
-        if self._bound is not None and self._bound.active():
-            self._bound.cancel()
-        self._bound = None
+        for pending in (self._bound, self._settling):
+            if pending is not None and pending.active():
+                pending.cancel()
+        self._bound = self._settling = None
         if self.drained:
             return
         self.drained = True

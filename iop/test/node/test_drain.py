@@ -116,6 +116,9 @@ class NodeDrainTests(SynchronousTestCase):
         self.assertNoResult(ended)
         assert early is not None
         self.edge.finish(early)
+        # On the next turn: after the last work's own last message.
+        self.assertNoResult(ended)
+        self.clock.advance(0)
         self.successResultOf(ended)
         self.assertEqual(self.drain.in_flight, 0)
         self.assertEqual(self.clock.getDelayedCalls(), [])
@@ -123,6 +126,19 @@ class NodeDrainTests(SynchronousTestCase):
     def test_nothing_in_flight_ends_at_once(self) -> None:
         self.successResultOf(self.drain.begin())
         self.assertTrue(self.drain.drained)
+
+    def test_work_entering_in_the_same_turn_keeps_it_draining(self) -> None:
+        running = self.edge.submit("r1")
+        assert running is not None
+        ended = self.drain.begin()
+        self.edge.finish(running)
+        late = self.edge.submit("r2")  # before the Edge's answer: admitted
+        self.clock.advance(0)
+        self.assertNoResult(ended)
+        assert late is not None
+        self.edge.finish(late)
+        self.clock.advance(0)
+        self.successResultOf(ended)
 
     def test_bound_cuts(self) -> None:
         """At the bound the drain ends whatever still runs (the sessions then close)."""
@@ -151,6 +167,7 @@ class NodeDrainTests(SynchronousTestCase):
         first, second = self.drain.begin(), self.drain.begin()
         self.assertEqual(len(self.edge.drainings()), 1)
         self.edge.finish(running)
+        self.clock.advance(0)
         self.successResultOf(first)
         self.successResultOf(second)
         self.successResultOf(self.drain.begin())
@@ -180,6 +197,7 @@ class NodeDrainTests(SynchronousTestCase):
         self.edge.session.connection_lost(Failure(Exception("gone")))
         for job in self.edge.admission.close():
             self.edge.finish(job)
+        self.clock.advance(0)
         self.successResultOf(ended)
         assert running is not None
 
@@ -231,6 +249,8 @@ class SupervisorsDrainTests(SynchronousTestCase):
         self.assertFalse(supervisor.stopped)
         self.assertNoResult(stopped)
         edge.finish(running)
+        self.assertFalse(supervisor.stopped)
+        clock.advance(0)
         self.assertTrue(supervisor.stopped)
         self.successResultOf(stopped)
         self.assertEqual(self.successResultOf(finished), 0)
