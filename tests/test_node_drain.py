@@ -132,4 +132,4 @@ def test_edge_readyz_503_while_draining(cluster: Cluster) -> None:
     assert cluster.status()["edge"]["draining"] is True
     client.join(30)
     assert answered == [200]
-    assert edge.wait(15) == 0
+    assert edge.wait(15) in (0, -signal.SIGTERM)  # twistd ends by the signal it got

@@ -19,9 +19,9 @@ One :class:`NodeDrain` per process, shared by every Edge's sessions; each sessio
   session refuses new work at once. A session that registers while the node drains (it had
   lost its Edge and redialled) is told nothing either and refuses at once.
 - Work in flight (every item in any session's admission table) runs on. The drain ends when the
-  last of it ends (on the reactor turn after, once its last message is written), or at the bound, whichever comes first; what still runs at the bound is cut
-  when the sessions close (the Edge tells its clients the node disconnected), and one line says
-  how many were cut.
+  last of it ends (on the reactor turn after, once its last message is written), or at the
+  bound, whichever comes first; what still runs at the bound is cut when the sessions close (the
+  Edge tells its clients the node disconnected), and one line says how many were cut.
 - ``drain_timeout_sec`` 0: no drain at all, the sessions close at once (as before drains
   existed).
 """
