@@ -35,8 +35,9 @@ from iop.cli.config import ADMIN_ENV, DEFAULT_ADMIN, admin_headers, admin_url
 
 #: What ``iop status --json`` prints (GET /status as the Edge answered it).
 JSON_DOCUMENT = (
-    '{"edge": {"id", "mode"}, "nodes": [{"id", "alias", "connected", "state", "identity", '
-    '"last_refusal", "down_since_unix_ms", "providers"}], "providers": [{"id", "node_id", '
+    '{"edge": {"id", "mode", "draining", "draining_since_unix_ms"}, "nodes": [{"id", "alias", '
+    '"connected", "state", "identity", "last_refusal", "down_since_unix_ms", '
+    '"draining_since_unix_ms", "providers"}], "providers": [{"id", "node_id", '
     '"adapter", "type", "category", "models", "enabled", "priority", "status", "health", '
     '"capacity", "long_capacity", "in_flight", "long_in_flight", "queued", "long_queued"}], '
     '"models": [{"id", "available", "providers": [{"provider_id", "target", "status"}]}], '
@@ -184,9 +185,17 @@ def _nodes(nodes: list[dict[str, Any]], at: float | None) -> list[str]:
 
 def _since(node: dict[str, Any], at: float | None) -> str:
     """For a node that is not connected: ``down since`` when it went away, or that it has not
-    been ready since the Edge started; ``-`` for a connected node."""
+    been ready since the Edge started; ``draining since`` for a connected node that stops;
+    ``-`` for a connected node."""
     if node.get("connected"):
-        return "-"
+        draining = node.get("draining_since_unix_ms")
+        if not isinstance(draining, int):
+            return "-"
+        when = datetime.datetime.fromtimestamp(draining / 1000, datetime.UTC)
+        text = f"draining since {when:%Y-%m-%d %H:%M:%S}Z"
+        if at is not None:
+            text += f" ({_ago(at - draining / 1000)})"
+        return text
     down = node.get("down_since_unix_ms")
     if not isinstance(down, int):
         return "never connected"

@@ -729,6 +729,8 @@ class NodeDaemonConfig:
     logging: LoggingConfig = LoggingConfig()
     source_path: str = ""
     edges: tuple[EdgeAddress, ...] = ()
+    # A stopping node's drain bound (iop.node.drain): 0 closes its sessions at once.
+    drain_timeout_sec: float = 30.0
 
     def __post_init__(self) -> None:
         if not self.edges:

@@ -22,6 +22,10 @@ is left to its default accepts a certificate naming the dialled host as well
 (``ClientTLS.host_name``), so a node.yaml written for the old default keeps working, while the
 flags, a join string and node.yaml now agree on one default.
 
+``drain_timeout_sec`` (default 30, 0 = close at once; ``--drain-timeout`` with the flags) bounds
+a stopping node's drain (:mod:`iop.node.drain`): the systemd unit's ``TimeoutStopSec`` must
+exceed it.
+
 A node dials one Edge (``edge:``) or several (``edges:``, a list of 1..16 mappings with
 ``edge:``'s keys, each checked the same way; repeated or comma-separated ``--edge``). Exactly one
 of the two; every listed Edge gets the same token.
@@ -67,6 +71,8 @@ from iop.config.model import (
 from iop.config.secrets import node_daemon_token
 
 DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
+# How long a stopping node lets its work in flight finish (drain_timeout_sec, --drain-timeout).
+DEFAULT_NODE_DRAIN_TIMEOUT_SEC = 30.0
 # The most Edges one node dials (node.yaml edges:, repeated --edge).
 MAX_EDGES = 16
 # The most a node forgives a lease's expiry for clock drift between it and its Edge.
@@ -317,6 +323,7 @@ def parse_node_config(
     handshake_timeout = top.number(
         "handshake_timeout_sec", DEFAULT_HANDSHAKE_TIMEOUT_SEC, positive=True
     )
+    drain_timeout = top.number("drain_timeout_sec", DEFAULT_NODE_DRAIN_TIMEOUT_SEC, minimum=0)
     logging = logging_section(top)
     top.finish(_EDGE_ONLY_KEYS)
 
@@ -335,6 +342,7 @@ def parse_node_config(
         logging=logging,
         source_path=source_path,
         edges=tuple(edges),
+        drain_timeout_sec=drain_timeout,
     )
 
 

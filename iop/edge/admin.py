@@ -2,7 +2,10 @@
 """
 The small admin HTTP surface (Klein), loopback by default.
 
-- ``GET /healthz``, ``GET /status``
+- ``GET /healthz``, ``GET /status``; ``GET /readyz``: readiness for a load balancer's health
+  check — 200 ``{"status": "ready"}``, or 503 ``{"status": "draining"}`` while this Edge drains
+  (it stops; ``/status`` then says ``edge.draining: true``). ``/healthz`` is liveness: 200 as
+  long as the process answers, draining or not (a supervisor must not restart a draining Edge).
 - ``GET /``, ``GET /console/<asset>``: the live web console; ``GET /events``: its Server-Sent
   Events stream off the event bus (:mod:`iop.edge.console`); 503 when this Edge has none.
 - ``GET /metrics``: Prometheus text exposition of the Edge's own registry
@@ -314,6 +317,13 @@ class AdminApp:
     @app.route("/healthz", methods=["GET"])
     def healthz(self, request: IRequest) -> bytes:
         return _json(request, {"status": "ok"})
+
+    @app.route("/readyz", methods=["GET"])
+    def readyz(self, request: IRequest) -> bytes:
+        edge = self._snapshot().get("edge") or {}
+        if edge.get("draining"):
+            return _json(request, {"status": "draining"}, 503)
+        return _json(request, {"status": "ready"})
 
     @app.route("/status", methods=["GET"])
     def status(self, request: IRequest) -> bytes:

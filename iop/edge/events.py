@@ -27,6 +27,8 @@ class NodeEventKind(Enum):
     REJECTED = "node.rejected"
     CONNECTED = "node.connected"
     DISCONNECTED = "node.disconnected"
+    # A ready node said it stops: it takes no new work, what runs finishes (iop.node.drain).
+    DRAINING = "node.draining"
     # Managed mode: the token named a node but the client certificate did not name its workload.
     IDENTITY_REJECTED = "node.identity_rejected"
     # A config refresh was pushed to a ready node: ``outcome`` is its answer (or ``timeout``).

@@ -38,6 +38,16 @@ class INodeLifecycleObserver(Interface):
         """``node_id``'s ready generation ``generation`` is gone: return its resources."""
 
 
+class INodeDrainObserver(Interface):
+    """
+    Listeners that also follow a ready node's drain (the provider pool): called synchronously by
+    the registry when the node says it stops, before the Edge acknowledges it.
+    """
+
+    def node_draining(node_id: str, generation: int) -> None:
+        """``node_id``'s ready generation ``generation`` takes no new work; what runs, runs on."""
+
+
 # How a service sends to a node connection (tests inject a recorder or a failing send).
 Send = Callable[[INodeConnection, pb.Envelope], None]
 
@@ -47,4 +57,10 @@ def send_envelope(connection: INodeConnection, envelope: pb.Envelope) -> None:
     connection.send_envelope(envelope)
 
 
-__all__ = ["INodeConnection", "INodeLifecycleObserver", "Send", "send_envelope"]
+__all__ = [
+    "INodeConnection",
+    "INodeDrainObserver",
+    "INodeLifecycleObserver",
+    "Send",
+    "send_envelope",
+]

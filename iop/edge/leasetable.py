@@ -170,6 +170,8 @@ class ProviderState:
         self.config = config
         self.enabled = config.enabled
         self.generation: int | None = None
+        # Its node's generation drains (it stops): no new leases, held ones run on.
+        self.draining = False
         self.leases: set[Lease] = set()
         self.long_in_flight = 0
         # Model keys that list this provider.
@@ -189,7 +191,8 @@ class ProviderState:
 
     @property
     def live(self) -> bool:
-        return self.enabled and self.generation is not None
+        """A candidate for new work: enabled, its node ready and not draining."""
+        return self.enabled and self.generation is not None and not self.draining
 
     def is_long(self, prompt_tokens: int) -> bool:
         return is_long(self.config, prompt_tokens)
@@ -225,6 +228,7 @@ class ProviderState:
         self.leases.clear()
         self.long_in_flight = 0
         self.generation = None
+        self.draining = False
         return returned
 
 

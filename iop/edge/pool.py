@@ -69,6 +69,19 @@ Generations
     ready generation starts with zero occupancy. Stale callbacks (an old generation's ready or
     fence) and the release of a lease whose generation was fenced change nothing.
 
+Draining nodes
+    A ready node that stops drains first (:meth:`ProviderPool.node_draining`, from the
+    registry): its providers stop being live candidates at once, like a node not ready, but its
+    generation stays active — its held leases keep counting (:meth:`~ProviderPool.counters`
+    shows them) and are released by their holders, or by the fence when the node goes, exactly
+    once as always. Waiters move to another live candidate at the pump; a model whose only
+    candidates are on the draining node does not fail ``Unavailable``: its requests (new ones
+    too) keep waiting in the queue for the node to come back. After the drained node's fence
+    that expectation lasts one queue timeout (the longest ``queue_timeout_sec`` of its
+    providers): a single-node deployment restarting its node loses no request that fits in the
+    queue timeout, and a node stopped for good is ``Unavailable`` again after it. A plain fence
+    (the node lost, not drained) keeps today's rule: no live candidate → ``Unavailable``.
+
 Counting (:meth:`ProviderPool.stats`)
     Per provider: leases granted, and leases returned, each exactly once, either ``released``
     by their holder or ``fenced`` (returned by the fence of their generation; a later release
@@ -101,7 +114,7 @@ from iop.edge.errors import (
     Unavailable,
     UnknownModel,
 )
-from iop.edge.interfaces import INodeLifecycleObserver
+from iop.edge.interfaces import INodeDrainObserver, INodeLifecycleObserver
 from iop.edge.leasetable import (
     Candidate,
     Granted,
@@ -135,6 +148,10 @@ class _NodeState:
     active: int | None = None
     # The highest generation this node has been made ready with; older readies are stale.
     seen: int = 0
+    # When the active generation said it drains (clock seconds); None while it serves.
+    draining_since: float | None = None
+    # After a drained generation's fence: until when its return is waited for (clock seconds).
+    back_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +199,7 @@ _ZERO = {"in_flight": 0, "long_in_flight": 0, "queued": 0, "long_queued": 0}
 # The pool
 
 
-@implementer(INodeLifecycleObserver, IWaiters)
+@implementer(INodeLifecycleObserver, INodeDrainObserver, IWaiters)
 class ProviderPool:
     """
     Provider selection, capacity leases and the wait queue for ``models[]``, every slot granted
@@ -319,8 +336,11 @@ class ProviderPool:
         if node.active is not None:
             self._fence_node(node_id, node)
         node.active = generation
+        node.draining_since = None
+        node.back_until = None
         for res in node.resources:
             res.generation = generation
+            res.draining = False
         self.log.info(
             "node {node_id} providers active (generation {generation})",
             node_id=node_id,
@@ -338,6 +358,21 @@ class ProviderPool:
             )
             return
         self._fence_node(node_id, node)
+        self.pump()
+
+    def node_draining(self, node_id: str, generation: int) -> None:
+        """``node_id``'s active generation drains: no new leases on it (module docstring)."""
+        node = self._nodes.get(node_id)
+        if node is None or node.active != generation or node.draining_since is not None:
+            return
+        node.draining_since = self._clock.seconds()
+        for res in node.resources:
+            res.draining = True
+        self.log.info(
+            "node {node_id} draining: its providers take no new leases; {held} held finish",
+            node_id=node_id,
+            held=sum(res.in_flight for res in node.resources),
+        )
         self.pump()
 
     def set_enabled(self, provider_id: str, enabled: bool) -> None:
@@ -458,6 +493,7 @@ class ProviderPool:
                 res.enabled = plan.enabled[pid]
                 res.models = set(plan.memberships[pid])
                 res.generation = node.active
+                res.draining = node.draining_since is not None and node.active is not None
                 resources[pid] = res
                 if self._retiring.pop(pid, None) is not None:
                     self.log.info(
@@ -512,7 +548,7 @@ class ProviderPool:
         the provider is offline, disabled or not on ``node_id``.
         """
         res = self._resources.get(provider_id)
-        if res is None or res.node_id != node_id or not res.live:
+        if res is None or res.node_id != node_id or not (res.live or res.draining):
             return dict(_ZERO)
         queued = long_queued = 0
         for waiter in self._queue:
@@ -642,6 +678,8 @@ class ProviderPool:
         candidates = self._models.get(model_id, ())
         live = [c for c in candidates if c.state.live]
         if not live:
+            if self._expected_back(candidates):
+                return None  # wait in the queue for the draining node to come back
             return Unavailable(model_id)
         granted = self._table.grant(model_id, live, candidates, prompt_tokens)
         if granted is None:
@@ -681,6 +719,21 @@ class ProviderPool:
         if tries > 1:
             return self._ask(model_id, prompt_tokens, tries - 1)
         return None
+
+    def _expected_back(self, candidates: tuple[Candidate, ...]) -> bool:
+        """Whether an enabled candidate's node drains, or drained and may still come back."""
+        now = self._clock.seconds()
+        for c in candidates:
+            if not c.state.enabled:
+                continue
+            node = self._nodes.get(c.state.node_id)
+            if node is None:
+                continue
+            if node.draining_since is not None and node.active is not None:
+                return True
+            if node.back_until is not None and now < node.back_until:
+                return True
+        return False
 
     def _grant_failed(self, failure: Failure) -> BaseException:
         if not failure.check(PoolError):
@@ -731,6 +784,12 @@ class ProviderPool:
     def _fence_node(self, node_id: str, node: _NodeState) -> None:
         generation = node.active
         node.active = None
+        if node.draining_since is not None:
+            # A drained node is restarting, likely: its return is waited for a queue timeout.
+            node.back_until = self._clock.seconds() + queue_timeout(
+                res.config for res in node.resources
+            )
+        node.draining_since = None
         retiring = [res for res in self._retiring.values() if res.node_id == node_id]
         for res in retiring:
             del self._retiring[res.provider_id]

@@ -36,6 +36,12 @@ writes ``NodeReadyResponse``), and only then mark the node ready and tell the ob
 reaction (the pool pumping its queue) may dispatch to the node at once. So the node always reads
 its ready acknowledgement before any request of that generation.
 
+A ready node that stops *drains* (:meth:`NodeRegistry.draining`, from its ``NodeDraining``):
+it stays the ready owner — its work in flight runs on and its disconnect fences it as usual —
+but the :class:`~iop.edge.interfaces.INodeDrainObserver` (the pool) takes it out of placement,
+and :meth:`NodeRegistry.state` says ``draining`` (since :meth:`NodeRegistry.draining_since`)
+until the connection goes. Only the current ready owner's drain counts.
+
 Counting (:meth:`NodeRegistry.stats`), per configured node: accepted registrations, the
 reconnects among them (a registration after an earlier session of the node ended), and fences
 (a ready generation gone: the connection closed, failed its heartbeat or was dropped); and
@@ -58,7 +64,7 @@ from twisted.logger import Logger
 
 from iop.config.model import EdgeConfig, NodeConfig
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind
-from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver
+from iop.edge.interfaces import INodeConnection, INodeDrainObserver, INodeLifecycleObserver
 from iop.security.tls import (
     WorkloadIdentityError,
     certificate_common_names,
@@ -197,6 +203,8 @@ class Ownership:
     generation: int
     state: OwnershipState
     identity: IdentityCheck | None = None
+    # When the node said it drains (clock seconds); None while it serves.
+    draining_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -340,9 +348,18 @@ class NodeRegistry:
         return owner is not None and owner.state is OwnershipState.READY
 
     def state(self, node_id: str) -> str:
-        """``ready``, ``pending`` or ``disconnected``."""
+        """``ready``, ``draining`` (ready, stopping), ``pending`` or ``disconnected``."""
         owner = self._owners.get(node_id)
-        return owner.state.value if owner is not None else "disconnected"
+        if owner is None:
+            return "disconnected"
+        if owner.draining_since is not None:
+            return "draining"
+        return owner.state.value
+
+    def draining_since(self, node_id: str) -> float | None:
+        """When ``node_id``'s ready connection said it drains (None: not draining)."""
+        owner = self._owners.get(node_id)
+        return owner.draining_since if owner is not None else None
 
     def ready_connection(self, node_id: str) -> INodeConnection | None:
         """The dispatch-ready connection of ``node_id``, or None."""
@@ -503,6 +520,30 @@ class NodeRegistry:
         self.log.info("node {node_id} ready", node_id=node_id)
         self._publish(NodeEventKind.CONNECTED, node_id)
         return outcome
+
+    def draining(self, connection: INodeConnection) -> bool:
+        """
+        ``connection`` says its node drains. Only the current ready owner's word counts (once):
+        the drain observers hear of it; whether it counted.
+        """
+        owner = self._by_connection.get(id(connection))
+        if (
+            owner is None
+            or self._owners.get(owner.node_id) is not owner
+            or owner.state is not OwnershipState.READY
+        ):
+            return False
+        if owner.draining_since is None:
+            owner.draining_since = self._clock.seconds()
+            for observer in self._observers:
+                if INodeDrainObserver.providedBy(observer):
+                    observer.node_draining(owner.node_id, owner.generation)
+            self.log.info(
+                "node {node_id} draining: no new work for it, what runs finishes",
+                node_id=owner.node_id,
+            )
+            self._publish(NodeEventKind.DRAINING, owner.node_id, "the node is stopping")
+        return True
 
     def disconnected(self, connection: INodeConnection, reason: str = "connection closed") -> None:
         """A connection is gone. Only the current owner's loss changes anything."""

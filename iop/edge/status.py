@@ -14,7 +14,11 @@ registration since the Edge started (``{"code", "reason", "at_unix_ms"}``, the c
 registry's reject reasons, e.g. ``lease_support`` for a node that cannot verify managed leases),
 or null; ``down_since_unix_ms`` is when a node that is not ready now lost its last ready
 connection (null while it is ready, and for a node not ready once since the Edge started: the
-Edge cannot know since when a node it never saw is down).
+Edge cannot know since when a node it never saw is down). A ready node that stops drains first
+(:mod:`iop.node.drain`): its ``state`` is ``draining`` and ``draining_since_unix_ms`` says since
+when (null otherwise); it stays ``connected`` and its providers show their work in flight
+finishing. ``edge.draining`` is whether this Edge itself drains (it stops: its readiness route,
+``GET /readyz``, answers 503), since ``edge.draining_since_unix_ms``.
 
 ``models`` are the client models of ``models[]``, each with its providers in the config's order,
 each provider's ``status`` as in ``providers`` and the model's ``available``: whether one of
@@ -55,6 +59,8 @@ class ILiveNodes(Protocol):
 
     def down_since(self, node_id: str) -> float | None: ...
 
+    # ``draining_since(node_id) -> float | None`` too, when it knows of drains (the registry).
+
 
 class ProviderCounters(Protocol):
     """Live lease and queue occupancy; the provider pool provides it."""
@@ -85,13 +91,17 @@ def snapshot(
     counters: ProviderCounters | None = None,
     *,
     cluster: dict[str, Any] | None = None,
+    draining: float | None = None,
 ) -> dict[str, Any]:
+    """The snapshot (module docstring); ``draining``: since when this Edge drains, if it does."""
     live = counters or NoDispatchCounters()
+    draining_of = getattr(nodes, "draining_since", None)
     node_entries: list[dict[str, Any]] = []
     provider_entries: list[dict[str, Any]] = []
     for node in config.nodes:
         ready = nodes.is_ready(node.id)
         down_since = nodes.down_since(node.id)
+        draining_since = draining_of(node.id) if draining_of is not None else None
         node_entries.append(
             {
                 "id": node.id,
@@ -101,6 +111,7 @@ def snapshot(
                 "identity": nodes.identity(node.id),
                 "last_refusal": nodes.last_refusal(node.id),
                 "down_since_unix_ms": None if down_since is None else int(down_since * 1000),
+                "draining_since_unix_ms": _ms(draining_since),
                 "providers": [p.id for p in node.providers],
             }
         )
@@ -110,7 +121,12 @@ def snapshot(
             for provider, held in live.removed(node.id):
                 provider_entries.append(_removed_entry(node.id, provider, held))
     status: dict[str, Any] = {
-        "edge": {"id": config.id, "mode": config.security.mode},
+        "edge": {
+            "id": config.id,
+            "mode": config.security.mode,
+            "draining": draining is not None,
+            "draining_since_unix_ms": _ms(draining),
+        },
         "nodes": node_entries,
         "providers": provider_entries,
         "models": _models(config, provider_entries),
@@ -119,6 +135,10 @@ def snapshot(
     if cluster is not None:
         status["cluster"] = cluster
     return status
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
 
 
 def _models(config: EdgeConfig, providers: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -167,7 +167,13 @@ class EdgeService(MultiService):
 
     def snapshot(self) -> dict[str, Any]:
         view = self.cluster.view() if self.cluster is not None else None
-        return snapshot(self.config, self.registry, self.pool, cluster=view)
+        return snapshot(
+            self.config,
+            self.registry,
+            self.pool,
+            cluster=view,
+            draining=self.client_api.drain.since,
+        )
 
 
 def makeService(

@@ -26,6 +26,12 @@ A connection lost before its TLS handshake completed is told to the factory's
 :class:`~iop.edge.tlsrefusals.TLSRefusals` (the handshake refused the peer, or the peer left);
 the machine only hears ``connection_lost``, as for any loss.
 
+Every ``RegisterResponse`` says the Edge understands ``NodeDraining``
+(``node_draining_supported``). A ready node's ``NodeDraining`` goes to the registry
+(:meth:`~iop.edge.registry.NodeRegistry.draining`) and is answered with ``NodeDraining``: the
+node refuses new work only after that answer, which follows whatever was dispatched to it
+before.
+
 Ownership and generations stay the registry's: the machine's ``registering`` and ``readying``
 states last exactly as long as the registry takes to decide, and the registry (not this module)
 orders ready: the ``NodeReadyResponse`` is written before any observer can dispatch to the node.
@@ -62,6 +68,7 @@ _NODE_TO_EDGE_AFTER_READY = frozenset(
         "provider_tunnel_frame",
         "node_command_response",
         "node_config_refresh_response",
+        "node_draining",
     }
 )
 
@@ -134,6 +141,7 @@ class _Core:
         response = pb.RegisterResponse(
             heartbeat_interval_ms=int(self.heartbeat_interval * 1000),
             heartbeat_timeout_ms=int(self.heartbeat_timeout * 1000),
+            node_draining_supported=True,
         )
         if isinstance(outcome, RegisterAccepted):
             self.connection.node_id = outcome.node_id
@@ -468,7 +476,16 @@ class NodeConnectionFactory(Factory):
         self.register_timeout = register_timeout
         self.max_frame_bytes = max_frame_bytes
         # Message kind -> handler(connection, envelope), for messages a ready node sends.
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: dict[str, Handler] = {"node_draining": self._node_draining}
 
     def buildProtocol(self, addr: IAddress | None) -> NodeConnection:
         return NodeConnection(self)
+
+    def _node_draining(self, connection: NodeConnection, envelope: pb.Envelope) -> None:
+        """
+        A ready node stops: the registry takes it out of placement, then the node is answered
+        with ``NodeDraining`` — after every request dispatched to it before, so from the answer
+        on it may refuse new work (see :mod:`iop.node.drain`).
+        """
+        if self.registry.draining(connection):
+            connection.send_envelope(pb.Envelope(node_draining=pb.NodeDraining()))

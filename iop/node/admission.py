@@ -16,7 +16,12 @@ path for both kinds of work::
                      held), and the manager builds its item and :meth:`Admission.enter`\\ s it
 
 An at-capacity refusal carries :data:`~iop.runtime.codes.ErrorCode.PROVIDER_AT_CAPACITY` so the
-Edge matches on a code, never on the text. When the session is lost, :meth:`Admission.close`
+Edge matches on a code, never on the text.
+
+A :class:`WorkGate` (the node's drain, :mod:`iop.node.drain`) may stand in front of the adapter
+checks: while it has a refusal (the node is draining and its Edge knows) every new request gets
+it, and it hears of each item entering and leaving the active table, so the drain knows when the
+node's work in flight has ended. When the session is lost, :meth:`Admission.close`
 hands the manager every active item to end (nothing more can be sent) and later requests are
 ignored.
 """
@@ -34,7 +39,7 @@ from iop.node.adapters.registry import AdapterInstance, AdapterRegistry, Unknown
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.wire import runtime_pb2 as pb
 
-__all__ = ["CONNECTION_LOST_REASON", "Admission", "Admitted", "Nouns", "Refusal"]
+__all__ = ["CONNECTION_LOST_REASON", "Admission", "Admitted", "Nouns", "Refusal", "WorkGate"]
 
 CONNECTION_LOST_REASON = "edge connection lost"
 
@@ -84,6 +89,19 @@ class Work(Protocol):
     def adapter(self) -> str: ...
 
 
+class WorkGate(Protocol):
+    """What may close admission for a whole session, and hears of its work in flight."""
+
+    def refusal(self) -> Refusal | None:
+        """Why no new request is admitted now, or None."""
+
+    def entered(self, work: object) -> None:
+        """``work`` is active."""
+
+    def left(self, work: object) -> None:
+        """``work`` has ended (called once per :meth:`entered`)."""
+
+
 RequestT = TypeVar("RequestT", bound=Request)
 PlanT = TypeVar("PlanT")
 WorkT = TypeVar("WorkT", bound=Work)
@@ -119,6 +137,7 @@ class Admission(Generic[WorkT]):
     :param send: sends one envelope to the Edge.
     :param nouns: how logs and refusals name this kind of work.
     :param node_id: for logs.
+    :param gate: the session's :class:`WorkGate` (the node's drain), if any.
     """
 
     log = Logger()
@@ -129,7 +148,9 @@ class Admission(Generic[WorkT]):
         send: Callable[[pb.Envelope], None],
         nouns: Nouns,
         node_id: str = "",
+        gate: WorkGate | None = None,
     ) -> None:
+        self._gate = gate
         self._registry = registry
         self._send = send
         self._nouns = nouns
@@ -191,6 +212,10 @@ class Admission(Generic[WorkT]):
             raise Refusal(
                 f"{self._nouns.active} {run_id!r} is already active on this node", record=False
             )
+        if self._gate is not None:
+            closed = self._gate.refusal()
+            if closed is not None:
+                raise closed
         try:
             instance = self._registry.resolve(request.adapter)
         except UnknownAdapter as e:
@@ -213,11 +238,15 @@ class Admission(Generic[WorkT]):
     def enter(self, work: WorkT) -> None:
         """``work``, built from what :meth:`admit` returned, is active (before it starts)."""
         self._active[work.run_id] = work
+        if self._gate is not None:
+            self._gate.entered(work)
 
     def leave(self, work: WorkT) -> None:
         """``work`` has ended: out of the table (if it is the item under its run id)."""
         if self._active.get(work.run_id) is work:
             del self._active[work.run_id]
+            if self._gate is not None:
+                self._gate.left(work)
 
     def get(self, run_id: str) -> WorkT | None:
         """The active item under ``run_id``, or None."""

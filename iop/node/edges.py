@@ -17,6 +17,10 @@ daemon: the run store, the providers' HTTP client and pool, the lease keys and t
 
 With one Edge this is exactly that Edge's supervisor's code.
 
+A local shutdown drains first when the node has a :class:`~iop.node.drain.NodeDrain`: the
+supervisors (and with them the sessions) stop once the drain has ended, so the sessions stay
+open while their work in flight finishes.
+
 :class:`EdgeLogger` is how each session's lines name their Edge: an ``edge`` field
 (``host:port``) on every event, and, when the node dials more than one Edge, ``edge host:port:``
 in front of the message so text logs say it too.
@@ -32,6 +36,7 @@ from twisted.application.service import Service
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger, LogLevel
 
+from iop.node.drain import NodeDrain
 from iop.node.supervisor import EXIT_OK, NodeSupervisor
 
 __all__ = ["EdgeLogger", "EdgeSupervisors", "SupervisedEdge"]
@@ -74,10 +79,11 @@ class EdgeSupervisors(Service):
     docstring. ``edges`` is never empty.
     """
 
-    def __init__(self, edges: Sequence[SupervisedEdge]) -> None:
+    def __init__(self, edges: Sequence[SupervisedEdge], drain: NodeDrain | None = None) -> None:
         if not edges:
             raise ValueError("a node dials at least one Edge")
         self.edges = tuple(edges)
+        self.drain = drain
         self._codes: dict[int, int] = {}  # by index in edges
         self._waiters: list[Deferred[int]] = []
         self._stopping = False
@@ -118,11 +124,19 @@ class EdgeSupervisors(Service):
             edge.supervisor.startService()
 
     def stopService(self) -> Deferred[None]:
-        """Local shutdown: every supervisor stops; fires once all have finished."""
+        """
+        Local shutdown: the drain (if any), then every supervisor stops; fires once all have
+        finished.
+        """
         super().stopService()  # type: ignore[no-untyped-call]
         self._stopping = True
-        stopped = [edge.supervisor.stopService() for edge in self.edges]
-        return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
+        drained = self.drain.begin() if self.drain is not None else succeed(None)
+
+        def stop(_: object) -> Deferred[None]:
+            stopped = [edge.supervisor.stopService() for edge in self.edges]
+            return DeferredList(stopped, consumeErrors=True).addCallback(lambda _: None)
+
+        return drained.addCallback(stop)
 
     # -- each supervisor ---------------------------------------------------------------------
 

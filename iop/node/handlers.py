@@ -10,7 +10,9 @@ handler routing to whichever owns the run id, and a :class:`~iop.node.commands.N
 cancelled and its tunnels aborted. A managed node's tunnel manager gets the session's lease
 verifier (the node's keys, the id the Edge registered it under, and the process-wide replay
 cache), and its run manager refuses runs on the HTTP provider adapters (they are reached only
-through leased tunnels).
+through leased tunnels). With the node's :class:`~iop.node.drain.NodeDrain`, each session's runs
+and tunnels are admitted through its :class:`~iop.node.drain.SessionGate` (refused once the node
+drains and the Edge knows), and the Edge's ``node_draining`` answer goes to that gate.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable, Mapping
 from twisted.internet.interfaces import IReactorTime
 
 from iop.node.commands import NodeCommandHandler, session_transport_status
+from iop.node.drain import NodeDrain
 from iop.node.refresh import ConfigRefreshHandler
 from iop.node.runs import RunManager
 from iop.node.session import NodeSession, SessionSetup
@@ -36,6 +39,7 @@ def make_session_setup(
     clock: IReactorTime,
     transport_info: Callable[[], Mapping[str, object]] | None = None,
     leases: NodeLeaseKeys | None = None,
+    drain: NodeDrain | None = None,
 ) -> SessionSetup:
     """
     The handshake hook that equips each new session: a :class:`RunManager` for runs, a
@@ -48,9 +52,12 @@ def make_session_setup(
     ``leases`` (managed mode): the node's lease keys; each session's tunnels verify and open
     credential leases addressed to the session's node id, and its runs refuse the adapters
     only a leased tunnel may reach. None (legacy): leases are refused.
+
+    ``drain``: the node's drain; each session's work is admitted through its gate.
     """
 
     def setup(session: NodeSession) -> None:
+        gate = drain.gate(session) if drain is not None else None
         runs = RunManager(
             session.registry,
             session.send,
@@ -58,6 +65,7 @@ def make_session_setup(
             clock,
             node_id=session.node_id,
             managed=leases is not None,
+            work_gate=gate,
         )
         tunnels = TunnelManager(
             session.registry,
@@ -65,6 +73,7 @@ def make_session_setup(
             clock,
             node_id=session.node_id,
             leases=leases.verifier(session.node_id) if leases is not None else None,
+            work_gate=gate,
         )
 
         def cancel_received(envelope: pb.Envelope) -> None:
@@ -89,6 +98,8 @@ def make_session_setup(
         session.install(
             "node_config_refresh_request", ConfigRefreshHandler(session).request_received
         )
+        if gate is not None:
+            session.install("node_draining", gate.edge_acknowledged)
         session.when_closed().addCallback(lambda _: runs.connection_lost())
         session.when_closed().addCallback(lambda _: tunnels.connection_lost())
 

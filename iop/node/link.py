@@ -23,6 +23,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.python import usage
 
 from iop.config.model import EdgeAddress, NodeDaemonConfig
+from iop.node.drain import NodeDrain
 from iop.node.edges import EdgeLogger, EdgeSupervisors, SupervisedEdge
 from iop.node.handlers import make_session_setup
 from iop.node.session import SessionBuilder
@@ -33,7 +34,7 @@ from iop.runtime.interfaces import AdapterContext
 from iop.security.lease import NodeLeaseKeys
 from iop.security.tls import TLSConfigError, client_connection_creator
 
-__all__ = ["build", "edge_endpoint", "edge_endpoints"]
+__all__ = ["build", "edge_endpoint", "edge_endpoints", "tls_setting"]
 
 
 def edge_endpoint(edge: EdgeAddress, reactor: Any) -> IStreamClientEndpoint:
@@ -51,12 +52,46 @@ def edge_endpoints(config: NodeDaemonConfig, reactor: Any) -> list[IStreamClient
     """
     Each Edge's endpoint, in ``config.edges``' order.
 
-    @raise usage.UsageError: an Edge's TLS files do not make a client context.
+    @raise usage.UsageError: an Edge's TLS files do not make a client context; the message
+        names the setting as well as the file (:func:`tls_setting`).
     """
-    try:
-        return [edge_endpoint(edge, reactor) for edge in config.edges]
-    except TLSConfigError as e:
-        raise usage.UsageError(str(e)) from None
+    endpoints: list[IStreamClientEndpoint] = []
+    for index, edge in enumerate(config.edges):
+        try:
+            endpoints.append(edge_endpoint(edge, reactor))
+        except TLSConfigError as e:
+            setting = tls_setting(config, index, str(e))
+            raise usage.UsageError(f"{setting}: {e}" if setting else str(e)) from None
+    return endpoints
+
+
+# The TLS settings of one Edge: node.yaml key and the flag that stands for it.
+_TLS_SETTINGS = (
+    ("ca_file", "--ca-file"),
+    ("cert_file", "--cert-file"),
+    ("key_file", "--key-file"),
+)
+
+
+def tls_setting(config: NodeDaemonConfig, index: int, message: str) -> str:
+    """
+    The setting a TLS error of ``config.edges[index]`` is about, as the operator wrote it: the
+    node.yaml path (``edge.ca_file``, ``edges[1].key_file``) or, for a node configured by
+    flags, the flag (``--ca-file``); "" when the message names none of them.
+    """
+    edge = config.edges[index]
+    tls = edge.tls
+    if tls is None:
+        return ""
+    from_flags = not config.source_path
+    prefix = "edge" if len(config.edges) == 1 else f"edges[{index}]"
+    for key, flag in _TLS_SETTINGS:
+        value = getattr(tls, key)
+        if value and (repr(value) in message or value in message):
+            return flag if from_flags else f"{prefix}.{key}"
+    if "server_name" in message:
+        return "--server-name" if from_flags else f"{prefix}.server_name"
+    return ""
 
 
 def build(
@@ -66,10 +101,13 @@ def build(
     adapter_context: AdapterContext,
     store: RunStore,
     leases: NodeLeaseKeys | None,
+    drain: NodeDrain | None = None,
 ) -> EdgeSupervisors:
     """
     One supervised session per Edge of ``config`` over its endpoint in ``endpoints``
     (:func:`edge_endpoints`), under the service named ``supervisor`` (built, not started).
+    ``drain``: the node's drain, which every session admits its work through and which the
+    supervisors wait for before they stop.
     """
     several = len(config.edges) > 1
     supervised: list[SupervisedEdge] = []
@@ -97,7 +135,9 @@ def build(
             reactor,
             SessionBuilder(
                 adapter_context,
-                setup=make_session_setup(store, reactor, transport_info_for(index), leases=leases),
+                setup=make_session_setup(
+                    store, reactor, transport_info_for(index), leases=leases, drain=drain
+                ),
             ),
             max_frame_bytes=config.max_frame_bytes,
             log=EdgeLogger(edge.name, "iop.node.transport.EdgeConnectionProtocol", prefix=several),
@@ -115,7 +155,7 @@ def build(
         supervised.append(
             SupervisedEdge(edge.name, not (edge.plaintext or edge.tls is None), supervisor)
         )
-    supervisors = EdgeSupervisors(supervised)
+    supervisors = EdgeSupervisors(supervised, drain)
     supervisors.setName("supervisor")
     group.append(supervisors)
     return supervisors

@@ -55,7 +55,14 @@ from twisted.python.failure import Failure
 
 from iop.node.adapters.capacity import Slot
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
-from iop.node.admission import CONNECTION_LOST_REASON, Admission, Admitted, Nouns, Refusal
+from iop.node.admission import (
+    CONNECTION_LOST_REASON,
+    Admission,
+    Admitted,
+    Nouns,
+    Refusal,
+    WorkGate,
+)
 from iop.node.errors import failure_message
 from iop.node.session_termination import SessionTermination, cancel_response
 from iop.node.store import RunStatus, RunStore
@@ -153,6 +160,7 @@ class RunManager:
     :param node_id: for logs.
     :param hold_deltas: join a reactor turn's text deltas into one event (:meth:`_relay`).
     :param managed: managed mode: runs on HTTP provider adapters are refused (module doc).
+    :param work_gate: the node's drain for this session (:class:`~iop.node.admission.WorkGate`).
     """
 
     log = Logger()
@@ -166,11 +174,12 @@ class RunManager:
         node_id: str = "",
         hold_deltas: bool = True,
         managed: bool = False,
+        work_gate: WorkGate | None = None,
     ) -> None:
         self._registry = registry
         self.clock = clock
         self._node_id = node_id
-        self._admission: Admission[_Run] = Admission(registry, send, _RUN_NOUNS, node_id)
+        self._admission: Admission[_Run] = Admission(registry, send, _RUN_NOUNS, node_id, work_gate)
         # TERMINATE_SESSION arrives with the runs' cancels; it concerns no run.
         self._sessions = SessionTermination(registry, clock, node_id)
         self.managed = managed

@@ -60,6 +60,8 @@ EDGE_REQUEST_KINDS = frozenset(
         "provider_tunnel_request",
         "node_command_request",
         "node_config_refresh_request",
+        # The Edge's answer to our NodeDraining (iop.node.drain): no new work from it.
+        "node_draining",
     }
 )
 
@@ -106,8 +108,13 @@ class SessionBuilder:
         clock: IReactorTime,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        draining_supported: bool = False,
     ) -> NodeSession:
-        """The session ``payload`` describes; :class:`RetryableError` if it does not apply."""
+        """
+        The session ``payload`` describes; :class:`RetryableError` if it does not apply.
+        ``draining_supported``: the Edge's ``RegisterResponse`` says it understands
+        ``NodeDraining``.
+        """
         context, factories = self.adapter_context, self.adapter_factories
         try:
             registry = AdapterRegistry.from_specs(adapter_specs(payload), context, factories)
@@ -123,6 +130,7 @@ class SessionBuilder:
             clock,
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
+            draining_supported=draining_supported,
         )
 
     def equip(self, session: NodeSession) -> None:
@@ -156,8 +164,11 @@ class NodeSession:
         clock: IReactorTime,
         heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
         heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT,
+        draining_supported: bool = False,
     ) -> None:
         self.node_id = node_id
+        # Whether this session's Edge may be sent NodeDraining (an older Edge may not).
+        self.draining_supported = draining_supported
         self.config = config
         self.registry = registry
         # Transport facts for status (node commands): the heartbeat cadence in force, and when
@@ -175,6 +186,7 @@ class NodeSession:
             "provider_tunnel_request": self._unavailable_tunnel,
             "node_command_request": self._unavailable_command,
             "node_config_refresh_request": self._unavailable_refresh,
+            "node_draining": self._unexpected_draining,
         }
 
     @property
@@ -329,6 +341,10 @@ class NodeSession:
                 )
             )
         )
+
+    def _unexpected_draining(self, envelope: pb.Envelope) -> None:
+        # Only an answer to our own NodeDraining means anything; without a drain, nothing to do.
+        self.log.info("ignoring a node_draining answer: this node is not draining")
 
 
 def _command_name(command: int) -> str:

@@ -34,6 +34,10 @@ stopped (``max_attempts: 0``), ``off`` makes one attempt, N gives up after N con
 attempts. Errors retrying cannot fix (an unknown token, the Edge's certificate refused, not an
 Edge at that address) end the node at once whatever the policy.
 
+A local shutdown drains first (:mod:`iop.node.drain`): the node tells its Edges, takes no new
+work, lets what runs finish for up to ``drain_timeout_sec`` (``--drain-timeout``; 0 = not at
+all), then closes its sessions; the supervisors stop after that.
+
 Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
 ``logging:`` (or ``--log-format``/``--log-level``) asks for.
 """
@@ -65,6 +69,7 @@ from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, for_twistd
 from iop.node import link
 from iop.node.adapters.http_client import provider_http_client
+from iop.node.drain import NodeDrain
 from iop.node.edges import EdgeSupervisors
 from iop.node.store import RunStore, StoreExecutor, SynchronousExecutor, ThreadExecutor
 from iop.node.supervisor import NodeSupervisor
@@ -93,7 +98,7 @@ class Options(usage.Options):
     synopsis = (
         "[--config PATH] | --join STRING | --edge HOST:PORT --token-file FILE --ca-file FILE"
         " [--server-name NAME] [--cert-file FILE --key-file FILE] [--store URI]"
-        " [--reconnect forever|off|N]"
+        " [--reconnect forever|off|N] [--drain-timeout SEC]"
     )
     longdesc = (
         "Run an IOP Node: dial the Edge, register, apply the config it sends, serve. Configure"
@@ -120,6 +125,13 @@ class Options(usage.Options):
             None,
             "forever, off (one attempt) or N (give up after N consecutive failed attempts);"
             " overrides node.yaml reconnect.max_attempts (default 10).",
+        ],
+        [
+            "drain-timeout",
+            None,
+            None,
+            "Seconds a stopping node lets its runs and tunnels in flight finish (0: close at"
+            " once); overrides node.yaml drain_timeout_sec (default 30).",
         ],
         [
             "reconnect-interval",
@@ -173,7 +185,7 @@ class Options(usage.Options):
                 self.node_config: NodeDaemonConfig = load_node_config(path)
             except ConfigError as e:
                 raise usage.UsageError(config_problem(f"invalid config {path}", e, path)) from None
-            self.node_config = self._reconnect(self.node_config)
+            self.node_config = self._drain(self._reconnect(self.node_config))
             return
         if self["config"] is not None:
             raise usage.UsageError(
@@ -192,7 +204,22 @@ class Options(usage.Options):
             )
         except ConfigError as e:
             raise usage.UsageError(config_problem("invalid flags", e)) from None
-        self.node_config = self._reconnect(self.node_config)
+        self.node_config = self._drain(self._reconnect(self.node_config))
+
+    def _drain(self, config: NodeDaemonConfig) -> NodeDaemonConfig:
+        """``config`` with --drain-timeout over its ``drain_timeout_sec``."""
+        given = self["drain-timeout"]
+        if given is None:
+            return config
+        try:
+            seconds = float(given)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            raise usage.UsageError(
+                f"--drain-timeout {given!r}: must be a number of seconds, 0 or more"
+            )
+        return dataclasses.replace(config, drain_timeout_sec=seconds)
 
     def _join(self) -> JoinString | None:
         """The decoded --join / --join-file string, if one was given."""
@@ -397,7 +424,8 @@ def makeService(
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
         http = provider_http_client(reactor, http_pool)
     adapter_context = AdapterContext(reactor=reactor, http=http)
-    supervisors = link.build(config, endpoints, reactor, adapter_context, store, leases)
+    drain = NodeDrain(reactor, config.drain_timeout_sec)
+    supervisors = link.build(config, endpoints, reactor, adapter_context, store, leases, drain)
     exit_ = _ProcessExit(reactor)
 
     def finished(code: int) -> None:

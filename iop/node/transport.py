@@ -329,6 +329,7 @@ def _make_connection_machine() -> Callable[[_Core], _Connection]:
                 s.clock,
                 heartbeat_interval=interval,
                 heartbeat_timeout=timeout,
+                draining_supported=response.node_draining_supported,
             )
         except Exception:
             _fail_handshake(c, Failure())

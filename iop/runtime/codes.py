@@ -21,6 +21,8 @@ ERROR_CODE_KEY = "error_code"
 class ErrorCode(enum.StrEnum):
     # The node's own gate for the adapter instance is full: try later or elsewhere (503).
     PROVIDER_AT_CAPACITY = "provider_at_capacity"
+    # The node is draining (it stops): it admits no new work; nothing was sent upstream (503).
+    NODE_DRAINING = "node_draining"
     # The node gave up on the upstream: the request's timeout or the adapter's idle timeout.
     UPSTREAM_TIMEOUT = "upstream_timeout"
     # Managed mode: the tunnel's credential lease was refused (iop.security.lease's classes).

@@ -79,7 +79,7 @@ NODE_COMMAND_OLLAMA_PS: NodeCommandType
 NODE_COMMAND_OLLAMA_SHOW: NodeCommandType
 
 class Envelope(_message.Message):
-    __slots__ = ("register_request", "register_response", "node_ready_request", "node_ready_response", "heartbeat", "run_request", "run_event", "cancel_request", "cancel_response", "provider_tunnel_request", "provider_tunnel_frame", "node_command_request", "node_command_response", "node_config_refresh_request", "node_config_refresh_response")
+    __slots__ = ("register_request", "register_response", "node_ready_request", "node_ready_response", "heartbeat", "run_request", "run_event", "cancel_request", "cancel_response", "provider_tunnel_request", "provider_tunnel_frame", "node_command_request", "node_command_response", "node_config_refresh_request", "node_config_refresh_response", "node_draining")
     REGISTER_REQUEST_FIELD_NUMBER: _ClassVar[int]
     REGISTER_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     NODE_READY_REQUEST_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class Envelope(_message.Message):
     NODE_COMMAND_RESPONSE_FIELD_NUMBER: _ClassVar[int]
     NODE_CONFIG_REFRESH_REQUEST_FIELD_NUMBER: _ClassVar[int]
     NODE_CONFIG_REFRESH_RESPONSE_FIELD_NUMBER: _ClassVar[int]
+    NODE_DRAINING_FIELD_NUMBER: _ClassVar[int]
     register_request: RegisterRequest
     register_response: RegisterResponse
     node_ready_request: NodeReadyRequest
@@ -110,7 +111,8 @@ class Envelope(_message.Message):
     node_command_response: NodeCommandResponse
     node_config_refresh_request: NodeConfigRefreshRequest
     node_config_refresh_response: NodeConfigRefreshResponse
-    def __init__(self, register_request: _Optional[_Union[RegisterRequest, _Mapping]] = ..., register_response: _Optional[_Union[RegisterResponse, _Mapping]] = ..., node_ready_request: _Optional[_Union[NodeReadyRequest, _Mapping]] = ..., node_ready_response: _Optional[_Union[NodeReadyResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_request: _Optional[_Union[RunRequest, _Mapping]] = ..., run_event: _Optional[_Union[RunEvent, _Mapping]] = ..., cancel_request: _Optional[_Union[CancelRequest, _Mapping]] = ..., cancel_response: _Optional[_Union[CancelResponse, _Mapping]] = ..., provider_tunnel_request: _Optional[_Union[ProviderTunnelRequest, _Mapping]] = ..., provider_tunnel_frame: _Optional[_Union[ProviderTunnelFrame, _Mapping]] = ..., node_command_request: _Optional[_Union[NodeCommandRequest, _Mapping]] = ..., node_command_response: _Optional[_Union[NodeCommandResponse, _Mapping]] = ..., node_config_refresh_request: _Optional[_Union[NodeConfigRefreshRequest, _Mapping]] = ..., node_config_refresh_response: _Optional[_Union[NodeConfigRefreshResponse, _Mapping]] = ...) -> None: ...
+    node_draining: NodeDraining
+    def __init__(self, register_request: _Optional[_Union[RegisterRequest, _Mapping]] = ..., register_response: _Optional[_Union[RegisterResponse, _Mapping]] = ..., node_ready_request: _Optional[_Union[NodeReadyRequest, _Mapping]] = ..., node_ready_response: _Optional[_Union[NodeReadyResponse, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., run_request: _Optional[_Union[RunRequest, _Mapping]] = ..., run_event: _Optional[_Union[RunEvent, _Mapping]] = ..., cancel_request: _Optional[_Union[CancelRequest, _Mapping]] = ..., cancel_response: _Optional[_Union[CancelResponse, _Mapping]] = ..., provider_tunnel_request: _Optional[_Union[ProviderTunnelRequest, _Mapping]] = ..., provider_tunnel_frame: _Optional[_Union[ProviderTunnelFrame, _Mapping]] = ..., node_command_request: _Optional[_Union[NodeCommandRequest, _Mapping]] = ..., node_command_response: _Optional[_Union[NodeCommandResponse, _Mapping]] = ..., node_config_refresh_request: _Optional[_Union[NodeConfigRefreshRequest, _Mapping]] = ..., node_config_refresh_response: _Optional[_Union[NodeConfigRefreshResponse, _Mapping]] = ..., node_draining: _Optional[_Union[NodeDraining, _Mapping]] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("token", "node_version", "hostname", "lease_support")
@@ -135,7 +137,7 @@ class LeaseSupport(_message.Message):
     def __init__(self, recipient_key_id: _Optional[str] = ..., kem: _Optional[str] = ..., issuer_key_id: _Optional[str] = ...) -> None: ...
 
 class RegisterResponse(_message.Message):
-    __slots__ = ("accepted", "node_id", "reason", "reject_code", "config", "heartbeat_interval_ms", "heartbeat_timeout_ms")
+    __slots__ = ("accepted", "node_id", "reason", "reject_code", "config", "heartbeat_interval_ms", "heartbeat_timeout_ms", "node_draining_supported")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +145,7 @@ class RegisterResponse(_message.Message):
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    NODE_DRAINING_SUPPORTED_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     node_id: str
     reason: str
@@ -150,7 +153,8 @@ class RegisterResponse(_message.Message):
     config: NodeConfigPayload
     heartbeat_interval_ms: int
     heartbeat_timeout_ms: int
-    def __init__(self, accepted: _Optional[bool] = ..., node_id: _Optional[str] = ..., reason: _Optional[str] = ..., reject_code: _Optional[_Union[RegisterRejectCode, str]] = ..., config: _Optional[_Union[NodeConfigPayload, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
+    node_draining_supported: bool
+    def __init__(self, accepted: _Optional[bool] = ..., node_id: _Optional[str] = ..., reason: _Optional[str] = ..., reject_code: _Optional[_Union[RegisterRejectCode, str]] = ..., config: _Optional[_Union[NodeConfigPayload, _Mapping]] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ..., node_draining_supported: _Optional[bool] = ...) -> None: ...
 
 class NodeReadyRequest(_message.Message):
     __slots__ = ("node_id",)
@@ -167,6 +171,12 @@ class NodeReadyResponse(_message.Message):
     node_id: str
     reason: str
     def __init__(self, ready: _Optional[bool] = ..., node_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class NodeDraining(_message.Message):
+    __slots__ = ("deadline_unix_ms",)
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    deadline_unix_ms: int
+    def __init__(self, deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sequence", "sent_unix_ms")

@@ -71,6 +71,14 @@ class Drain:
         self._active = active
         self._site: ClientSite | None = None
         self._done: Deferred[None] | None = None
+        # When the drain began (clock seconds); None while the Edge serves. /readyz and
+        # /status read it.
+        self.since: float | None = None
+
+    @property
+    def draining(self) -> bool:
+        """Whether the Edge is draining (it stops): its readiness route answers 503."""
+        return self.since is not None
 
     def attach(self, site: ClientSite) -> None:
         """The client listener's site: the connections a drain winds down."""
@@ -85,6 +93,8 @@ class Drain:
         """Drain (module docstring); fires once done. A second call shares the first's end."""
         if self._done is not None:
             return _share(self._done)
+        if self.since is None:
+            self.since = self._clock.seconds()
         site = self._site
         if site is None:
             # No client listener (or it never listened): nothing to drain.

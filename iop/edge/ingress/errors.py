@@ -10,7 +10,9 @@ The client surfaces' errors: one exception, two shapes, and the mapping of the E
 (``Overloaded``) ``429`` with ``retry-after``; no live provider, no ready node, no route or a
 queue timeout ``503``; a tunnel that failed before its response started ``502`` (``503`` when
 the node says, by the code :attr:`~iop.runtime.codes.ErrorCode.PROVIDER_AT_CAPACITY`, that its
-own capacity gate was full). :func:`run_error` does the same for a run that failed before any
+own capacity gate was full, or by :attr:`~iop.runtime.codes.ErrorCode.NODE_DRAINING` that it
+is stopping and refused the work before sending anything: ``503 node_draining``, which a client
+may retry at once). :func:`run_error` does the same for a run that failed before any
 output; upstream HTTP errors keep their status (:func:`upstream_error`). Rendering is
 :func:`iop.edge.ingress.http.render_error`. Every error tells a client whether to retry, on both
 surfaces: ``x-should-retry: false`` on a client error a retry cannot fix, ``retry-after`` on
@@ -187,6 +189,8 @@ def client_error(error: BaseException) -> ApiError | None:
     if isinstance(error, TunnelFailed):
         if error.code == ErrorCode.PROVIDER_AT_CAPACITY:
             return ApiError(503, str(error), code="provider_busy")
+        if error.code == ErrorCode.NODE_DRAINING:
+            return ApiError(503, str(error), code="node_draining")
         if error.code is not None and error.code.value.startswith("lease_"):
             # Managed mode: the node refused the credential lease (the text names the class).
             return ApiError(502, str(error), code=error.code.value)
@@ -213,6 +217,8 @@ def run_error(event: RuntimeEvent) -> ApiError:
     code = error_code(event.metadata)
     if code == ErrorCode.PROVIDER_AT_CAPACITY:
         return ApiError(503, message, code="provider_busy")
+    if code == ErrorCode.NODE_DRAINING:
+        return ApiError(503, message, code="node_draining")
     if code is not None and code.value.startswith("lease_"):
         # Managed mode: the node refused a run that would reach a provider outside a lease.
         return ApiError(502, message, code=code.value)

@@ -26,7 +26,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
-from iop.node.admission import CONNECTION_LOST_REASON, Admission, Nouns, Refusal
+from iop.node.admission import CONNECTION_LOST_REASON, Admission, Nouns, Refusal, WorkGate
 from iop.node.tunnel.credentials import check_lease_presence
 from iop.node.tunnel.exchange import CANCELLED, Tunnel, TunnelContext
 from iop.node.tunnel.frames import BODY_FRAME_BYTES, TunnelFrames
@@ -51,6 +51,7 @@ class TunnelManager:
     :param body_frame_bytes: the largest body a ``BODY`` frame carries.
     :param leases: managed mode: the verifier of this node's credential leases (None: legacy,
         leases refused).
+    :param work_gate: the node's drain for this session (:class:`~iop.node.admission.WorkGate`).
     """
 
     log = Logger()
@@ -63,13 +64,16 @@ class TunnelManager:
         node_id: str = "",
         body_frame_bytes: int = BODY_FRAME_BYTES,
         leases: LeaseVerifier | None = None,
+        work_gate: WorkGate | None = None,
     ) -> None:
         if body_frame_bytes < 1:
             raise ValueError("body_frame_bytes must be at least 1")
         self.clock = clock
         self.leases = leases
         self._node_id = node_id
-        self._admission: Admission[Tunnel] = Admission(registry, send, _TUNNEL_NOUNS, node_id)
+        self._admission: Admission[Tunnel] = Admission(
+            registry, send, _TUNNEL_NOUNS, node_id, work_gate
+        )
         self._context = TunnelContext(
             clock=clock,
             send_frame=self._send_frame,

@@ -24,10 +24,17 @@ class NodeLinkTests(SynchronousTestCase):
         self.link = link.build(self.config, EventBus(self.reactor), self.reactor)
 
     def test_answersGoToTheirDispatchers(self) -> None:
-        """A ready node's answers have a handler each, the run's events the run dispatcher's."""
+        """A ready node's answers have a handler each, the run's events the run dispatcher's
+        (and its drain the transport's own)."""
         self.assertEqual(
             sorted(self.link.factory.handlers),
-            ["cancel_response", "node_command_response", "provider_tunnel_frame", "run_event"],
+            [
+                "cancel_response",
+                "node_command_response",
+                "node_draining",
+                "provider_tunnel_frame",
+                "run_event",
+            ],
         )
 
     def test_handleGivesTheMessage(self) -> None:

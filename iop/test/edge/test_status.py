@@ -129,7 +129,15 @@ class IdentityStatusTests(SynchronousTestCase):
     def test_legacy_before_any_connection(self) -> None:
         config = edge_config()
         registry = self.build(config)
-        self.assertEqual(snapshot(config, registry)["edge"], {"id": "edge-test", "mode": "legacy"})
+        self.assertEqual(
+            snapshot(config, registry)["edge"],
+            {
+                "id": "edge-test",
+                "mode": "legacy",
+                "draining": False,
+                "draining_since_unix_ms": None,
+            },
+        )
         self.assertEqual(
             self.nodes(config, registry)["node-b"]["identity"],
             {

@@ -301,6 +301,10 @@
   // it has not been ready since the Edge started.
   function sinceText(n) {
     const since = state.connectedSince[n.id];
+    const draining = n.draining_since_unix_ms;
+    if (n.connected && draining !== null && draining !== undefined) {
+      return "draining since " + clock(draining / 1000) + " (" + ago(draining / 1000) + ")";
+    }
     if (n.connected) return since ? clock(since) + " (" + ago(since) + ")" : "";
     const down = n.down_since_unix_ms;
     if (down === null || down === undefined) return "never connected";
@@ -312,7 +316,7 @@
       const tr = el("tr", null, {"data-node-id": n.id, "data-state": n.state});
       tr.append(cell("id", n.alias ? n.id + " (" + n.alias + ")" : n.id));
       tr.append(cell("state", n.state, n.state === "ready" ? "good" :
-        n.state === "pending" ? "warn" : "bad"));
+        n.state === "pending" || n.state === "draining" ? "warn" : "bad"));
       tr.append(cell("connected_since", sinceText(n), n.connected ? "" : "bad"));
       const identity = n.identity || {};
       tr.append(cell("identity", identityText(identity),
