@@ -53,6 +53,7 @@ from iop.config.edge.usage import usage_section
 from iop.config.errors import Issues, as_section, read_yaml_file
 from iop.config.logs import logging_section
 from iop.config.model import EdgeConfig
+from iop.config.telemetry import telemetry_section
 
 __all__ = [
     "ID_PATTERN",
@@ -127,6 +128,7 @@ def _edge_config(
     )
     links.cost_budgets_priced(issues, top.data.get("openai"), models, routes)
     logging = logging_section(top)
+    telemetry = telemetry_section(top, base_dir=base_dir, environ=environ)
     cluster = cluster_section(
         top,
         edge_id=edge_id,
@@ -158,6 +160,7 @@ def _edge_config(
         credentials=slots.configs,
         admin=admin,
         logging=logging,
+        telemetry=telemetry,
         cluster=cluster,
         usage=usage,
         source_path=source_path,
