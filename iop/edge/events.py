@@ -108,6 +108,11 @@ class RequestFinished:
     key: str = ""
     team: str = ""
     cost_micros: int | None = None
+    # Traces (iop.telemetry): the request's trace id (32 hex digits; "" when not traced), for
+    # the metrics' exemplars; and the Edge→provider leg, dispatch to the end of the work on the
+    # node (None when not measured), for gen_ai.client.operation.duration.
+    trace_id: str = ""
+    provider_duration: float | None = None
     kind: str = "request.finished"
 
 

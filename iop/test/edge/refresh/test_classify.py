@@ -27,7 +27,6 @@ from iop.config.model import (
     ClientAPIConfig,
     ClientKey,
     ClusterConfig,
-    TelemetryConfig,
     CorsConfig,
     CredentialSlot,
     EdgeConfig,
@@ -47,6 +46,7 @@ from iop.config.model import (
     Secret,
     ServerTLS,
     Team,
+    TelemetryConfig,
     UsageConfig,
 )
 from iop.edge.refresh.classify import RULES, candidate_result, classify, markdown_table
