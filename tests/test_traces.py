@@ -22,7 +22,8 @@ from typing import Any
 
 import yaml
 
-from tests.harness import CLIENT_KEY, Cluster, free_port, wait_until
+from iop.testing.ports import free_port
+from tests.harness import CLIENT_KEY, Cluster, wait_until
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
