@@ -31,13 +31,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorThreads, IReactorTime
@@ -47,6 +42,12 @@ from twisted.logger import Logger
 
 from iop import __version__
 from iop.telemetry.tracing import TRACING_OFF, Tracing
+
+if TYPE_CHECKING:
+    # Imported by build() only when there is a telemetry: section: a daemon without one never
+    # loads the SDK, its exporter or their HTTP client.
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
 __all__ = ["DROP_WARNING_INTERVAL_SEC", "Telemetry", "TelemetryService", "build"]
 
@@ -154,6 +155,12 @@ def build(
     """
     if config is None:
         return Telemetry()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
     resource = Resource.create(
         {
             "service.name": config.service_name or default_service,

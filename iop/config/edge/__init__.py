@@ -11,7 +11,8 @@ Each top-level section has a module of its own, read in the order :func:`_edge_c
 (:mod:`.listeners`), ``security``, ``node_transport`` (:mod:`.transport`),
 ``protocol_profiles`` (:mod:`.profiles`), ``credentials``, ``nodes`` (with :mod:`.adapters` and
 :mod:`.providers`), ``models``, ``openai`` (:mod:`.client_api`), ``logging``
-(:mod:`iop.config.logs`, shared with node.yaml), ``cluster`` and ``usage`` (:mod:`.usage`).
+(:mod:`iop.config.logs`, shared with node.yaml), ``telemetry`` (:mod:`iop.config.telemetry`,
+shared with node.yaml), ``cluster`` and ``usage`` (:mod:`.usage`).
 Every check that ties one section to another is in :mod:`.links`; what a section makes known to
 later ones is in :mod:`.known`.
 
