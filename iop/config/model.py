@@ -150,6 +150,10 @@ class ProfileConfig:
     # The credential's scheme in ``auth_header`` ("Bearer" → ``Authorization: Bearer <secret>``;
     # "" → the bare secret, as ``x-api-key`` takes it).
     auth_scheme: str = ""
+    # Whether a tunnel's upstream request carries the client request's id as ``x-request-id``
+    # (an OpenAI-compatible server such as vLLM logs it). Default: on, but for the
+    # anthropic_messages driver (Anthropic's API documents no such request header).
+    send_request_id: bool = True
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ collision between Edges of a cluster negligible without any coordination.
 **On the wire** the id rides in the request's existing ``metadata`` map
 (``RunRequest.metadata``, ``ProviderTunnelRequest.metadata``) under :data:`REQUEST_ID_KEY`; a
 node applies :func:`carried` (the same rule: an id that is not sane is dropped, never used).
+:func:`log_context` is what a log line about a request's work adds, on either side.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ __all__ = [
     "accepted",
     "carried",
     "is_sane",
+    "log_context",
     "new_request_id",
 ]
 
@@ -98,3 +100,12 @@ def carried(metadata: Mapping[str, str]) -> str:
     """The request id a run's or tunnel's metadata carries; "" when none, or not a sane one."""
     value = metadata.get(REQUEST_ID_KEY, "")
     return value if value and is_sane(value) else ""
+
+
+def log_context(request_id: str) -> dict[str, str]:
+    """
+    The keys a log event about a request's work carries, on the Edge and on a node (a JSON log
+    line shows each one): ``request_id`` when there is one. The one place that says so, so the
+    trace's ids join it here.
+    """
+    return {REQUEST_ID_KEY: request_id} if request_id else {}

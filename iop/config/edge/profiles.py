@@ -68,6 +68,8 @@ def profiles_section(top: Section) -> Profiles:
         if auth_header and not HEADER_NAME.match(auth_header):
             issues.add(section.path_of("auth_header"), "must be an HTTP header name")
         auth_scheme = _auth_scheme(section, auth_header)
+        # The request id to the upstream: on by default where the protocol is OpenAI's.
+        send_request_id = section.boolean("send_request_id", driver != "anthropic_messages")
         section.finish()
         profile = ProfileConfig(
             name=name,
@@ -77,6 +79,7 @@ def profiles_section(top: Section) -> Profiles:
             extensions=tuple(extensions),
             auth_header=auth_header,
             auth_scheme=auth_scheme,
+            send_request_id=send_request_id,
         )
         if name and name not in known.by_name:
             known.by_name[name] = (path, profile)

@@ -63,7 +63,7 @@ from iop.edge.placement import Placement
 from iop.edge.tunnel import TunnelOutcome
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.runtime.requestid import REQUEST_ID_KEY
+from iop.runtime.requestid import HEADER, REQUEST_ID_KEY
 from iop.security.redact import redact_secrets
 
 __all__ = [
@@ -426,6 +426,17 @@ class Work:
         request_id = request_id_of(self.exchange.request)
         return {REQUEST_ID_KEY: request_id} if request_id else {}
 
+    def upstream_headers(self) -> list[tuple[str, str]]:
+        """What a tunnel's upstream request carries of the client's request: its id as
+        ``x-request-id``, where the provider's profile says so (``send_request_id``: on but for
+        the Anthropic driver), so an OpenAI-compatible server's own logs (vLLM's) name it. The
+        node forwards it (an allowed request header), never over a header the adapter sets."""
+        request_id = request_id_of(self.exchange.request)
+        profile = self.placement.profile
+        if not request_id or (profile is not None and not profile.send_request_id):
+            return []
+        return [(HEADER, request_id)]
+
     def tunnel(
         self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
     ) -> TunnelSource:
@@ -436,7 +447,7 @@ class Work:
             operation,
             payload,
             stream,
-            headers,
+            [*headers, *self.upstream_headers()],
             self.exchange.work_ended,
             self.metadata(),
         )

@@ -14,9 +14,7 @@ lines they saw (:class:`~iop.edge.ingress.channel.ClientChannel`).
 
 Everything else reads the id from the request: the record (its access log line and ledger
 row, :mod:`.record`), error bodies (:func:`~.http.render_error`), the run or tunnel sent to a
-node (:class:`~.relay.Work`: the request metadata). :func:`log_context` is the one place that
-says which keys a log line about a request's work carries (today ``request_id``; the trace's
-ids join it there).
+node (:class:`~.relay.Work`: the request metadata).
 """
 
 from __future__ import annotations
@@ -29,9 +27,9 @@ from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
 
 from iop.edge.ingress.errors import ANTHROPIC
-from iop.runtime.requestid import ANTHROPIC_HEADER, HEADER, REQUEST_ID_KEY, accepted
+from iop.runtime.requestid import ANTHROPIC_HEADER, HEADER, accepted
 
-__all__ = ["RequestIdResource", "log_context", "request_id_of", "response_headers", "stamp"]
+__all__ = ["RequestIdResource", "request_id_of", "response_headers", "stamp"]
 
 # Where the id rides on its request.
 _ATTRIBUTE = "_iop_request_id"
@@ -61,11 +59,6 @@ def request_id_of(request: IRequest) -> str:
     """The id :func:`stamp` gave ``request`` ("" when it was not stamped)."""
     value = getattr(request, _ATTRIBUTE, "")
     return value if isinstance(value, str) else ""
-
-
-def log_context(request_id: str) -> dict[str, Any]:
-    """The keys a log event about a request's work carries (JSON log lines show each one)."""
-    return {REQUEST_ID_KEY: request_id} if request_id else {}
 
 
 class RequestIdResource(Resource):
