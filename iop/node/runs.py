@@ -285,7 +285,6 @@ class RunManager:
             run.timer = self.clock.callLater(request.timeout_sec, self._timed_out, run)
         spec = ExecutionSpec(
             run_id=run.run_id,
-            **run.context,
             target=request.target,
             input=request.input,
             workspace=request.workspace,

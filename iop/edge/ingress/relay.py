@@ -433,7 +433,7 @@ class Work:
         node forwards it (an allowed request header), never over a header the adapter sets."""
         request_id = request_id_of(self.exchange.request)
         profile = self.placement.profile
-        if not request_id or (profile is not None and not profile.send_request_id):
+        if not request_id or (profile is not None and not profile.sends_request_id):
             return []
         return [(HEADER, request_id)]
 
