@@ -165,11 +165,12 @@ def test_an_echoed_provider_key_never_reaches_the_client(cluster: Cluster) -> No
         "Bearer [redacted]"
     )
 
-    # An ordinary answer whose headers echo it (x-request-id is one the Edge passes on).
+    # An ordinary answer whose headers echo it (the upstream's x-request-id is passed on, as
+    # x-upstream-request-id: the answer's x-request-id is the Edge's own).
     raw, head, body = exchange(cluster.client_port, "echo-header", stream=False)
     assert head.startswith(b"HTTP/1.1 200 "), head
     assert key not in raw
-    assert b"\r\nX-Request-Id: req-Bearer " + MARKER + b"\r\n" in head, head
+    assert b"\r\nX-Upstream-Request-Id: req-Bearer " + MARKER + b"\r\n" in head, head
 
     # A stream whose event carrying the key arrives in two pieces cut in the middle of it.
     raw, head, body = exchange(cluster.client_port, "echo-stream", stream=True)

@@ -158,10 +158,14 @@ def test_provider_added_then_removed_under_load(cluster: Cluster) -> None:
 
     # 2. Removed while streams run on it.
     both = Streams(cluster, 2 * STREAMS)
+    # Both providers' leases held *and* every request arrived upstream (a lease is granted
+    # before its request has crossed the node to the upstream).
     wait_until(
         lambda: (
             (cluster.provider("p-chat")["in_flight"], cluster.provider("p-two")["in_flight"])
             == (STREAMS, STREAMS)
+            and cluster.fake_stats(first)["active_answers"] == STREAMS
+            and cluster.fake_stats(second)["active_answers"] == STREAMS
         ),
         20,
         "streams on both",

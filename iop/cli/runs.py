@@ -1,7 +1,8 @@
 # -*- test-case-name: iop.test.cli.test_runs_cli -*-
 """
-``iop runs``: the running Edge's active runs (``GET /runs`` on its admin listener), as a table
-or with ``--json`` as the Edge answered (:data:`JSON_DOCUMENT`).
+``iop runs``: the running Edge's active work (``GET /runs`` on its admin listener) — normalized
+runs and provider tunnels, each with the client request id it serves — as one table (KIND says
+which), or with ``--json`` as the Edge answered (:data:`JSON_DOCUMENT`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,18 @@ from iop.cli import status
 from iop.cli.command import Report, add_json_argument
 
 #: What ``--json`` prints.
-JSON_DOCUMENT = '{"runs": [{"run_id", "node_id", "adapter", "target"}]}'
+JSON_DOCUMENT = (
+    '{"runs": [{"run_id", "node_id", "adapter", "target", "request_id"}], '
+    '"tunnels": [{"run_id", "node_id", "adapter", "target", "operation", "request_id"}]}'
+)
 
 
 def register(subparsers: Any) -> None:
     """Add C{iop runs}."""
     runs = subparsers.add_parser(
         "runs",
-        help="the running Edge's active runs",
-        description="List the running Edge's active runs (GET /runs).",
+        help="the running Edge's active runs and tunnels",
+        description="List the running Edge's active runs and provider tunnels (GET /runs).",
     )
     status.add_admin_argument(runs)
     add_json_argument(runs, JSON_DOCUMENT)
@@ -40,18 +44,21 @@ def run_runs(args: argparse.Namespace, report: Report) -> int:
 
 
 def summary(document: dict[str, Any]) -> list[str]:
-    runs = document.get("runs") or []
-    if not runs:
+    rows = [("run", r) for r in document.get("runs") or []]
+    rows += [("tunnel", t) for t in document.get("tunnels") or []]
+    if not rows:
         return ["no active runs"]
     return status.table(
-        ("RUN", "NODE", "ADAPTER", "TARGET"),
+        ("KIND", "RUN", "NODE", "ADAPTER", "TARGET", "REQUEST"),
         [
             (
+                kind,
                 str(r.get("run_id", "")),
                 str(r.get("node_id", "")),
                 str(r.get("adapter", "")),
                 str(r.get("target", "")) or "-",
+                str(r.get("request_id", "")) or "-",
             )
-            for r in runs
+            for kind, r in rows
         ],
     )

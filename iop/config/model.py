@@ -150,6 +150,17 @@ class ProfileConfig:
     # The credential's scheme in ``auth_header`` ("Bearer" → ``Authorization: Bearer <secret>``;
     # "" → the bare secret, as ``x-api-key`` takes it).
     auth_scheme: str = ""
+    # Whether a tunnel's upstream request carries the client request's id as ``x-request-id``
+    # (an OpenAI-compatible server such as vLLM logs it); None: by the driver (sends_request_id).
+    send_request_id: bool | None = None
+
+    @property
+    def sends_request_id(self) -> bool:
+        """``send_request_id``, by default on but for the anthropic_messages driver (Anthropic's
+        API documents no such request header; its answer's ``request-id`` is its own)."""
+        if self.send_request_id is not None:
+            return self.send_request_id
+        return self.driver != "anthropic_messages"
 
 
 @dataclass(frozen=True)

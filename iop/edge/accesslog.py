@@ -5,12 +5,14 @@ The Edge's access log: one structured log event per finished client request, fro
 request's own call stack).
 
 The text line reads ``openai chat chat → 200 complete in 812.4 ms (first token 40.1 ms, queue
-0.0 ms, tokens 12/64, p-chat@node-a)``; the event also carries every fact as its own key
-(``surface``, ``operation``, ``model``, ``provider_id``, ``node_id``, ``status``, ``outcome``,
-``error_code``, ``stream``, ``duration_ms``, ``ttft_ms``, ``queue_ms``, ``input_tokens``,
-``output_tokens``, ``reasoning_tokens``, ``cached_input_tokens``) for a structured (JSON)
-log observer. It holds nothing a client sent but the configured model name it was matched
-to: never a key, principal, prompt or header.
+0.0 ms, tokens 12/64, p-chat@node-a) req_01JD…``, ending with the request's id (the one its
+answer's ``x-request-id`` carried; nothing when it had none); the event also carries every fact
+as its own key (``request_id``, ``surface``, ``operation``, ``model``, ``provider_id``,
+``node_id``, ``status``, ``outcome``, ``error_code``, ``stream``, ``duration_ms``, ``ttft_ms``,
+``queue_ms``, ``input_tokens``, ``output_tokens``, ``reasoning_tokens``,
+``cached_input_tokens``) for a structured (JSON) log observer. It holds nothing a client sent
+but the configured model name it was matched to and a request id the gateway judged sane
+(:mod:`iop.runtime.requestid`): never a key, principal, prompt or other header.
 
 Connections the client listener refuses before any request (past its connection caps, or
 timed out before a whole request head: :data:`FLOOD_CODES`) come in floods when someone
@@ -39,7 +41,7 @@ FLOOD_BURST = 5
 
 FORMAT = (
     "{surface} {operation} {model_text} \N{RIGHTWARDS ARROW} {status} {outcome} in "
-    "{duration_text} ({details})"
+    "{duration_text} ({details}){request_id_text}"
 )
 
 
@@ -101,6 +103,7 @@ class AccessLog:
         if event.node_id:
             details.append(f"{event.provider_id or '-'}@{event.node_id}")
         return {
+            "request_id": event.request_id,
             "surface": event.surface,
             "operation": event.operation,
             "model": event.model,
@@ -120,4 +123,5 @@ class AccessLog:
             "model_text": event.model or "-",
             "duration_text": f"{duration_ms} ms",
             "details": ", ".join(details) if details else "-",
+            "request_id_text": f" {event.request_id}" if event.request_id else "",
         }

@@ -26,7 +26,9 @@ The small admin HTTP surface (Klein), loopback by default.
   In managed mode a run on an adapter only a leased tunnel may reach (``openai_compat``,
   ``vllm``) is refused with 409 before anything is sent (normalized runs carry no credential
   lease); runs on ``ollama`` and ``cli`` adapters are served.
-- ``GET /runs``: active runs; ``DELETE /runs/<run_id>``: cancel one.
+- ``GET /runs``: the active work: ``runs`` and provider ``tunnels``, each with the client
+  request's id it serves (``request_id``, "" when none); ``DELETE /runs/<run_id>``: cancel a
+  run.
 - ``POST /nodes/<node_id>/commands``: ``{"type": "capabilities" | "transport" | "usage" |
   "sessions" | "ollama-tags" | "ollama-ps" | "ollama-show", "adapter"?, "target"?,
   "arguments"?}`` → the node's JSON answer.
@@ -386,6 +388,7 @@ class AdminApp:
     @app.route("/runs", methods=["GET"])
     def list_runs(self, request: IRequest) -> bytes:
         runs = self._runs.active() if self._runs else []
+        tunnels = self._tunnels.active() if self._tunnels else []
         return _json(
             request,
             {
@@ -395,9 +398,21 @@ class AdminApp:
                         "node_id": h.node_id,
                         "adapter": h.adapter,
                         "target": h.target,
+                        "request_id": h.request_id,
                     }
                     for h in runs
-                ]
+                ],
+                "tunnels": [
+                    {
+                        "run_id": t.run_id,
+                        "node_id": t.node_id,
+                        "adapter": t.adapter,
+                        "target": t.target,
+                        "operation": t.operation,
+                        "request_id": t.request_id,
+                    }
+                    for t in tunnels
+                ],
             },
         )
 

@@ -87,6 +87,9 @@ class RequestFinished:
     the config, so bounded too; "" when unauthenticated or auth is off); ``cost_micros`` is what
     the reported usage cost at the model's price (micro-units of ``usage.currency``; None when
     either is unknown).
+
+    ``request_id`` is the request's id (:mod:`iop.runtime.requestid`), the one its answer and
+    every other record of it carry: a client's own, so never a metric label.
     """
 
     surface: str
@@ -108,6 +111,8 @@ class RequestFinished:
     key: str = ""
     team: str = ""
     cost_micros: int | None = None
+    # The request's id (iop.runtime.requestid): unbounded, so never a metric label.
+    request_id: str = ""
     # Traces (iop.telemetry): the request's trace id (32 hex digits; "" when not traced), for
     # the metrics' exemplars; and the Edge→provider leg, dispatch to the end of the work on the
     # node (None when not measured), for gen_ai.client.operation.duration.

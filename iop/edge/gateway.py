@@ -20,7 +20,7 @@ sources, :mod:`iop.edge.ingress.sources`) reports the outcome and usage to the r
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
@@ -174,6 +174,7 @@ class EdgeGateway:
         headers: Iterable[tuple[str, str]] = (),
         method: str = "POST",
         timeout_sec: int = 0,
+        metadata: Mapping[str, str] | None = None,
     ) -> TunnelStream:
         """
         Open the raw provider tunnel for ``placement``. In managed mode
@@ -195,6 +196,7 @@ class EdgeGateway:
             timeout_sec=timeout_sec,
             profile=placement.profile.name if placement.profile else "",
             seal=seal,
+            metadata=metadata,
         )
 
 

@@ -9,7 +9,8 @@ Refused requests are recorded too (a 429 of a key's limit, an unknown model), so
 refused what" is in the ledger — except an unauthenticated one (401): nobody to charge, and a
 flood of bad keys must not fill the file. ``count_tokens`` and the model listings are not
 usage. Tokens and cost are what the provider reported and what that cost at the model's price
-(None when unknown, never estimated).
+(None when unknown, never estimated). Each record names the request's id (the one its answer's
+``x-request-id`` carried), so a client's complaint finds its row.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class LedgerFeed:
             UsageRecord.of(
                 round(event.at * 1000),
                 event.usage,
+                request_id=event.request_id,
                 key=event.key,
                 team=event.team,
                 model=event.model,

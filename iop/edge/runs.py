@@ -47,6 +47,7 @@ from iop.edge.registry import NodeRegistry
 from iop.edge.routes import RouteResolver
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import EventType, RuntimeEvent
+from iop.runtime.requestid import carried
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_from_proto
 
@@ -79,6 +80,8 @@ class RunHandle:
     _done: list[Deferred[RuntimeEvent]] = field(default_factory=list, repr=False)
     terminal: RuntimeEvent | None = None
     cancel_requested: bool = False
+    # The client request's id this run serves (from its metadata; "" when none).
+    request_id: str = ""
 
     def subscribe(self, callback: EventCallback) -> None:
         """Receive every event in order, starting with those that already arrived."""
@@ -193,7 +196,7 @@ class RunDispatcher:
             collect=collect,
         )
         request.metadata.update(dict(metadata or {}))
-        handle = RunHandle(rid, chosen, adapter, target, self)
+        handle = RunHandle(rid, chosen, adapter, target, self, request_id=carried(request.metadata))
         self._runs.add(rid, handle, chosen, connection, ownership.generation)
         try:
             self._send(connection, pb.Envelope(run_request=request))

@@ -52,6 +52,7 @@ from iop.edge.interfaces import INodeConnection, INodeLifecycleObserver, Send, s
 from iop.edge.registry import NodeRegistry
 from iop.runtime.codes import ErrorCode, error_code
 from iop.runtime.events import Usage
+from iop.runtime.requestid import carried
 from iop.security.echo import ECHOES_METADATA_KEY
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import usage_from_proto
@@ -140,6 +141,8 @@ class TunnelStream:
         self.adapter = adapter
         self.target = target
         self.operation = operation
+        # The client request's id this tunnel serves ("" for a debug tunnel without one).
+        self.request_id = ""
         self._dispatcher = dispatcher
         self._max_buffered = max_buffered_bytes
         self.status_code: int | None = None
@@ -377,6 +380,7 @@ class TunnelDispatcher:
         sealed = seal() if seal is not None else None
         rid = run_id or f"tun-{uuid.uuid4().hex}"
         tunnel = TunnelStream(rid, node_id, adapter, target, operation, self, self._max_buffered)
+        tunnel.request_id = carried(metadata or {})
         self._tunnels.add(rid, tunnel, node_id, connection, ownership.generation)
         # Built in its envelope (no copy of the body into a second message).
         envelope = pb.Envelope()
@@ -420,6 +424,7 @@ class TunnelDispatcher:
             run_id=run_id,
             node_id=active.node_id,
             reason=reason,
+            request_id=active.item.request_id,
         )
         self._tunnels.request_cancel(
             run_id,
@@ -568,6 +573,7 @@ class TunnelDispatcher:
                 kind=kind,
                 status_code=stream.status_code,
                 body_bytes=stream.body_bytes,
+                request_id=stream.request_id,
             )
         stream._finish(outcome)
 

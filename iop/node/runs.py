@@ -79,8 +79,9 @@ from iop.node.store import RunStatus, RunStore
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ITunnelProvider
+from iop.runtime.requestid import carried, log_context
 from iop.telemetry import semconv
-from iop.telemetry.propagation import inject
+from iop.telemetry.propagation import inject, log_ids
 from iop.telemetry.tracing import TRACING_OFF, Span, SpanKind, Tracing, end_span, set_attributes
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
@@ -117,6 +118,8 @@ class _Run:
     slot: Slot
     started_at: float
     timeout_sec: float = 0.0
+    # The client request's id the run serves (its metadata's; "" when none).
+    request_id: str = ""
     sequence: int = 0
     started: bool = False
     finished: bool = False
@@ -135,11 +138,19 @@ class _Run:
     held_call: IDelayedCall | None = field(default=None, repr=False)
     # The run's span (None: tracing off or not sampled out: it is None only when off).
     span: Span | None = field(default=None, repr=False)
+    # The span's ids for the run's log lines (kept after the span ended).
+    trace_ids: dict[str, str] = field(default_factory=dict, repr=False)
     finish_reason: str = ""
 
     @property
     def adapter(self) -> str:
         return self.instance.name
+
+    @property
+    def context(self) -> dict[str, str]:
+        """What each log line about this run adds (the request's id and, traced, the span's
+        ids: JSON lines show them)."""
+        return log_context(self.request_id, self.trace_ids)
 
 
 @dataclass
@@ -286,6 +297,7 @@ class RunManager:
             slot=admitted.slot,
             started_at=self.clock.seconds(),
             timeout_sec=float(request.timeout_sec),
+            request_id=carried(request.metadata),
         )
 
     def _start(self, run: _Run, request: pb.RunRequest) -> None:
@@ -298,6 +310,7 @@ class RunManager:
             background=request.background,
             created_at=run.started_at,
             started_at=run.started_at,
+            request_id=run.request_id,
         )
         if request.timeout_sec:
             run.timer = self.clock.callLater(request.timeout_sec, self._timed_out, run)
@@ -307,6 +320,7 @@ class RunManager:
             if run.span is not None:
                 # The adapter's upstream call or process is this span's child.
                 inject(run.span, metadata)
+                run.trace_ids = log_ids(run.span)
         spec = ExecutionSpec(
             run_id=run.run_id,
             target=request.target,
@@ -375,6 +389,7 @@ class RunManager:
                 session_id=request.session_id,
                 background=request.background,
                 at=self.clock.seconds(),
+                request_id=carried(request.metadata),
             )
 
     # -- status ------------------------------------------------------------------------------
@@ -389,6 +404,7 @@ class RunManager:
                     "target": run.target,
                     "session_id": run.session_id,
                     "background": run.background,
+                    "request_id": run.request_id,
                     "started_unix_ms": int(run.started_at * 1000),
                     "events": run.sequence,
                 }
@@ -430,6 +446,7 @@ class RunManager:
                 "dropping {event_type} event of run {run_id}: the run already ended",
                 event_type=getattr(getattr(event, "type", None), "value", repr(event)),
                 run_id=run.run_id,
+                **run.context,
                 adapter=run.adapter,
                 node_id=self._node_id,
             )
@@ -445,6 +462,7 @@ class RunManager:
                 self.log.warn(
                     "dropping a second start event of run {run_id}",
                     run_id=run.run_id,
+                    **run.context,
                     adapter=run.adapter,
                     node_id=self._node_id,
                 )
@@ -561,6 +579,7 @@ class RunManager:
             "run {run_id} {adapter}/{target} ended: {status}{detail}, {events} events"
             " in {duration_sec} s",
             run_id=run.run_id,
+            **run.context,
             adapter=run.adapter,
             target=run.target,
             status=status.value,
@@ -617,6 +636,7 @@ class RunManager:
             self.log.failure(
                 "cancelling run {run_id} on adapter {adapter} raised",
                 run_id=run.run_id,
+                request_id=run.request_id,
                 adapter=run.adapter,
                 node_id=self._node_id,
             )
@@ -628,6 +648,7 @@ class RunManager:
             "adapter {adapter} ended run {run_id} without a terminal event; completing it",
             adapter=run.adapter,
             run_id=run.run_id,
+            **run.context,
             node_id=self._node_id,
         )
         self._finish(run, RuntimeEvent.complete(session_id=run.session_id))
@@ -638,6 +659,7 @@ class RunManager:
                 self.log.info(
                     "run {run_id} on adapter {adapter} failed after it ended: {error}",
                     run_id=run.run_id,
+                    **run.context,
                     adapter=run.adapter,
                     error=failure_message(failure),
                     node_id=self._node_id,
@@ -647,6 +669,7 @@ class RunManager:
         self.log.warn(
             "run {run_id} on adapter {adapter} failed: {error}",
             run_id=run.run_id,
+            **run.context,
             adapter=run.adapter,
             error=failure_message(failure),
             error_type=failure.type.__name__ if failure.type is not None else None,
@@ -662,6 +685,7 @@ class RunManager:
         self.log.warn(
             "run {run_id} on adapter {adapter} timed out after {seconds} s",
             run_id=run.run_id,
+            **run.context,
             adapter=run.adapter,
             seconds=_seconds(seconds),
             node_id=self._node_id,
@@ -686,6 +710,7 @@ class RunManager:
         self.log.info(
             "cancelling run {run_id} on adapter {adapter}: {reason}",
             run_id=run.run_id,
+            **run.context,
             adapter=run.adapter,
             reason=request.reason or CANCELLED_BY_EDGE,
             node_id=self._node_id,

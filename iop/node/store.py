@@ -3,8 +3,13 @@
 The Node's local run store: one SQLite table of the runs this node executed.
 
 It records run id, adapter, target, session id, background flag, status, the created / started /
-finished timestamps and the error text. It is a local record for operators, not a global history
-or audit API.
+finished timestamps, the error text and the id of the client request the run serves
+(``request_id``, from the run's metadata: the id in the client's ``x-request-id`` answer and the
+Edge's access log; "" for a run without one). It is a local record for operators, not a global
+history or audit API.
+
+Schema 2 added ``request_id``: a file of schema 1 gains the column (every old row "") and its
+index when it is opened; nothing else changes, so an older node can still read the file.
 
 SQLite is blocking, so the reactor never calls it: every statement runs on one dedicated worker
 thread (:class:`ThreadExecutor`, a one-thread ``ThreadPool``), one job at a time and in submission
@@ -45,7 +50,7 @@ MAX_ERROR_CHARS = 4000
 
 INTERRUPTED_REASON = "node stopped while the run was active"
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -59,14 +64,17 @@ CREATE TABLE IF NOT EXISTS runs (
     created_at  REAL NOT NULL,
     started_at  REAL,
     finished_at REAL,
-    error       TEXT NOT NULL DEFAULT ''
+    error       TEXT NOT NULL DEFAULT '',
+    request_id  TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at);
 """
+# After the migration (an older file's table has no request_id until it runs).
+_INDEXES = "CREATE INDEX IF NOT EXISTS runs_by_request ON runs (request_id);"
 
 _COLUMNS = (
     "run_id, adapter, target, session_id, background, status, "
-    "created_at, started_at, finished_at, error"
+    "created_at, started_at, finished_at, error, request_id"
 )
 
 
@@ -97,6 +105,7 @@ class RunRecord:
     started_at: float | None
     finished_at: float | None
     error: str
+    request_id: str = ""
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -110,13 +119,24 @@ class RunRecord:
             "started_at": self.started_at,
             "finished_at": self.finished_at,
             "error": self.error,
+            "request_id": self.request_id,
         }
 
 
 def _record(row: tuple[object, ...]) -> RunRecord:
-    (run_id, adapter, target, session_id, background, status, created, started, finished, error) = (
-        row
-    )
+    (
+        run_id,
+        adapter,
+        target,
+        session_id,
+        background,
+        status,
+        created,
+        started,
+        finished,
+        error,
+        request_id,
+    ) = row
     return RunRecord(
         run_id=str(run_id),
         adapter=str(adapter),
@@ -128,6 +148,7 @@ def _record(row: tuple[object, ...]) -> RunRecord:
         started_at=None if started is None else float(started),  # type: ignore[arg-type]
         finished_at=None if finished is None else float(finished),  # type: ignore[arg-type]
         error=str(error),
+        request_id=str(request_id),
     )
 
 
@@ -308,19 +329,20 @@ class RunStore:
         background: bool = False,
         created_at: float | None = None,
         started_at: float | None = None,
+        request_id: str = "",
     ) -> Deferred[None]:
         """Record a run that began executing (status ``running``)."""
         now = self._now()
         created = now if created_at is None else created_at
         started = now if started_at is None else started_at
-        row = (run_id, adapter, target, session_id, int(background), created, started)
+        row = (run_id, adapter, target, session_id, int(background), created, started, request_id)
 
         def job() -> None:
             with self._connection() as conn:
                 conn.execute(
                     "INSERT OR REPLACE INTO runs (run_id, adapter, target, session_id, "
-                    "background, status, created_at, started_at, finished_at, error) "
-                    "VALUES (?, ?, ?, ?, ?, 'running', ?, ?, NULL, '')",
+                    "background, status, created_at, started_at, finished_at, error, "
+                    "request_id) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, NULL, '', ?)",
                     row,
                 )
 
@@ -335,17 +357,28 @@ class RunStore:
         session_id: str = "",
         background: bool = False,
         at: float | None = None,
+        request_id: str = "",
     ) -> Deferred[None]:
         """Record a run refused before it started (status ``error``, no ``started_at``)."""
         when = self._now() if at is None else at
-        row = (run_id, adapter, target, session_id, int(background), when, when, _clip(error))
+        row = (
+            run_id,
+            adapter,
+            target,
+            session_id,
+            int(background),
+            when,
+            when,
+            _clip(error),
+            request_id,
+        )
 
         def job() -> None:
             with self._connection() as conn:
                 conn.execute(
                     "INSERT OR REPLACE INTO runs (run_id, adapter, target, session_id, "
-                    "background, status, created_at, started_at, finished_at, error) "
-                    "VALUES (?, ?, ?, ?, ?, 'error', ?, NULL, ?, ?)",
+                    "background, status, created_at, started_at, finished_at, error, "
+                    "request_id) VALUES (?, ?, ?, ?, ?, 'error', ?, NULL, ?, ?, ?)",
                     row,
                 )
 
@@ -465,6 +498,8 @@ class RunStore:
             conn.execute("PRAGMA synchronous = NORMAL")
             with conn:
                 conn.executescript(_SCHEMA)
+                _migrate(conn)
+                conn.executescript(_INDEXES)
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             with conn:
                 cursor = conn.execute(
@@ -483,3 +518,11 @@ class RunStore:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring a file of an older schema to this one (module docstring): schema 1 lacks
+    ``request_id``."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+    if "request_id" not in columns:
+        conn.execute("ALTER TABLE runs ADD COLUMN request_id TEXT NOT NULL DEFAULT ''")

@@ -21,7 +21,15 @@ from opentelemetry.propagators.textmap import Getter
 from opentelemetry.trace import Span, get_current_span, set_span_in_context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["TRACEPARENT", "TRACESTATE", "TRACE_KEYS", "extract", "inject", "trace_id_of"]
+__all__ = [
+    "TRACEPARENT",
+    "TRACESTATE",
+    "TRACE_KEYS",
+    "extract",
+    "inject",
+    "log_ids",
+    "trace_id_of",
+]
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -74,3 +82,16 @@ def trace_id_of(span: Span) -> str:
     """``span``'s trace id as 32 hex digits ('' for an invalid span): logs, exemplars."""
     context = span.get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else ""
+
+
+def log_ids(span: Span | None) -> dict[str, str]:
+    """``trace_id`` and ``span_id`` (hex) of ``span`` for a log line; {} for None or invalid."""
+    if span is None:
+        return {}
+    context = span.get_span_context()
+    if not context.is_valid:
+        return {}
+    return {
+        "trace_id": format(context.trace_id, "032x"),
+        "span_id": format(context.span_id, "016x"),
+    }

@@ -44,6 +44,10 @@ Routes:
   streamed), unless ``tool_choice`` is ``none`` or the last turn carries a ``tool_result`` (one
   tool round); model ``fail-500`` answers 500. No thinking.
 - ``GET /_fake/stats``: :class:`FakeStats` as JSON.
+- ``GET /_fake/requests``: the headers of the last :data:`SHOWN_REQUESTS` generation requests
+  received (chat, responses, messages), oldest first, as ``{"requests": [{"headers": {...}}]}``
+  (names lower-cased; a credential header's value shown as ``<set>``): what a system test
+  asks of what reached the provider, such as the ``x-request-id`` a gateway sent on.
 
 With ``expect_header`` (``--expect-header NAME``, the value from ``$IOP_FAKE_EXPECT_VALUE``),
 a chat completion without exactly that credential is answered 401 — a provider that checks
@@ -283,6 +287,7 @@ class FakeOpenAI:
             messages.putChild(b"count_tokens", _Post(self._count_tokens))
         chat.putChild(b"completions", _ChatCompletions(self))
         fake.putChild(b"stats", _Stats(self))
+        fake.putChild(b"requests", _Requests(self))
         return root
 
     def site(self) -> Site:
@@ -1076,6 +1081,31 @@ class _Post(_Directory):
         if request.method == b"POST":
             return self.render_POST(request)  # type: ignore[return-value]
         return _NotFound().render(request)
+
+
+# How many received requests ``GET /_fake/requests`` shows, and the headers whose value it hides.
+SHOWN_REQUESTS = 100
+_HIDDEN_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "proxy-authorization"})
+
+
+class _Requests(_JSONResource):
+    isLeaf = True
+
+    def __init__(self, fake: FakeOpenAI) -> None:
+        super().__init__()
+        self._fake = fake
+
+    def render_GET(self, request: Request) -> bytes:
+        shown = [
+            {
+                "headers": {
+                    name: "<set>" if name in _HIDDEN_HEADERS else value
+                    for name, value in received.headers.items()
+                }
+            }
+            for received in self._fake.requests[-SHOWN_REQUESTS:]
+        ]
+        return self._json(request, 200, json.dumps({"requests": shown}).encode())
 
 
 class _Stats(_JSONResource):

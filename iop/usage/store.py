@@ -13,8 +13,10 @@ budgets' running totals live elsewhere). Times are integer milliseconds since th
 A count the provider did not report is NULL, as is the cost of a request whose model has no
 price: "unknown" is never stored as 0.
 
-The schema carries ``PRAGMA user_version``; a file written by a newer schema is refused rather
-than misread.
+Each row names its request's id (``request_id``, indexed: an operator looks a client's
+complaint up by it); an older file gains the index when it is opened (every statement of the
+schema is ``IF NOT EXISTS``). The schema carries ``PRAGMA user_version``; a file written by a
+newer schema is refused rather than misread.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ CREATE INDEX IF NOT EXISTS usage_time ON usage (time_ms);
 CREATE INDEX IF NOT EXISTS usage_key_time ON usage (key, time_ms);
 CREATE INDEX IF NOT EXISTS usage_team_time ON usage (team, time_ms);
 CREATE INDEX IF NOT EXISTS usage_model_time ON usage (model, time_ms);
+CREATE INDEX IF NOT EXISTS usage_request ON usage (request_id);
 """
 
 

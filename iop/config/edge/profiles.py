@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from iop.config.checks import HEADER_NAME
 from iop.config.edge.known import Profiles
-from iop.config.errors import Section, as_section
+from iop.config.errors import MISSING, Section, as_section
 from iop.config.model import ProfileConfig
 from iop.runtime.kinds import DRIVER_NAMES
 
@@ -68,6 +68,10 @@ def profiles_section(top: Section) -> Profiles:
         if auth_header and not HEADER_NAME.match(auth_header):
             issues.add(section.path_of("auth_header"), "must be an HTTP header name")
         auth_scheme = _auth_scheme(section, auth_header)
+        # The request id to the upstream (unset: by the driver, ProfileConfig.sends_request_id).
+        send_request_id: bool | None = None
+        if section.raw("send_request_id") is not MISSING:
+            send_request_id = section.boolean("send_request_id", True)
         section.finish()
         profile = ProfileConfig(
             name=name,
@@ -77,6 +81,7 @@ def profiles_section(top: Section) -> Profiles:
             extensions=tuple(extensions),
             auth_header=auth_header,
             auth_scheme=auth_scheme,
+            send_request_id=send_request_id,
         )
         if name and name not in known.by_name:
             known.by_name[name] = (path, profile)

@@ -48,6 +48,7 @@ from iop.edge.ingress.openai import ChatCodec, OpenAICatalog, ResponsesCodec
 from iop.edge.ingress.pipeline import Catalog, Codec, Pipeline
 from iop.edge.ingress.record import Publish, RequestRecord
 from iop.edge.ingress.relay import Exchange
+from iop.edge.ingress.requestid import RequestIdResource
 from iop.edge.ingress.sources import Gateway
 from iop.edge.quota import QuotaGate
 
@@ -280,7 +281,8 @@ class ClientApp:
                 surface_of,
                 render_error,
             )
-        return resource
+        # Outermost: every answer, a preflight's and a refusal's too, carries the request's id.
+        return RequestIdResource(resource, surface_of, self._clock)
 
     def allowed_methods(self, path: str) -> list[str]:
         """The methods the app serves at ``path`` (none: no route there); with CORS on, every

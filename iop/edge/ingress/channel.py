@@ -33,6 +33,10 @@ with ``/v1/messages`` or an ``anthropic-version`` header was seen) and closes th
   one closes, so the client listener never takes the descriptors the node and admin listeners
   need (``EMFILE`` on their ``accept()``).
 
+Every refusal carries the request's id (``x-request-id``, and ``request-id`` on the Anthropic
+surface, and in its body: :mod:`.requestid`): the client's when its head had one sane
+``x-request-id`` line before the refusal, else a new one.
+
 With ``openai.cors``, a refusal to a request from an allowed origin carries the
 ``Access-Control-*`` headers (:mod:`.cors`), so a page can read why it was refused.
 
@@ -73,6 +77,8 @@ from iop.edge.events import RequestFinished
 from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ANTHROPIC, OPENAI, ApiError, error_types
 from iop.edge.ingress.record import Publish, bounded_code
+from iop.edge.ingress.requestid import response_headers
+from iop.runtime.requestid import accepted
 
 __all__ = [
     "ABORT_AFTER_SEC",
@@ -266,6 +272,8 @@ class ClientChannel(HTTPChannel):
     _closing = False
     _anthropic = False
     _origin: bytes | None = None
+    # The x-request-id header lines of the request being read (None: none seen).
+    _client_ids: list[bytes] | None = None
     _transfer_encoding = False
     _content_length = False
     _declared_too_large = False
@@ -393,6 +401,11 @@ class ClientChannel(HTTPChannel):
             self._anthropic = True
         elif line[:7].lower() == b"origin:":
             self._origin = line[7:].strip(b" \t")
+        elif line[:13].lower() == b"x-request-id:":
+            # The client's id, for a refusal before the app has the request (judged then).
+            if self._client_ids is None:
+                self._client_ids = []
+            self._client_ids.append(line[13:].strip(b" \t"))
         super().lineReceived(line)
 
     def lineLengthExceeded(self, line: bytes) -> None:
@@ -498,6 +511,7 @@ class ClientChannel(HTTPChannel):
         self._phase = _HANDLING
         self._transfer_encoding = self._content_length = self._anthropic = False
         self._origin = None
+        self._client_ids = None
         super().allContentReceived()
 
     def requestDone(self, request: Any) -> None:
@@ -569,12 +583,15 @@ class ClientChannel(HTTPChannel):
         self.setTimeout(None)
         if self.cors is not None:
             headers = [*headers, *self.cors.answer_headers(self._origin)]
-        error = ApiError(status, message, code=code, headers=headers)
         surface = self._surface()
-        body = json.dumps(error.body(surface), separators=(",", ":")).encode()
+        now = self.clock.seconds()
+        # The request's id, by the rule the app applies (:mod:`.requestid`) to what arrived.
+        request_id = accepted(self._client_ids, now)
+        headers = [*headers, *response_headers(request_id, surface)]
+        error = ApiError(status, message, code=code, headers=headers)
+        body = json.dumps(error.body(surface, request_id), separators=(",", ":")).encode()
         if self.publish is not None and self._phase != _HANDLING:
             # (A request the app has is recorded by the app.)
-            now = self.clock.seconds()
             self.publish(
                 RequestFinished(
                     surface,
@@ -584,6 +601,7 @@ class ClientChannel(HTTPChannel):
                     now - self._request_start,
                     error_code=bounded_code(code or error_types(status)[0]),
                     at=now,
+                    request_id=request_id,
                 )
             )
         head = [

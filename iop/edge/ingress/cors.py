@@ -53,6 +53,8 @@ ALLOW_HEADERS = (
     "openai-project",
     "openai-beta",
     "idempotency-key",
+    # A page's own request id, kept when sane (iop.runtime.requestid).
+    "x-request-id",
 )
 # Response headers a page's script may read besides the CORS-safelisted ones.
 EXPOSE_HEADERS = ("retry-after", "x-should-retry", "request-id", "x-request-id")

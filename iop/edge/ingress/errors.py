@@ -4,7 +4,12 @@ The client surfaces' errors: one exception, two shapes, and the mapping of the E
 
 :class:`ApiError` is rendered in the shape of the surface that raised it: OpenAI
 ``{"error": {"message", "type", "param", "code"}}`` or Anthropic
-``{"type": "error", "error": {"type", "message"}}``.
+``{"type": "error", "error": {"type", "message"}}``. With the request's id, the Anthropic
+shape has it at the top level as ``request_id`` (where Anthropic's API puts it); OpenAI's API
+names no such field, and the OpenAI shape has it at the top level too (one rule for both
+surfaces), leaving the ``error`` object exactly OpenAI's four fields for clients that decode it
+strictly; the openai SDK prints the whole body in its exception's text, so a user pasting an
+error pastes the id an operator looks up (both SDKs also read it from the headers).
 
 :func:`client_error` maps the gateway's errors: unknown model ``404``; a full queue
 (``Overloaded``) ``429`` with ``retry-after``; no live provider, no ready node, no route or a
@@ -135,18 +140,30 @@ class ApiError(Exception):
         """The response headers on ``surface``: every surface's, then that surface's own."""
         return self.headers + self._surface_headers.get(surface, ())
 
-    def openai_body(self) -> dict[str, Any]:
+    def openai_body(self, request_id: str = "") -> dict[str, Any]:
         kind = self._openai_type or error_types(self.status)[0]
-        return {
+        body: dict[str, Any] = {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
+        if request_id:
+            # Beside ``error``, as on the Anthropic surface: the error object stays OpenAI's own.
+            body["request_id"] = request_id
+        return body
 
-    def anthropic_body(self) -> dict[str, Any]:
+    def anthropic_body(self, request_id: str = "") -> dict[str, Any]:
         _, kind = error_types(self.status)
-        return {"type": "error", "error": {"type": kind, "message": self.message}}
+        body: dict[str, Any] = {"type": "error", "error": {"type": kind, "message": self.message}}
+        if request_id:
+            # Where Anthropic's API puts it: top level, beside ``error``.
+            body["request_id"] = request_id
+        return body
 
-    def body(self, surface: str) -> dict[str, Any]:
-        return self.anthropic_body() if surface == ANTHROPIC else self.openai_body()
+    def body(self, surface: str, request_id: str = "") -> dict[str, Any]:
+        """The error in ``surface``'s shape, naming ``request_id`` (when given) where that
+        surface's clients look for it (module docstring)."""
+        if surface == ANTHROPIC:
+            return self.anthropic_body(request_id)
+        return self.openai_body(request_id)
 
 
 def _with_retry_hints(

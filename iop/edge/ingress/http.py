@@ -33,6 +33,7 @@ from iop.edge.ingress.channel import ClientChannel, ConnectionCounter
 from iop.edge.ingress.cors import CorsPolicy
 from iop.edge.ingress.errors import ApiError, bad_request, error_types
 from iop.edge.ingress.record import Publish, RequestRecord
+from iop.edge.ingress.requestid import request_id_of
 
 __all__ = [
     "ClientSite",
@@ -63,14 +64,14 @@ def render_json(request: IRequest, body: Any, status: int = 200) -> bytes:
 
 def render_error(request: IRequest, surface: str, error: ApiError) -> bytes:
     """Set the status and headers of ``error`` on ``request``; return its body in ``surface``'s
-    shape. The request's record (if any) notes the error's code: its own, else the OpenAI
-    error type of its status."""
+    shape, naming the request's id (:mod:`.requestid`). The request's record (if any) notes the
+    error's code: its own, else the OpenAI error type of its status."""
     record = RequestRecord.of(request)
     if record is not None:
         record.error(error.code or error_types(error.status)[0])
     for name, value in error.headers_for(surface):
         request.setHeader(name.encode("latin-1"), value.encode("latin-1"))
-    return render_json(request, error.body(surface), error.status)
+    return render_json(request, error.body(surface, request_id_of(request)), error.status)
 
 
 # -- the body limit ----------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IRequest
 
 from iop.edge.events import RequestFinished
+from iop.edge.ingress.requestid import request_id_of
 from iop.edge.placement import Placement
 from iop.runtime.events import Usage
 
@@ -74,6 +75,8 @@ class RequestRecord:
         self.stream = False
         self.first_body_at: float | None = None
         self.error_code = ""
+        # The id the request was stamped with on arrival ("" when it was not: tests' requests).
+        self.request_id = request_id_of(request)
         self._ended_at: float | None = None
         self._status = 0
         self._handler_done = False
@@ -179,4 +182,5 @@ class RequestRecord:
             key=self.key,
             team=self.team,
             cost_micros=self.cost_micros,
+            request_id=self.request_id,
         )

@@ -48,6 +48,7 @@ from iop.edge.ingress import canonical
 from iop.edge.ingress.chat_decode import ChatDecoder
 from iop.edge.ingress.errors import ApiError, run_error, upstream_error
 from iop.edge.ingress.record import RequestRecord
+from iop.edge.ingress.requestid import request_id_of
 from iop.edge.ingress.sources import (
     Gateway,
     HeaderList,
@@ -62,12 +63,14 @@ from iop.edge.placement import Placement
 from iop.edge.tunnel import TunnelOutcome
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import EventType, RuntimeEvent, Usage
+from iop.runtime.requestid import HEADER, REQUEST_ID_KEY
 from iop.security.redact import redact_secrets
 
 __all__ = [
     "CLIENT_GONE",
     "MAX_COLLECTED_BYTES",
     "PASSTHROUGH_HEADERS",
+    "UPSTREAM_REQUEST_ID",
     "Collect",
     "Cut",
     "DecodedStream",
@@ -95,6 +98,11 @@ MAX_COLLECTED_BYTES = 32 * 1024 * 1024
 PASSTHROUGH_HEADERS = frozenset(
     {"content-type", "retry-after", "x-should-retry", "request-id", "x-request-id"}
 )
+# The provider's own request id (``request-id``, ``x-request-id``) is kept as this header: the
+# answer's ``x-request-id``/``request-id`` are the gateway's (:mod:`.requestid`), the one every
+# record of the request names; the provider's is what its support asks for.
+UPSTREAM_REQUEST_ID = "x-upstream-request-id"
+_REQUEST_ID_HEADERS = frozenset({"request-id", "x-request-id"})
 # The cancel reason when the client goes away.
 CLIENT_GONE = "client disconnected"
 
@@ -411,6 +419,24 @@ class Work:
     def request(self) -> IRequest:
         return self.exchange.request
 
+    def metadata(self) -> dict[str, str]:
+        """What the run or tunnel request carries to the node besides the call: the request's
+        id (:mod:`.requestid`; the node's run store and log lines name it, and it may go on to
+        the provider)."""
+        request_id = request_id_of(self.exchange.request)
+        return {REQUEST_ID_KEY: request_id} if request_id else {}
+
+    def upstream_headers(self) -> list[tuple[str, str]]:
+        """What a tunnel's upstream request carries of the client's request: its id as
+        ``x-request-id``, where the provider's profile says so (``send_request_id``: on but for
+        the Anthropic driver), so an OpenAI-compatible server's own logs (vLLM's) name it. The
+        node forwards it (an allowed request header), never over a header the adapter sets."""
+        request_id = request_id_of(self.exchange.request)
+        profile = self.placement.profile
+        if not request_id or (profile is not None and not profile.sends_request_id):
+            return []
+        return [(HEADER, request_id)]
+
     def tunnel(
         self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
     ) -> TunnelSource:
@@ -421,8 +447,9 @@ class Work:
             operation,
             payload,
             stream,
-            headers,
+            [*headers, *self.upstream_headers()],
             self.exchange.work_ended,
+            self.metadata(),
         )
 
     def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
@@ -433,6 +460,7 @@ class Work:
             input=input,
             collect=collect,
             ended=self.exchange.work_ended,
+            metadata=self.metadata(),
             **options,
         )
 
@@ -545,7 +573,16 @@ class PassThrough:
         status, headers = start
         kept = [(n, v) for n, v in headers if n.lower() in self._keep]
         content_type = next((v for n, v in kept if n.lower() == "content-type"), self._default_type)
-        others = [(n, v) for n, v in kept if n.lower() != "content-type"]
+        others: list[tuple[str, str]] = []
+        upstream_id: str | None = None
+        for name, value in kept:
+            lowered = name.lower()
+            if lowered in _REQUEST_ID_HEADERS:
+                upstream_id = upstream_id or value
+            elif lowered != "content-type":
+                others.append((name, value))
+        if upstream_id is not None:
+            others.append((UPSTREAM_REQUEST_ID, upstream_id))
         return Head(status, content_type, [*others, *self._headers])
 
     def feed(self, item: bytes) -> bytes:

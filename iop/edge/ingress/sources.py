@@ -15,7 +15,7 @@ is how outcome and usage reach the record; the placement stays as it was made.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any, Protocol, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -79,6 +79,7 @@ class Gateway(Protocol):
         headers: Iterable[tuple[str, str]] = (),
         method: str = "POST",
         timeout_sec: int = 0,
+        metadata: Mapping[str, str] | None = None,
     ) -> TunnelStream: ...
 
 
@@ -222,12 +223,19 @@ def open_tunnel(
     stream: bool,
     headers: list[tuple[str, str]],
     ended: Ended | None = None,
+    metadata: Mapping[str, str] | None = None,
 ) -> TunnelSource:
-    """Open the provider tunnel for ``payload``, turning dispatch failures into client errors."""
+    """Open the provider tunnel for ``payload``, turning dispatch failures into client errors.
+    ``metadata`` rides in the request to the node (the request's id)."""
     body = json_bytes(payload)
     try:
         tunnel = gateway.tunnel(
-            placement, operation=operation, body=body, stream=stream, headers=headers
+            placement,
+            operation=operation,
+            body=body,
+            stream=stream,
+            headers=headers,
+            metadata=metadata,
         )
     except Exception as e:
         raise mapped(e) from None
@@ -241,6 +249,7 @@ def open_run(
     input: str,
     collect: bool = False,
     ended: Ended | None = None,
+    metadata: Mapping[str, str] | None = None,
     **options: int,
 ) -> RunSource:
     """
@@ -252,7 +261,7 @@ def open_run(
         if not 0 <= value <= _UINT32_MAX:
             raise bad_request(f"the run's {name} ({value}) is out of range")
     try:
-        handle = gateway.run(placement, input=input, collect=collect, **options)
+        handle = gateway.run(placement, input=input, collect=collect, metadata=metadata, **options)
     except Exception as e:
         raise mapped(e) from None
     return RunSource(handle, ended)

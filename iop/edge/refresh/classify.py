@@ -163,6 +163,7 @@ _LONG = "a pool capacity like capacity: the provider pool applies it to the next
 _MODEL = "models[] display/provider mapping: the Edge's routing, for the next dispatch"
 _POLICY = "models[] generation policy, applied per request"
 _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
+_PLACED_PROFILE = "the Edge's placements carry the profiles it started with"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
 _TELEMETRY = "the trace exporter (its thread, queue and credentials) is built when the Edge starts"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
@@ -337,6 +338,7 @@ RULES: dict[type, dict[str, Rule]] = {
         "extensions": Leaf("extensions", RESTART, _PROFILE, origin=PROJECT),
         "auth_header": Leaf("auth_header", RESTART, _PROFILE, origin=PROJECT),
         "auth_scheme": Leaf("auth_scheme", RESTART, _PROFILE, origin=PROJECT),
+        "send_request_id": Leaf("send_request_id", RESTART, _PLACED_PROFILE, origin=PROJECT),
     },
     ModelRoute: {
         "model": Key(),

@@ -68,10 +68,12 @@ from iop.node.tunnel.headers import (
 from iop.node.tunnel.plan import TunnelPlan
 from iop.node.tunnel.usage import usage_observer
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
+from iop.runtime.requestid import carried, log_context
 from iop.security.echo import ECHOES_METADATA_KEY, EchoRedactor
 from iop.security.lease import LeaseError, LeaseVerifier, zero
 from iop.telemetry import semconv
 from iop.telemetry.http import client_span, end_client_span, traced_header_object
+from iop.telemetry.propagation import log_ids
 from iop.telemetry.tracing import TRACING_OFF, Span, SpanKind, Tracing, end_span, set_attributes
 from iop.wire import runtime_pb2 as pb
 
@@ -145,6 +147,9 @@ class Tunnel:
         self._clock = context.clock
         self._body_frame_bytes = context.body_frame_bytes
         self.run_id = request.run_id
+        # The client request's id this tunnel serves (its metadata's; "" when none): on each of
+        # its log lines (the upstream gets it as a request header when the Edge sends one).
+        self.request_id = carried(request.metadata)
         self.instance = admitted.instance
         self.provider = provider
         self.target = request.target
@@ -186,12 +191,19 @@ class Tunnel:
         self.span: Span | None = None
         self._client_span: Span | None = None
         self._usage_attributes: dict[str, int] = {}
+        self._trace_ids: dict[str, str] = {}
         if context.tracing.tracer is not None:
             self.span = tunnel_span(context, request, self.instance.type, self.instance.name)
+            self._trace_ids = log_ids(self.span)
 
     @property
     def adapter(self) -> str:
         return self.instance.name
+
+    @property
+    def context(self) -> dict[str, str]:
+        """What each log line about this tunnel adds (the request's id; traced, the span's)."""
+        return log_context(self.request_id, self._trace_ids)
 
     def start(self) -> None:
         self._arm()
@@ -240,6 +252,7 @@ class Tunnel:
                 self.log.warn(
                     "tunnel {run_id} on adapter {adapter}: credential lease refused: {error}",
                     run_id=self.run_id,
+                    **self.context,
                     adapter=self.adapter,
                     error=str(e),
                     error_code=e.code,
@@ -390,6 +403,7 @@ class Tunnel:
         self.log.warn(
             "tunnel {run_id} on adapter {adapter}: {error}",
             run_id=self.run_id,
+            **self.context,
             adapter=self.adapter,
             error=reason,
             node_id=self._context.node_id,
@@ -462,6 +476,7 @@ class Tunnel:
                 "tunnel {run_id} on adapter {adapter}: the upstream echoed the leased credential;"
                 " {echoes} occurrence(s) redacted from the response",
                 run_id=self.run_id,
+                **self.context,
                 adapter=self.adapter,
                 echoes=echo.count,
                 status_code=self.frames.status_code,
@@ -479,6 +494,7 @@ class Tunnel:
             "tunnel {run_id} {adapter}/{target} {method} {path} ended: {outcome}{detail},"
             " status {status_code}, {body_bytes} bytes in {duration_sec} s",
             run_id=self.run_id,
+            **self.context,
             adapter=self.adapter,
             target=self.target,
             operation=self.operation or "path",

@@ -136,6 +136,7 @@ class TunnelManager:
         self.log.info(
             "cancelling tunnel {run_id} on adapter {adapter}: {reason}",
             run_id=run_id,
+            **tunnel.context,
             adapter=tunnel.adapter,
             reason=reason or "cancelled by edge",
             node_id=self._node_id,
@@ -175,6 +176,7 @@ class TunnelManager:
                     "run_id": tunnel.run_id,
                     "adapter": tunnel.adapter,
                     "operation": tunnel.operation,
+                    "request_id": tunnel.request_id,
                     "started_unix_ms": int(tunnel.started_at * 1000),
                     "status_code": tunnel.frames.status_code,
                     "body_bytes": tunnel.frames.body_bytes,

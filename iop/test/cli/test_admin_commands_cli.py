@@ -229,14 +229,44 @@ class RunsCommandTests(SynchronousTestCase):
         self.assertEqual(run(["runs"]).out, "no active runs\n")
 
     def test_table(self) -> None:
-        runs = {"runs": [{"run_id": "r-1", "node_id": "node-a", "adapter": "cli", "target": ""}]}
+        runs = {
+            "runs": [
+                {
+                    "run_id": "r-1",
+                    "node_id": "node-a",
+                    "adapter": "cli",
+                    "target": "",
+                    "request_id": "req_1",
+                }
+            ],
+            "tunnels": [
+                {
+                    "run_id": "t-1",
+                    "node_id": "node-a",
+                    "adapter": "vllm",
+                    "target": "m",
+                    "operation": "chat",
+                    "request_id": "",
+                }
+            ],
+        }
         self.admin.answer(f"{ADMIN}/runs", runs)
         result = run(["runs"])
         self.assertEqual(
             result.out.splitlines(),
-            ["RUN  NODE    ADAPTER  TARGET", "r-1  node-a  cli      -"],
+            [
+                "KIND    RUN  NODE    ADAPTER  TARGET  REQUEST",
+                "run     r-1  node-a  cli      -       req_1",
+                "tunnel  t-1  node-a  vllm     m       -",
+            ],
         )
         self.assertEqual(json.loads(run(["runs", "--json"]).out), runs)
+
+    def test_only_tunnels(self) -> None:
+        """An Edge answering tunnels only (every client request over a tunnel) lists them."""
+        tunnels = {"run_id": "t-1", "node_id": "n", "adapter": "a", "target": "", "request_id": ""}
+        self.admin.answer(f"{ADMIN}/runs", {"runs": [], "tunnels": [tunnels]})
+        self.assertEqual(len(run(["runs"]).out.splitlines()), 2)
 
 
 class NodeCommandTests(SynchronousTestCase):

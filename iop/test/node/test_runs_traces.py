@@ -18,6 +18,7 @@ from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.runs import RunManager
 from iop.runtime import AdapterContext, RuntimeEvent, TreqClient, Usage
 from iop.telemetry import semconv
+from iop.test.node.fakes import capture_events
 from iop.test.node.test_runs import RunManagerTestCase, open_store, run_request
 from iop.test.telemetry.support import (
     PARENT_ID,
@@ -94,6 +95,18 @@ class RunSpanTests(TracedRunCase):
         self.assertEqual(span.status.status_code, StatusCode.UNSET)
         # Never the input.
         self.assertNotIn("hello", repr(attributes))
+
+    def test_log_lines_carry_the_span(self) -> None:
+        """The run's log lines carry its trace and span ids beside the request id."""
+        events = capture_events(self)
+        self.submit(run_request(metadata={**EDGE, "request_id": "req_abc"}))
+        self.gpu.last.emit(RuntimeEvent.complete())
+        span, _ = self.run_span()
+        ended = [e for e in events if "ended" in e.get("log_format", "")]
+        self.assertEqual(len(ended), 1)
+        self.assertEqual(ended[0]["trace_id"], TRACE_ID)
+        self.assertEqual(ended[0]["span_id"], hex_span(span))
+        self.assertEqual(ended[0]["request_id"], "req_abc")
 
     def test_collected_is_not_a_stream(self) -> None:
         self.submit(run_request(metadata=EDGE, collect=True))

@@ -74,9 +74,10 @@ class SchemaTests(StoreTestCase):
                 "started_at",
                 "finished_at",
                 "error",
+                "request_id",
             ],
         )
-        self.assertEqual(conn.execute("PRAGMA user_version").fetchone(), (1,))
+        self.assertEqual(conn.execute("PRAGMA user_version").fetchone(), (2,))
 
     def test_reopenKeepsRows(self) -> None:
         store = RunStore(self.uri(), self.clock, SynchronousExecutor())
@@ -110,6 +111,7 @@ class RecordTests(StoreTestCase):
                     background=True,
                     created_at=990.0,
                     started_at=995.0,
+                    request_id="req_r1",
                 )
             )
         )
@@ -127,6 +129,7 @@ class RecordTests(StoreTestCase):
                 "started_at": 995.0,
                 "finished_at": None,
                 "error": "",
+                "request_id": "req_r1",
             },
         )
         self.clock.advance(5)

@@ -121,6 +121,14 @@ class TunnelSpanTests(TracedTunnelCase):
         self.assertNotIn(SECRET, text)
         self.assertNotIn("hello world", text)
 
+    def test_log_line_carries_the_span(self) -> None:
+        self.use_fake(tokens=1)
+        self.open(chat(), metadata=EDGE)
+        tunnel = by_name(self.spans(), "iop.node.tunnel")
+        ended = [e for e in self.events if "ended" in e.get("log_format", "")]
+        self.assertEqual(len(ended), 1)
+        self.assertEqual((ended[0]["trace_id"], ended[0]["span_id"]), (TRACE_ID, hex_span(tunnel)))
+
     def test_not_streamed(self) -> None:
         self.use_fake(tokens=2)
         self.open(chat(stream=False), metadata=EDGE)

@@ -374,18 +374,25 @@ class IngressCase(SynchronousTestCase):
         return code, json.loads(data)
 
     def assertOpenAIError(self, d: Deferred[Any], status: int, fragment: str = "") -> Any:
-        code, body = self.json_answer(d)
+        code, headers, data = self.answer(d)
+        body = json.loads(data)
         self.assertEqual(code, status, body)
-        self.assertEqual(set(body), {"error"})
+        self.assertEqual(set(body), {"error", "request_id"})
         self.assertEqual(set(body["error"]), {"message", "type", "param", "code"})
+        self.assertEqual(headers.getRawHeaders(b"x-request-id"), [body["request_id"].encode()])
         self.assertIn(fragment, body["error"]["message"])
         return body["error"]
 
     def assertAnthropicError(
         self, d: Deferred[Any], status: int, kind: str, fragment: str = ""
     ) -> Any:
-        code, body = self.json_answer(d)
+        code, headers, data = self.answer(d)
+        body = json.loads(data)
         self.assertEqual(code, status, body)
+        self.assertEqual(set(body), {"type", "error", "request_id"})
+        request_id = [body["request_id"].encode()]
+        self.assertEqual(headers.getRawHeaders(b"x-request-id"), request_id)
+        self.assertEqual(headers.getRawHeaders(b"request-id"), request_id)
         self.assertEqual(body["type"], "error")
         self.assertEqual(body["error"]["type"], kind)
         self.assertIn(fragment, body["error"]["message"])

@@ -52,12 +52,16 @@ class ChannelCase(SynchronousTestCase):
         self.assertEqual(response.header("content-type"), "application/json")
         self.assertEqual(response.header("connection"), "close")
         body = response.json()
+        # The request's id, in the body and the headers (a new one: these send none).
+        self.assertEqual(response.header("x-request-id"), body["request_id"])
+        self.assertTrue(body["request_id"].startswith("req_"), body)
         if surface == "openai":
-            self.assertEqual(set(body), {"error"})
+            self.assertEqual(set(body), {"error", "request_id"})
             self.assertEqual(set(body["error"]), {"message", "type", "param", "code"})
             message = body["error"]["message"]
         else:
-            self.assertEqual(body["type"], "error")
+            self.assertEqual(set(body), {"type", "error", "request_id"})
+            self.assertEqual(response.header("request-id"), body["request_id"])
             message = body["error"]["message"]
         self.assertIn(fragment, message)
         self.assertTrue(connection.closed)
@@ -221,7 +225,7 @@ class MethodTests(ChannelCase):
         connection = self.exchange(b"GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n")
         response = connection.only()
         self.assertEqual((response.status, response.header("allow")), (405, "POST"))
-        self.assertEqual(set(response.json()), {"error"})
+        self.assertEqual(set(response.json()), {"error", "request_id"})
         connection = self.exchange(b"POST /v1/models HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
         response = connection.only()
         self.assertEqual((response.status, response.header("allow")), (405, "GET, HEAD"))

@@ -80,9 +80,15 @@ class TunnelChatTests(IngressCase):
         self.assertEqual(
             (sent.operation, sent.stream, sent.profile), ("chat_completions", False, "openai-chat")
         )
+        # The request's id goes on to an OpenAI-protocol upstream (test_request_ids has more).
+        request_id = sent.metadata["request_id"]
         self.assertEqual(
             {h.name: h.value for h in sent.headers},
-            {"content-type": "application/json", "accept": "application/json"},
+            {
+                "content-type": "application/json",
+                "accept": "application/json",
+                "x-request-id": request_id,
+            },
         )
         payload = json.loads(sent.body)
         self.assertEqual(

@@ -58,7 +58,7 @@ class Case(IngressCase):
         code, answer = self.json_answer(d)
         self.assertEqual(code, 400, (path, answer))
         if path in OPENAI_ROUTES:
-            self.assertEqual(set(answer), {"error"})
+            self.assertEqual(set(answer), {"error", "request_id"})
             self.assertEqual(set(answer["error"]), {"message", "type", "param", "code"})
             self.assertEqual(answer["error"]["type"], "invalid_request_error")
         else:
