@@ -145,6 +145,9 @@ class Settings:
     # Per-key limits' admit stage (bench.quota): in-process requests per pass, Redis per level.
     quota_iterations: int = 5000
     quota_redis_iterations: int = 2000
+    # Traces: "off" (no telemetry: section), or "sink" (both daemons export every span,
+    # sampling 1.0, to an OTLP/HTTP receiver the bench starts: iop.testing.otlp_sink).
+    telemetry: str = "off"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -159,6 +162,7 @@ class Settings:
             "tokens_per_response": self.tokens,
             "chunk_tokens": self.chunk_tokens,
             "upstream_delay_ms": 0,
+            "telemetry": self.telemetry,
             "scale": {
                 "idle_nodes": self.idle_nodes,
                 "stream_levels": self.stream_levels,
@@ -402,6 +406,11 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
     openai_ports = {tokens: up.port for tokens, up in world.openai.items()}
     ollama_ports = {tokens: up.port for tokens, up in world.ollama.items()}
     capacity = max(settings.levels) + 16
+    telemetry = None
+    if settings.telemetry == "sink":
+        sink = start_upstream(world.children, scratch, "otlp_sink", [], "otlp-sink")
+        world.pids["otlp-sink"] = sink.child.pid
+        telemetry = {"endpoint": f"http://127.0.0.1:{sink.port}", "sampling_ratio": 1.0}
     if "iop-tunnel" in settings.targets or "iop-run" in settings.targets:
         world.iop = start_iop(
             world.children,
@@ -409,6 +418,7 @@ def start_throughput_world(settings: Settings, scratch: Path, world: World) -> N
             openai_ports=openai_ports,
             ollama_ports=ollama_ports,
             capacity=capacity,
+            telemetry=telemetry,
         )
         world.pids["iop-edge"] = world.iop.edge.pid
         world.pids["iop-node"] = world.iop.node.pid
@@ -933,6 +943,13 @@ def parse_args(argv: Sequence[str]) -> Settings:
         type=parse_levels,
         help="multi-Edge: concurrency levels (default 50; smoke 4)",
     )
+    parser.add_argument(
+        "--telemetry",
+        choices=("off", "sink"),
+        default="off",
+        help="traces: off (no telemetry: section) or sink (every span exported, sampling 1.0, "
+        "to an OTLP/HTTP receiver the bench starts)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--label", default="", help="a suffix for the result file names")
     args = parser.parse_args(list(argv))
@@ -973,6 +990,7 @@ def parse_args(argv: Sequence[str]) -> Settings:
         skip_quota=bool(args.no_quota),
         quota_iterations=200 if smoke else 5000,
         quota_redis_iterations=100 if smoke else 2000,
+        telemetry=args.telemetry,
     )
 
 

@@ -246,11 +246,13 @@ def start_iop(
     capacity: int,
     fake_nodes: int = 0,
     managed: bool = False,
+    telemetry: dict[str, Any] | None = None,
 ) -> IOP:
     """
     Write the PKI and configs under ``root``, start the Edge, then the Node; wait for ready.
     ``openai_ports`` / ``ollama_ports``: the fake upstreams by tokens per answer (see
-    :func:`edge_config`); ``managed``: managed mode (module docstring).
+    :func:`edge_config`); ``managed``: managed mode (module docstring); ``telemetry``: the
+    ``telemetry:`` section both daemons get (None: none, tracing off).
     """
     root.mkdir(parents=True, exist_ok=True)
     create_dev_pki(root / "pki", node_names=[NODE_NAME])
@@ -276,6 +278,8 @@ def start_iop(
         fake_digests=[hashlib.sha256(t.encode()).hexdigest() for t in fake_tokens],
         managed=managed,
     )
+    if telemetry is not None:
+        config["telemetry"] = telemetry
     (root / "edge.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     node_config: dict[str, Any] = {
         "edge": {
@@ -297,6 +301,8 @@ def start_iop(
             "recipient_key_file": "keys/node.recipient.key",
             "issuer_key_file": "keys/issuer.pub",
         }
+    if telemetry is not None:
+        node_config["telemetry"] = telemetry
     (root / "node.yaml").write_text(yaml.safe_dump(node_config, sort_keys=False))
 
     def twistd(plugin: str, config: str) -> list[str]:

@@ -584,6 +584,41 @@ class LoggingConfig:
     level: str = DEFAULT_LOG_LEVEL
 
 
+# ``telemetry:`` in edge.yaml and node.yaml (iop.config.telemetry, iop.telemetry).
+DEFAULT_TELEMETRY_SAMPLING_RATIO = 1.0
+DEFAULT_TELEMETRY_QUEUE_SIZE = 2048
+DEFAULT_TELEMETRY_EXPORT_TIMEOUT_SEC = 10.0
+DEFAULT_TELEMETRY_SHUTDOWN_TIMEOUT_SEC = 5.0
+EDGE_SERVICE_NAME = "iop-edge"
+NODE_SERVICE_NAME = "iop-node"
+
+
+@dataclass(frozen=True)
+class TelemetryConfig:
+    """
+    ``telemetry:`` in edge.yaml and node.yaml: where the daemon's traces go (OTLP over HTTP).
+
+    ``endpoint``: the OTLP/HTTP traces URL (``…/v1/traces``; a bare base URL has it appended).
+    ``headers``: sent with every export (a collector's or a vendor's credentials), each value a
+    :class:`Secret` (never in a repr, a log or an error). ``sampling_ratio``: the share of new
+    traces recorded, parent-based (a sampled incoming ``traceparent`` is always followed).
+    ``service_name``: the ``service.name`` resource (empty: the daemon's default, ``iop-edge``
+    or ``iop-node``). ``capture_content``: the GenAI conventions' opt-in to record message
+    contents (off: never). ``queue_size``: spans held for export before new ones are dropped
+    (and counted). ``export_timeout_sec``: one export's bound; ``shutdown_timeout_sec``: how
+    long a stopping daemon waits for the last spans to go.
+    """
+
+    endpoint: str
+    headers: tuple[tuple[str, Secret], ...] = ()
+    sampling_ratio: float = DEFAULT_TELEMETRY_SAMPLING_RATIO
+    service_name: str = ""
+    capture_content: bool = False
+    queue_size: int = DEFAULT_TELEMETRY_QUEUE_SIZE
+    export_timeout_sec: float = DEFAULT_TELEMETRY_EXPORT_TIMEOUT_SEC
+    shutdown_timeout_sec: float = DEFAULT_TELEMETRY_SHUTDOWN_TIMEOUT_SEC
+
+
 @dataclass(frozen=True)
 class AdminConfig:
     """
@@ -617,6 +652,7 @@ class EdgeConfig:
     credentials: tuple[CredentialSlot, ...] = ()
     admin: AdminConfig = AdminConfig()
     logging: LoggingConfig = LoggingConfig()
+    telemetry: TelemetryConfig | None = None
     cluster: ClusterConfig | None = None
     usage: UsageConfig = field(default_factory=lambda: UsageConfig())
     source_path: str = ""
@@ -738,6 +774,7 @@ class NodeDaemonConfig:
     handshake_timeout_sec: float = 10.0
     security: NodeSecurity = NodeSecurity()
     logging: LoggingConfig = LoggingConfig()
+    telemetry: TelemetryConfig | None = None
     source_path: str = ""
     edges: tuple[EdgeAddress, ...] = ()
     # A stopping node's drain bound (iop.node.drain): 0 closes its sessions at once.

@@ -69,6 +69,7 @@ from iop.config.model import (
     Secret,
 )
 from iop.config.secrets import node_daemon_token
+from iop.config.telemetry import telemetry_section
 
 DEFAULT_HANDSHAKE_TIMEOUT_SEC = 10.0
 # How long a stopping node lets its work in flight finish (drain_timeout_sec, --drain-timeout).
@@ -325,6 +326,7 @@ def parse_node_config(
     )
     drain_timeout = top.number("drain_timeout_sec", DEFAULT_NODE_DRAIN_TIMEOUT_SEC, minimum=0)
     logging = logging_section(top)
+    telemetry = telemetry_section(top, base_dir=base_dir, environ=environ)
     top.finish(_EDGE_ONLY_KEYS)
 
     issues.raise_if_any(source_path)
@@ -340,6 +342,7 @@ def parse_node_config(
         handshake_timeout_sec=handshake_timeout,
         security=security,
         logging=logging,
+        telemetry=telemetry,
         source_path=source_path,
         edges=tuple(edges),
         drain_timeout_sec=drain_timeout,

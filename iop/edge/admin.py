@@ -62,7 +62,6 @@ from collections.abc import Callable
 from typing import Any
 
 from klein import Klein
-from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.internet import defer
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
@@ -298,9 +297,11 @@ class AdminApp:
     def metrics(self, request: IRequest) -> bytes:
         if self._metrics is None:
             return _error(request, 503, "metrics are not available on this edge")
-        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        accept = request.getHeader(b"accept") or b""
+        body, content_type = self._metrics.render_for(accept.decode("latin-1"))
+        request.setHeader(b"content-type", content_type.encode())
         request.setHeader(b"cache-control", b"no-store")
-        return self._metrics.render()
+        return body
 
     @app.route("/", methods=["GET"])
     def console_page(self, request: IRequest) -> bytes:

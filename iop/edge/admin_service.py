@@ -78,6 +78,7 @@ def build(
     refresher: ConfigRefresher | None,
     usage: UsageLedger | None = None,
     limits: QuotaGate | None = None,
+    spans_dropped: Callable[[], int] | None = None,
 ) -> AdminSurface:
     """The admin surface over ``snapshot`` (``/status``) and the Edge's running parts (the
     usage ledger behind ``GET /usage``, when the Edge keeps one); its metrics subscribe to
@@ -93,6 +94,7 @@ def build(
         echo_stats=link.tunnels.echo_stats,
         tls_refusal_stats=link.factory.tls_refusals.stats,
         budgets=limits.standing if limits is not None else None,
+        spans_dropped=spans_dropped,
     )
     bus.subscribe(metrics.observe)
     app = AdminApp(

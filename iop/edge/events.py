@@ -113,6 +113,11 @@ class RequestFinished:
     cost_micros: int | None = None
     # The request's id (iop.runtime.requestid): unbounded, so never a metric label.
     request_id: str = ""
+    # Traces (iop.telemetry): the request's trace id (32 hex digits; "" when not traced), for
+    # the metrics' exemplars; and the Edge→provider leg, dispatch to the end of the work on the
+    # node (None when not measured), for gen_ai.client.operation.duration.
+    trace_id: str = ""
+    provider_duration: float | None = None
     kind: str = "request.finished"
 
 

@@ -29,6 +29,26 @@ Per client key and team (``iop_key_requests_total``, ``iop_key_tokens_total``,
 prices, from the request's record; and each budget's limit, use and what remains now
 (``iop_key_budget_*``, :class:`BudgetCollector`).
 
+The GenAI histograms follow OpenTelemetry's GenAI semantic conventions (v1.41): their names
+and their attributes as the OpenTelemetry→Prometheus rules write them (dots become underscores,
+the unit a ``_seconds`` suffix): ``gen_ai_operation_name`` (``chat`` for the chat, responses and
+messages surfaces), ``gen_ai_provider_name`` (the provider's kind: ``openai`` for an
+OpenAI-compatible upstream, ``vllm``, ``ollama``, ``cli``; never the deprecated
+``gen_ai.system``), ``gen_ai_request_model``, ``error_type`` (the HTTP status of a failed
+request, else empty) and, on ``gen_ai_client_token_usage``, ``gen_ai_token_type``. IOP's own
+labels stay beside them (``model``, ``provider``, ``node``, ``operation``, ``surface``,
+``status``, ``type``): the dashboards and alerts written on them keep working, and neither set
+adds a series (each is a function of the other). ``gen_ai_client_operation_duration_seconds``
+is the Edge→provider leg (dispatch to the end of the work on the node), observed when the
+request's record carries it (:attr:`RequestFinished.provider_duration`).
+
+Exemplars: a request whose record carries its trace id (:attr:`RequestFinished.trace_id`, set
+when the Edge traces it) attaches it to the duration histograms' observation; they are exposed
+in the OpenMetrics format, which :meth:`EdgeMetrics.render_for` answers to a scraper that asks for
+it (``Accept: application/openmetrics-text``: Prometheus does, with exemplar storage on), the
+classic text format otherwise. ``iop_telemetry_spans_dropped_total`` counts the spans the trace
+exporter dropped because its queue was full (:mod:`iop.telemetry.provider`).
+
 Labels are bounded: model, provider, node, client key and team names from the config, outcome,
 token type and event kind from fixed sets. Never a key's secret, a token or free text. A request
 that named no configured model (none, an unreadable body, a model the Edge does not have) counts
@@ -43,14 +63,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client import generate_latest as text_exposition
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_exposition
 from prometheus_client.registry import Collector
 from twisted.internet.defer import Deferred
 
-from iop.config.model import MICROS_PER_UNIT
+from iop.config.model import MICROS_PER_UNIT, EdgeConfig
 from iop.edge.events import NO_MODEL, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.registry import OwnershipState
+from iop.telemetry.semconv import operation_name, provider_name
 
 # The OpenTelemetry GenAI semantic conventions' bucket boundaries for each histogram.
 TOKEN_BUCKETS = tuple(float(4**i) for i in range(14))
@@ -66,6 +90,8 @@ QUEUE_WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 # The operations that generate (the gen_ai_server_* histograms observe only these).
 GENERATE_OPERATIONS = frozenset({"chat", "responses", "messages", "run", "tunnel"})
 REQUEST_LABELS = ("model", "provider", "node", "operation", "surface")
+# The GenAI conventions' attributes, as Prometheus labels, on the gen_ai_* histograms.
+GENAI_LABELS = ("gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model")
 NODE_STATES = (*(s.value for s in OwnershipState), "disconnected")
 # Per provider, from its /status entry: metric name suffix → the entry's field.
 PROVIDER_GAUGES = (
@@ -158,7 +184,9 @@ class StateCollector(Collector):
         run_stats: TerminalStats | None = None,
         echo_stats: NodeCounts | None = None,
         tls_refusal_stats: RefusalStats | None = None,
+        spans_dropped: Callable[[], int] | None = None,
     ) -> None:
+        self._spans_dropped = spans_dropped
         self._snapshot = status_snapshot
         self._dropped = dropped
         self._pool_stats = pool_stats
@@ -196,6 +224,13 @@ class StateCollector(Collector):
                 for (node, kind), value in source().items():
                     family.add_metric([node, kind], float(value))
                 yield family
+        if self._spans_dropped is not None:
+            yield CounterMetricFamily(
+                "iop_telemetry_spans_dropped",
+                "Spans the trace exporter dropped: its queue was full (the OTLP receiver down "
+                "or slower than the spans came).",
+                value=float(self._spans_dropped()),
+            )
         if self._echo_stats is not None:
             echoes = CounterMetricFamily(
                 "iop_upstream_secret_echoes_redacted",
@@ -346,8 +381,11 @@ class EdgeMetrics:
         echo_stats: NodeCounts | None = None,
         tls_refusal_stats: RefusalStats | None = None,
         budgets: Callable[[], Deferred[list[dict[str, Any]]]] | None = None,
+        spans_dropped: Callable[[], int] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
+        # provider id → gen_ai.provider.name (:meth:`use_config`).
+        self._provider_names: dict[str, str] = {}
         registry = self.registry
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._requests = Counter(
@@ -373,14 +411,14 @@ class EdgeMetrics:
         self._duration = Histogram(
             "gen_ai_server_request_duration_seconds",
             "Generation requests: arrival to the end of the response.",
-            [*REQUEST_LABELS, "status"],
+            [*REQUEST_LABELS, "status", *GENAI_LABELS, "error_type"],
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
         self._ttft = Histogram(
             "gen_ai_server_time_to_first_token_seconds",
             "Successful streamed generations: arrival to the first streamed body byte.",
-            REQUEST_LABELS,
+            [*REQUEST_LABELS, *GENAI_LABELS],
             buckets=TTFT_BUCKETS,
             registry=registry,
         )
@@ -388,7 +426,7 @@ class EdgeMetrics:
             "gen_ai_server_time_per_output_token_seconds",
             "Successful streamed generations: time after the first token per further output "
             "token the provider reported.",
-            REQUEST_LABELS,
+            [*REQUEST_LABELS, *GENAI_LABELS],
             buckets=TPOT_BUCKETS,
             registry=registry,
         )
@@ -402,9 +440,17 @@ class EdgeMetrics:
         )
         self._tokens = Histogram(
             "gen_ai_client_token_usage",
-            "Tokens per request as the provider reported them, by type.",
-            ["model", "provider", "node", "type"],
+            "Tokens per request as the provider reported them, by type (input and output are "
+            "the conventions'; reasoning is part of output and cached_input part of input).",
+            ["model", "provider", "node", "type", *GENAI_LABELS, "gen_ai_token_type"],
             buckets=TOKEN_BUCKETS,
+            registry=registry,
+        )
+        self._operation = Histogram(
+            "gen_ai_client_operation_duration_seconds",
+            "The Edge's call to its provider: dispatch to the end of the work on the node.",
+            ["model", "provider", "node", *GENAI_LABELS, "error_type"],
+            buckets=DURATION_BUCKETS,
             registry=registry,
         )
         # Per client key (and its team): what a team's keys used and cost, from the config's
@@ -450,8 +496,19 @@ class EdgeMetrics:
                 run_stats=run_stats,
                 echo_stats=echo_stats,
                 tls_refusal_stats=tls_refusal_stats,
+                spans_dropped=spans_dropped,
             )
         )
+
+    def use_config(self, config: EdgeConfig) -> None:
+        """The running config's providers: each one's ``gen_ai.provider.name`` (its kind)."""
+        names: dict[str, str] = {}
+        for node in config.nodes:
+            kinds = {adapter.name: adapter.type for adapter in node.adapters}
+            for provider in node.providers:
+                kind = kinds.get(provider.adapter_instance or provider.adapter, provider.adapter)
+                names[provider.id] = provider_name(kind)
+        self._provider_names = names
 
     def observe(self, event: object) -> None:
         """The event bus subscriber."""
@@ -475,14 +532,27 @@ class EdgeMetrics:
             return
         if event.key:
             self._per_key(event)
-        self._child(self._duration, *where, status).observe(event.duration)
+        genai = (
+            operation_name(event.operation),
+            self._provider_names.get(event.provider_id, ""),
+            event.model,
+        )
+        error_type = status if event.status >= 400 or event.status == 0 else ""
+        exemplar = {"trace_id": event.trace_id} if event.trace_id else None
+        self._child(self._duration, *where, status, *genai, error_type).observe(
+            event.duration, exemplar
+        )
+        if event.provider_duration is not None:
+            self._child(
+                self._operation, model, event.provider_id, event.node_id, *genai, error_type
+            ).observe(event.provider_duration, exemplar)
         usage = event.usage
         ttft = event.time_to_first_token
         if event.outcome == "complete" and 200 <= event.status < 300 and ttft is not None:
-            self._child(self._ttft, *where).observe(ttft)
+            self._child(self._ttft, *where, *genai).observe(ttft, exemplar)
             if usage is not None and usage.output_tokens > 1:
                 per_token = (event.duration - ttft) / (usage.output_tokens - 1)
-                self._child(self._tpot, *where).observe(per_token)
+                self._child(self._tpot, *where, *genai).observe(per_token)
         if usage is None:
             return
         counts = {
@@ -494,7 +564,7 @@ class EdgeMetrics:
         labels = (model, event.provider_id, event.node_id)
         for token_type, count in counts.items():
             if count is not None:
-                self._child(self._tokens, *labels, token_type).observe(count)
+                self._child(self._tokens, *labels, token_type, *genai, token_type).observe(count)
 
     def _per_key(self, event: RequestFinished) -> None:
         key, team = event.key, event.team
@@ -524,4 +594,13 @@ class EdgeMetrics:
 
     def render(self) -> bytes:
         """The Prometheus text exposition of this Edge's registry."""
-        return generate_latest(self.registry)
+        return text_exposition(self.registry)
+
+    def render_for(self, accept: str = "") -> tuple[bytes, str]:
+        """
+        This Edge's registry and its content type: OpenMetrics (exemplars included) when
+        ``accept`` (the scrape's Accept header) asks for it, else the Prometheus text format.
+        """
+        if "application/openmetrics-text" in accept:
+            return openmetrics_exposition(self.registry), OPENMETRICS_TYPE
+        return text_exposition(self.registry), CONTENT_TYPE_LATEST

@@ -27,6 +27,10 @@ left. Once every listener listens, :class:`~iop.edge.banner.Banner` logs one lin
 version and each listener's URL. Under twistd the service comes wrapped by
 :func:`iop.logs.twistd.for_twistd` (the log observer ``logging:`` asks for; a refresh switches
 its level).
+
+With ``telemetry:`` the Edge builds its trace provider first (:mod:`iop.telemetry.provider`;
+:attr:`EdgeService.telemetry` holds its :class:`~iop.telemetry.tracing.Tracing` for the parts
+that make spans) and stops it last, flushing within ``telemetry.shutdown_timeout_sec``.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from twisted.python import usage
 
 from iop.config import ConfigError, load_edge_config
 from iop.config.edge import split_endpoint
-from iop.config.model import EdgeConfig
+from iop.config.model import EDGE_SERVICE_NAME, EdgeConfig
 from iop.daemon.errors import config_problem
 from iop.edge import admin_service, link
 from iop.edge.banner import Banner
@@ -63,6 +67,7 @@ from iop.edge.status import snapshot
 from iop.heap import FrozenStartup
 from iop.logs.twistd import LOG_FLAGS, TwistdLogging, for_twistd
 from iop.security.keys import KeyFileError
+from iop.telemetry.provider import build as build_telemetry
 from iop.usage import service as usage_service
 from iop.version import version_line
 
@@ -96,6 +101,11 @@ class EdgeService(MultiService):
         super().__init__()
         self.config = config
         self.bus = EventBus(reactor)
+        # Traces (telemetry:): the provider and its exporter thread, or nothing at all. First
+        # in, last out: the drained requests' spans are flushed when everything else stopped.
+        self.telemetry = build_telemetry(config.telemetry, EDGE_SERVICE_NAME, reactor)
+        if self.telemetry.service is not None:
+            self.telemetry.service.setServiceParent(self)
         # The provider pool observes node readiness first: fencing returns leases before the
         # dispatchers end that node's runs and tunnels. In a cluster its slots come from the
         # lease table the Edges share through Redis; alone, from its own.
@@ -147,8 +157,12 @@ class EdgeService(MultiService):
             self.refresher,
             usage=self.usage,
             limits=self.quota,
+            spans_dropped=(
+                (lambda: self.telemetry.dropped) if self.telemetry.service is not None else None
+            ),
         )
         self.admin, self.metrics = self.admin_surface.app, self.admin_surface.metrics
+        self.metrics.use_config(config)
         self.client_api = ingress.build(
             self.gateway, config.client_api, self.bus, reactor, self.quota
         )
@@ -164,6 +178,8 @@ class EdgeService(MultiService):
     def _use_config(self, config: EdgeConfig) -> None:
         """The applier's switch (and its undo): the running config is this one."""
         self.config = config
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.use_config(config)
 
     def snapshot(self) -> dict[str, Any]:
         view = self.cluster.view() if self.cluster is not None else None

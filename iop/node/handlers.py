@@ -29,6 +29,7 @@ from iop.node.session import NodeSession, SessionSetup
 from iop.node.store import RunStore
 from iop.node.tunnel import TunnelManager
 from iop.security.lease import NodeLeaseKeys
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 from iop.wire import runtime_pb2 as pb
 
 __all__ = ["make_session_setup"]
@@ -40,6 +41,7 @@ def make_session_setup(
     transport_info: Callable[[], Mapping[str, object]] | None = None,
     leases: NodeLeaseKeys | None = None,
     drain: NodeDrain | None = None,
+    tracing: Tracing = TRACING_OFF,
 ) -> SessionSetup:
     """
     The handshake hook that equips each new session: a :class:`RunManager` for runs, a
@@ -54,6 +56,8 @@ def make_session_setup(
     only a leased tunnel may reach. None (legacy): leases are refused.
 
     ``drain``: the node's drain; each session's work is admitted through its gate.
+
+    ``tracing``: the node's tracing: each run and tunnel gets its span (off: none).
     """
 
     def setup(session: NodeSession) -> None:
@@ -66,6 +70,7 @@ def make_session_setup(
             node_id=session.node_id,
             managed=leases is not None,
             work_gate=gate,
+            tracing=tracing,
         )
         tunnels = TunnelManager(
             session.registry,
@@ -74,6 +79,7 @@ def make_session_setup(
             node_id=session.node_id,
             leases=leases.verifier(session.node_id) if leases is not None else None,
             work_gate=gate,
+            tracing=tracing,
         )
 
         def cancel_received(envelope: pb.Envelope) -> None:

@@ -136,7 +136,12 @@ def build(
             SessionBuilder(
                 adapter_context,
                 setup=make_session_setup(
-                    store, reactor, transport_info_for(index), leases=leases, drain=drain
+                    store,
+                    reactor,
+                    transport_info_for(index),
+                    leases=leases,
+                    drain=drain,
+                    tracing=adapter_context.tracing,
                 ),
             ),
             max_frame_bytes=config.max_frame_bytes,

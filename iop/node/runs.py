@@ -41,6 +41,16 @@ carry no IOP credential, are served as usual.
 
 A ``TERMINATE_SESSION`` cancel request concerns an adapter's session, not a run: the manager
 hands it to its :class:`~iop.node.session_termination.SessionTermination`.
+
+Traces (``telemetry:``): each run has one span, ``iop.node.run`` (kind SERVER), the child of
+the trace context the Edge put in ``RunRequest.metadata`` (``traceparent``; a root without
+one), started when the run is admitted and ended in :meth:`RunManager._finish`, with the GenAI
+attributes the node knows (``gen_ai.operation.name``, ``gen_ai.provider.name``,
+``gen_ai.request.model``, ``gen_ai.usage.*``, ``gen_ai.response.finish_reasons``), the run's
+identities and its outcome (``error.type``: the error code of an ``error`` terminal, else
+``_OTHER``; a cancel is an outcome, not an error). The adapter gets the run's metadata with
+``traceparent`` naming this span, so its upstream call or process is the span's child. A
+refused request gets a span ended at once with its refusal's code.
 """
 
 from __future__ import annotations
@@ -70,6 +80,9 @@ from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import EventType, RuntimeEvent, Usage
 from iop.runtime.interfaces import ExecutionSpec, IProvider, ITunnelProvider
 from iop.runtime.requestid import carried, log_context
+from iop.telemetry import semconv
+from iop.telemetry.propagation import inject, log_ids
+from iop.telemetry.tracing import TRACING_OFF, Span, SpanKind, Tracing, end_span, set_attributes
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
 
@@ -123,6 +136,11 @@ class _Run:
     held_type: EventType | None = None
     held: list[str] = field(default_factory=list, repr=False)
     held_call: IDelayedCall | None = field(default=None, repr=False)
+    # The run's span (None: tracing off or not sampled out: it is None only when off).
+    span: Span | None = field(default=None, repr=False)
+    # The span's ids for the run's log lines (kept after the span ended).
+    trace_ids: dict[str, str] = field(default_factory=dict, repr=False)
+    finish_reason: str = ""
 
     @property
     def adapter(self) -> str:
@@ -130,8 +148,9 @@ class _Run:
 
     @property
     def context(self) -> dict[str, str]:
-        """What each log line about this run adds (the request's id: JSON lines show it)."""
-        return log_context(self.request_id)
+        """What each log line about this run adds (the request's id and, traced, the span's
+        ids: JSON lines show them)."""
+        return log_context(self.request_id, self.trace_ids)
 
 
 @dataclass
@@ -169,6 +188,7 @@ class RunManager:
     :param hold_deltas: join a reactor turn's text deltas into one event (:meth:`_relay`).
     :param managed: managed mode: runs on HTTP provider adapters are refused (module doc).
     :param work_gate: the node's drain for this session (:class:`~iop.node.admission.WorkGate`).
+    :param tracing: the node's tracing: a span per run (module doc).
     """
 
     log = Logger()
@@ -183,6 +203,7 @@ class RunManager:
         hold_deltas: bool = True,
         managed: bool = False,
         work_gate: WorkGate | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._registry = registry
         self.clock = clock
@@ -194,6 +215,7 @@ class RunManager:
         self._store = store
         self._totals = _Totals()
         self._hold_deltas = hold_deltas
+        self._tracing = tracing
 
     # -- envelope handlers (install these on the session) -------------------------------------
 
@@ -292,12 +314,19 @@ class RunManager:
         )
         if request.timeout_sec:
             run.timer = self.clock.callLater(request.timeout_sec, self._timed_out, run)
+        metadata = dict(request.metadata)
+        if self._tracing.tracer is not None:
+            run.span = self._run_span(request, run.instance.type, run.adapter)
+            if run.span is not None:
+                # The adapter's upstream call or process is this span's child.
+                inject(run.span, metadata)
+                run.trace_ids = log_ids(run.span)
         spec = ExecutionSpec(
             run_id=run.run_id,
             target=request.target,
             input=request.input,
             workspace=request.workspace,
-            metadata=dict(request.metadata),
+            metadata=metadata,
             session_id=request.session_id,
             background=request.background,
             timeout_sec=float(request.timeout_sec),
@@ -318,7 +347,29 @@ class RunManager:
         if run.cancel_pending:
             self._cancel_provider(run)
 
+    def _run_span(self, request: pb.RunRequest, kind: str, adapter: str) -> Span | None:
+        """The run's span, the child of the Edge's context in the request's metadata."""
+        attributes: dict[str, str | bool] = {
+            semconv.GEN_AI_OPERATION_NAME: "invoke_agent" if kind == "cli" else "chat",
+            semconv.GEN_AI_REQUEST_MODEL: request.target,
+            semconv.GEN_AI_REQUEST_STREAM: not request.collect,
+            semconv.IOP_RUN_ID: request.run_id,
+            semconv.IOP_ADAPTER: adapter,
+            semconv.IOP_NODE_ID: self._node_id,
+        }
+        if kind:
+            attributes[semconv.GEN_AI_PROVIDER_NAME] = semconv.provider_name(kind)
+        if request.session_id:
+            attributes[semconv.GEN_AI_CONVERSATION_ID] = request.session_id
+        return self._tracing.start_remote(
+            "iop.node.run", request.metadata, SpanKind.SERVER, attributes
+        )
+
     def _refused(self, request: pb.RunRequest, refusal: Refusal) -> None:
+        if self._tracing.tracer is not None:
+            span = self._run_span(request, "", refusal.adapter or request.adapter)
+            code = refusal.metadata.get(ERROR_CODE_KEY) if refusal.metadata else None
+            end_span(span, code or "refused", refusal.reason)
         self._totals.rejected += 1
         self._totals.error += 1
         event = RuntimeEvent(
@@ -402,6 +453,8 @@ class RunManager:
             return
         if event.usage is not None:
             run.usage = event.usage
+        if run.span is not None and event.metadata:
+            run.finish_reason = event.metadata.get("finish_reason", run.finish_reason)
         if event.session_id:
             run.session_id = event.session_id
         if event.type is EventType.START:
@@ -546,6 +599,28 @@ class RunManager:
             session_id=run.session_id,
             finished_at=self.clock.seconds(),
         )
+        if run.span is not None:
+            self._end_span(run, status, terminal)
+
+    def _end_span(self, run: _Run, status: RunStatus, terminal: RuntimeEvent) -> None:
+        span, run.span = run.span, None
+        attributes: dict[str, str | int | list[str]] = {semconv.IOP_OUTCOME: status.value}
+        if run.usage is not None:
+            attributes.update(semconv.usage_attributes(run.usage))
+        reason = terminal.metadata.get("finish_reason") or run.finish_reason
+        if reason:
+            attributes[semconv.GEN_AI_RESPONSE_FINISH_REASONS] = [reason]
+        if run.session_id:
+            attributes[semconv.GEN_AI_CONVERSATION_ID] = run.session_id
+        code = terminal.metadata.get(ERROR_CODE_KEY, "")
+        if code:
+            attributes[semconv.IOP_ERROR_CODE] = code
+        set_attributes(span, attributes)
+        if status is RunStatus.ERROR:
+            # The text is the run's own (adapters redact what they report).
+            end_span(span, code or "_OTHER", terminal.error)
+        else:
+            end_span(span)
 
     def _cancel_provider(self, run: _Run) -> None:
         if run.deferred is None:

@@ -38,6 +38,10 @@ A local shutdown drains first (:mod:`iop.node.drain`): the node tells its Edges,
 work, lets what runs finish for up to ``drain_timeout_sec`` (``--drain-timeout``; 0 = not at
 all), then closes its sessions; the supervisors stop after that.
 
+With ``telemetry:`` (:mod:`iop.telemetry`) the node exports its spans (each run and tunnel,
+their upstream calls, a CLI agent's process) over OTLP/HTTP; the telemetry service is the
+first child of the tree, so it stops last and flushes the drained work's spans.
+
 Under twistd the service comes wrapped by :func:`iop.logs.twistd.for_twistd`: the log observer
 ``logging:`` (or ``--log-format``/``--log-level``) asks for.
 """
@@ -62,7 +66,7 @@ from twisted.web.client import HTTPConnectionPool
 from iop.config import ConfigError, load_node_config
 from iop.config.join import JoinString, JoinStringError
 from iop.config.join import decode as decode_join
-from iop.config.model import DEFAULT_STORE_PATH, NodeDaemonConfig
+from iop.config.model import DEFAULT_STORE_PATH, NODE_SERVICE_NAME, NodeDaemonConfig
 from iop.config.node import DEFAULT_JOIN_SERVER_NAME, node_config_from_flags, reconnect_attempts
 from iop.daemon.errors import config_problem
 from iop.heap import FrozenStartup
@@ -76,6 +80,7 @@ from iop.node.supervisor import NodeSupervisor
 from iop.runtime.interfaces import AdapterContext, TreqClient
 from iop.security.keys import KeyFileError, load_issuer_public, load_recipient_private
 from iop.security.lease import NodeLeaseKeys
+from iop.telemetry.provider import build as build_telemetry
 from iop.version import version_line
 
 # Idle keep-alive connections kept per upstream (host, port). Twisted's default is 2: every
@@ -423,7 +428,8 @@ def makeService(
         http_pool = HTTPConnectionPool(reactor, persistent=True)
         http_pool.maxPersistentPerHost = UPSTREAM_KEEPALIVE_PER_HOST
         http = provider_http_client(reactor, http_pool)
-    adapter_context = AdapterContext(reactor=reactor, http=http)
+    telemetry = build_telemetry(config.telemetry, NODE_SERVICE_NAME, reactor)
+    adapter_context = AdapterContext(reactor=reactor, http=http, tracing=telemetry.tracing)
     drain = NodeDrain(reactor, config.drain_timeout_sec)
     supervisors = link.build(config, endpoints, reactor, adapter_context, store, leases, drain)
     exit_ = _ProcessExit(reactor)
@@ -439,6 +445,9 @@ def makeService(
     node = NodeService(store, supervisors, finished, http_pool)
     node.setName("node")
     top = MultiService()
+    if telemetry.service is not None:
+        # First in, last out: the spans of the work the node drains on stop are flushed too.
+        telemetry.service.setServiceParent(top)
     node.setServiceParent(top)
     supervisors.when_finished().addCallback(finished)
     if options.parent is not None:

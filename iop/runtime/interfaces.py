@@ -22,6 +22,7 @@ from zope.interface import Attribute, Interface
 
 from iop.runtime.events import RuntimeEvent
 from iop.runtime.spec import AdapterSpec
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 
 Emit = Callable[[RuntimeEvent], None]
 
@@ -94,12 +95,15 @@ class TreqClient(Protocol):
 class AdapterContext:
     """
     What an adapter factory is given besides its spec: the reactor (timers; an adapter that
-    runs processes adapts it to ``IReactorProcess``) and the HTTP client (None on a context for
-    adapters that make no HTTP requests: an HTTP adapter refuses to build without one).
+    runs processes adapts it to ``IReactorProcess``), the HTTP client (None on a context for
+    adapters that make no HTTP requests: an HTTP adapter refuses to build without one) and the
+    node's tracing (:data:`~iop.telemetry.tracing.TRACING_OFF` without ``telemetry:``).
     """
 
     reactor: IReactorTime
     http: TreqClient | None = None
+    # The node's tracing (off without telemetry:): adapters' upstream calls and processes.
+    tracing: Tracing = TRACING_OFF
 
     def require_http(self, adapter: str) -> TreqClient:
         """The HTTP client, or ValueError naming ``adapter`` when there is none."""

@@ -28,7 +28,8 @@ collision between Edges of a cluster negligible without any coordination.
 **On the wire** the id rides in the request's existing ``metadata`` map
 (``RunRequest.metadata``, ``ProviderTunnelRequest.metadata``) under :data:`REQUEST_ID_KEY`; a
 node applies :func:`carried` (the same rule: an id that is not sane is dropped, never used).
-:func:`log_context` is what a log line about a request's work adds, on either side.
+:func:`log_context` is what a log line about a request's work adds, on either side (with the
+trace's ``trace_id`` and ``span_id`` when the work is traced).
 """
 
 from __future__ import annotations
@@ -102,10 +103,14 @@ def carried(metadata: Mapping[str, str]) -> str:
     return value if value and is_sane(value) else ""
 
 
-def log_context(request_id: str) -> dict[str, str]:
+def log_context(request_id: str, trace: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     The keys a log event about a request's work carries, on the Edge and on a node (a JSON log
-    line shows each one): ``request_id`` when there is one. The one place that says so, so the
-    trace's ids join it here.
+    line shows each one): ``request_id`` when there is one, and with ``trace`` (the work's
+    span's ids, :func:`iop.telemetry.propagation.log_ids`: ``trace_id``, ``span_id``) those,
+    so a log line leads to its trace and back.
     """
-    return {REQUEST_ID_KEY: request_id} if request_id else {}
+    out = {REQUEST_ID_KEY: request_id} if request_id else {}
+    if trace:
+        out.update(trace)
+    return out

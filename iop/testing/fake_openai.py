@@ -63,6 +63,7 @@ CLI: ``python -m iop.testing.fake_openai --port 9001 [--host 127.0.0.1] [--token
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
@@ -187,8 +188,11 @@ class FakeStats:
     unauthorized_requests: int = 0
     reported_input_tokens: int = 0
     reported_output_tokens: int = 0
+    # The W3C ``traceparent`` of the last request that carried one ("" before): whether a
+    # tracing gateway in front of it joined its trace.
+    last_traceparent: str = ""
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | str]:
         return asdict(self)
 
 
@@ -257,9 +261,14 @@ class FakeOpenAI:
         self._stats = FakeStats()
         self._ids = itertools.count(1)
 
+    def _received(self, request: ReceivedRequest) -> None:
+        self.requests.append(request)
+        if "traceparent" in request.headers:
+            self._stats.last_traceparent = request.headers["traceparent"]
+
     def stats(self) -> FakeStats:
         """A snapshot of the counters."""
-        return FakeStats(**self._stats.as_dict())
+        return dataclasses.replace(self._stats)
 
     def resource(self) -> IResource:
         root = _Directory()
@@ -306,7 +315,7 @@ class FakeOpenAI:
         except ValueError:
             self.requests.append(ReceivedRequest(None, headers))
             return self._reject(request, 400, "request body is not valid JSON")
-        self.requests.append(ReceivedRequest(body, headers))
+        self._received(ReceivedRequest(body, headers))
         problem = _validate(body)
         if problem is not None:
             return self._reject(request, 400, problem, param="messages")
@@ -532,7 +541,7 @@ class FakeOpenAI:
             body = json.loads(raw)
         except ValueError:
             body = None
-        self.requests.append(ReceivedRequest(body, headers))
+        self._received(ReceivedRequest(body, headers))
         return body
 
     def _text_answer(self, limit: Any) -> tuple[list[str], bool]:

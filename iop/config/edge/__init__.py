@@ -11,7 +11,8 @@ Each top-level section has a module of its own, read in the order :func:`_edge_c
 (:mod:`.listeners`), ``security``, ``node_transport`` (:mod:`.transport`),
 ``protocol_profiles`` (:mod:`.profiles`), ``credentials``, ``nodes`` (with :mod:`.adapters` and
 :mod:`.providers`), ``models``, ``openai`` (:mod:`.client_api`), ``logging``
-(:mod:`iop.config.logs`, shared with node.yaml), ``cluster`` and ``usage`` (:mod:`.usage`).
+(:mod:`iop.config.logs`, shared with node.yaml), ``telemetry`` (:mod:`iop.config.telemetry`,
+shared with node.yaml), ``cluster`` and ``usage`` (:mod:`.usage`).
 Every check that ties one section to another is in :mod:`.links`; what a section makes known to
 later ones is in :mod:`.known`.
 
@@ -53,6 +54,7 @@ from iop.config.edge.usage import usage_section
 from iop.config.errors import Issues, as_section, read_yaml_file
 from iop.config.logs import logging_section
 from iop.config.model import EdgeConfig
+from iop.config.telemetry import telemetry_section
 
 __all__ = [
     "ID_PATTERN",
@@ -127,6 +129,7 @@ def _edge_config(
     )
     links.cost_budgets_priced(issues, top.data.get("openai"), models, routes)
     logging = logging_section(top)
+    telemetry = telemetry_section(top, base_dir=base_dir, environ=environ)
     cluster = cluster_section(
         top,
         edge_id=edge_id,
@@ -158,6 +161,7 @@ def _edge_config(
         credentials=slots.configs,
         admin=admin,
         logging=logging,
+        telemetry=telemetry,
         cluster=cluster,
         usage=usage,
         source_path=source_path,

@@ -48,6 +48,7 @@ from iop.config.model import (
     ProviderConfig,
     ServerTLS,
     Team,
+    TelemetryConfig,
     UsageConfig,
 )
 from iop.edge.refresh.catalog import restart_reasons
@@ -164,6 +165,7 @@ _POLICY = "models[] generation policy, applied per request"
 _PROFILE = "delivered to nodes with their adapters (an adapter setting)"
 _PLACED_PROFILE = "the Edge's placements carry the profiles it started with"
 _LOGGING = "the log observer (its format) is installed when twistd starts logging"
+_TELEMETRY = "the trace exporter (its thread, queue and credentials) is built when the Edge starts"
 _CLUSTER = "the Edge joins the cluster (its Redis lease table) when it starts"
 _CREDENTIAL = "rotation and revocation without a restart: the credential issuer re-binds"
 # Client keys and their lifecycle: the client pipeline authenticates against the running
@@ -215,6 +217,7 @@ RULES: dict[type, dict[str, Rule]] = {
         ),
         "admin": Record("admin", AdminConfig),
         "logging": Record("logging", LoggingConfig),
+        "telemetry": Record("telemetry", TelemetryConfig, RESTART, _TELEMETRY, origin=PROJECT),
         "cluster": Record("cluster", ClusterConfig, RESTART, _CLUSTER, origin=PROJECT),
         "usage": Record("usage", UsageConfig, RESTART, _LEDGER, origin=PROJECT),
         "source_path": Ignored("where the file was read from; a refresh reads the same file"),
@@ -404,6 +407,16 @@ RULES: dict[type, dict[str, Rule]] = {
             "the log level filter is switched with the config (unless --log-level pins it)",
             origin=PROJECT,
         ),
+    },
+    TelemetryConfig: {
+        "endpoint": Leaf("endpoint", RESTART, _TELEMETRY, origin=PROJECT),
+        "headers": Leaf("headers", RESTART, _TELEMETRY, secret="value", origin=PROJECT),
+        "sampling_ratio": Leaf("sampling_ratio", RESTART, _TELEMETRY, origin=PROJECT),
+        "service_name": Leaf("service_name", RESTART, _TELEMETRY, origin=PROJECT),
+        "capture_content": Leaf("capture_content", RESTART, _TELEMETRY, origin=PROJECT),
+        "queue_size": Leaf("queue_size", RESTART, _TELEMETRY, origin=PROJECT),
+        "export_timeout_sec": Leaf("export_timeout_sec", RESTART, _TELEMETRY, origin=PROJECT),
+        "shutdown_timeout_sec": Leaf("shutdown_timeout_sec", RESTART, _TELEMETRY, origin=PROJECT),
     },
     ClusterConfig: {
         "redis": Leaf("redis", RESTART, _CLUSTER, origin=PROJECT),

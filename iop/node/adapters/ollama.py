@@ -50,6 +50,7 @@ from iop.runtime import (
 from iop.runtime.chat_input import ChatInput, InputError, content_text, parse_chat_input
 from iop.runtime.interfaces import Emit, TreqClient
 from iop.runtime.spec import AdapterSpec
+from iop.telemetry.http import ClientCall, client_span, traced_header_object
 
 T = TypeVar("T")
 
@@ -473,6 +474,7 @@ class OllamaProvider:
         self._headers: dict[str, str] = dict(spec.headers)
         self._reactor: IReactorTime = ctx.reactor
         self._http: TreqClient = ctx.require_http(self.type)
+        self._tracing = ctx.tracing
         self._idle_timeout = (
             spec.idle_timeout_ms / 1000.0 if spec.idle_timeout_ms else DEFAULT_IDLE_TIMEOUT
         )
@@ -507,12 +509,23 @@ class OllamaProvider:
                 return
             emit(RuntimeEvent.start())
             stream = _ChatStream(emit)
+            traced: ClientCall | None = None
+            if self._tracing.tracer is not None:
+                url = self._base_url + "/api/chat"
+                traced = ClientCall(client_span(self._tracing, spec.metadata, "POST", url))
             try:
-                await self._chat(body, stream, call)
-            except CancelledError:
+                await self._chat(body, stream, call, traced)
+                if traced is not None:
+                    traced.end()
+            except CancelledError as e:
                 # The caller cancelled: the connection is closed and it emits `cancelled`.
+                if traced is not None:
+                    traced.end(e)
                 raise
             except Exception as e:
+                if traced is not None:
+                    # A broken tail after a complete answer is no failure (below).
+                    traced.end(None if stream.completed else e)
                 if stream.completed:
                     # The answer was complete; a broken tail of the stream changes nothing.
                     self.log.debug("ollama run {run_id}: stream tail failed", run_id=spec.run_id)
@@ -524,18 +537,25 @@ class OllamaProvider:
         finally:
             call.stop()
 
-    async def _chat(self, body: dict[str, Any], stream: _ChatStream, call: _Call) -> None:
+    async def _chat(
+        self, body: dict[str, Any], stream: _ChatStream, call: _Call, traced: ClientCall | None
+    ) -> None:
+        headers = self._request_headers("application/x-ndjson")
+        if traced is not None:
+            headers = traced_header_object(traced.span, headers)
         response = await call.wait(
             self._http.request(
                 "POST",
                 self._url("/api/chat"),
                 data=json.dumps(body).encode("utf-8"),
-                headers=self._request_headers("application/x-ndjson"),
+                headers=headers,
                 unbuffered=True,
                 reactor=self._reactor,
             )
         )
         call.touch()
+        if traced is not None:
+            traced.status = response.code
         if response.code != 200:
             text = await call.wait(self._error_body(response))
             raise _UpstreamError(f"ollama HTTP {response.code}: {text}", response.code)

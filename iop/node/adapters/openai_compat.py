@@ -23,6 +23,10 @@ and appear in no ``repr`` and no error text.
 
 The provider is also an :class:`~iop.runtime.interfaces.ITunnelProvider`: the Node's provider
 tunnel (:mod:`iop.node.tunnel`) opens raw requests on its base URL with its configured headers.
+
+Traces: with the node's tracing on, each upstream call is an HTTP client span
+(:mod:`iop.telemetry.http`), the child of the run's span named in ``spec.metadata``, and the
+request carries its ``traceparent``; a text-tool retry is a second span.
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from iop.runtime.interfaces import (
     TreqClient,
 )
 from iop.runtime.spec import AdapterSpec, RuntimeProfile
+from iop.telemetry.http import ClientCall, client_span, traced_headers
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 # How much of an error body is read, and how much of its text an error event quotes.
@@ -352,16 +357,44 @@ class _Run:
     async def _exchange(
         self, body: dict[str, Any], chat: ChatInput, retried: bool, fallback: bool
     ) -> None:
+        """One upstream call, with its HTTP client span when tracing (a retry is another)."""
         provider = self._provider
+        if provider.tracing.tracer is None:
+            await self._call(body, chat, retried, fallback, None)
+            return
+        call = ClientCall(
+            client_span(provider.tracing, self._spec.metadata, "POST", provider.chat_url)
+        )
+        try:
+            await self._call(body, chat, retried, fallback, call)
+        except BaseException as e:
+            call.end(e)
+            raise
+        call.end()
+
+    async def _call(
+        self,
+        body: dict[str, Any],
+        chat: ChatInput,
+        retried: bool,
+        fallback: bool,
+        traced: ClientCall | None,
+    ) -> None:
+        provider = self._provider
+        headers = provider.request_headers()
+        if traced is not None:
+            traced_headers(traced.span, headers)
         response: IResponse = await provider.http.request(
             "POST",
             provider.url,
             data=json.dumps(body).encode("utf-8"),
-            headers=provider.request_headers(),
+            headers=headers,
             unbuffered=True,
             reactor=provider.clock,
         )
         self._touch()
+        if traced is not None:
+            traced.status = response.code
         if 200 <= response.code < 300:
             content_type = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
             if content_type.lower().startswith(b"application/json"):
@@ -385,6 +418,8 @@ class _Run:
                 run_id=self._spec.run_id,
                 status=response.code,
             )
+            if traced is not None:
+                traced.end()
             await self._exchange(retry, chat, retried=True, fallback=instructed)
             return
         raise UpstreamFailure(f"upstream HTTP {response.code}: {message}")
@@ -512,7 +547,8 @@ class OpenAICompatProvider:
         self.name: str = spec.name or self.type
         self.base_url: str = spec.base_url.rstrip("/")
         # Parsed once: every run's request reuses it.
-        self.url = prepared_url(self.base_url + "/chat/completions")
+        self.chat_url = self.base_url + "/chat/completions"
+        self.url = prepared_url(self.chat_url)
         self.profile: RuntimeProfile | None = spec.profile
         self._headers = dict(spec.headers)
         self.idle_timeout = (spec.idle_timeout_ms / 1000.0) or DEFAULT_IDLE_TIMEOUT
@@ -520,6 +556,7 @@ class OpenAICompatProvider:
         self.max_concurrency = spec.max_concurrency or 1
         self.clock: IReactorTime = ctx.reactor
         self.http: TreqClient = ctx.require_http(self.type)
+        self.tracing = ctx.tracing
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"

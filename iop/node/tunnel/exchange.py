@@ -34,6 +34,13 @@ body bytes are then the upstream's except for those replacements, and a chunk's 
 still become the secret waits for the next chunk. Any lease failure ends the tunnel with one
 ERROR frame whose text starts with the failure class (``lease_expired: …``) and whose
 ``error_code`` metadata is that class; nothing reaches the upstream.
+
+Traces (``telemetry:``): the tunnel's span, ``iop.node.tunnel`` (kind SERVER), is the child of
+the Edge's context in ``ProviderTunnelRequest.metadata``; under it, the upstream call's HTTP
+client span (:mod:`iop.telemetry.http`), whose ``traceparent`` goes upstream with the request.
+The tunnel span carries the GenAI attributes the node knows (operation, provider, requested
+model, the usage read on the side) and its outcome; both end in :meth:`Tunnel._end`. Header
+values, the body and the URL's query are never recorded.
 """
 
 from __future__ import annotations
@@ -64,9 +71,13 @@ from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.requestid import carried, log_context
 from iop.security.echo import ECHOES_METADATA_KEY, EchoRedactor
 from iop.security.lease import LeaseError, LeaseVerifier, zero
+from iop.telemetry import semconv
+from iop.telemetry.http import client_span, end_client_span, traced_header_object
+from iop.telemetry.propagation import log_ids
+from iop.telemetry.tracing import TRACING_OFF, Span, SpanKind, Tracing, end_span, set_attributes
 from iop.wire import runtime_pb2 as pb
 
-__all__ = ["CANCELLED", "DEFAULT_IDLE_TIMEOUT", "Tunnel", "TunnelContext"]
+__all__ = ["CANCELLED", "DEFAULT_IDLE_TIMEOUT", "Tunnel", "TunnelContext", "tunnel_span"]
 
 DEFAULT_IDLE_TIMEOUT = 120.0
 CANCELLED = "cancelled"
@@ -92,6 +103,26 @@ class TunnelContext:
     body_frame_bytes: int
     leases: LeaseVerifier | None = None
     node_id: str = ""
+    tracing: Tracing = TRACING_OFF
+
+
+def tunnel_span(
+    context: TunnelContext, request: pb.ProviderTunnelRequest, kind: str, adapter: str
+) -> Span | None:
+    """A tunnel's span, the child of the Edge's context in the request's metadata."""
+    attributes: dict[str, str | bool] = {
+        semconv.GEN_AI_OPERATION_NAME: semconv.operation_name(request.operation),
+        semconv.GEN_AI_REQUEST_MODEL: request.target,
+        semconv.GEN_AI_REQUEST_STREAM: request.stream,
+        semconv.IOP_RUN_ID: request.run_id,
+        semconv.IOP_ADAPTER: adapter,
+        semconv.IOP_NODE_ID: context.node_id,
+    }
+    if kind:
+        attributes[semconv.GEN_AI_PROVIDER_NAME] = semconv.provider_name(kind)
+    return context.tracing.start_remote(
+        "iop.node.tunnel", request.metadata, SpanKind.SERVER, attributes
+    )
 
 
 class Tunnel:
@@ -156,6 +187,14 @@ class Tunnel:
         # Managed mode: the lease's secret, removed from everything relayed back (status line,
         # headers, body) until the tunnel ends.
         self._echo: EchoRedactor | None = None
+        # Traces: the tunnel's span and its upstream call's (None: tracing off).
+        self.span: Span | None = None
+        self._client_span: Span | None = None
+        self._usage_attributes: dict[str, int] = {}
+        self._trace_ids: dict[str, str] = {}
+        if context.tracing.tracer is not None:
+            self.span = tunnel_span(context, request, self.instance.type, self.instance.name)
+            self._trace_ids = log_ids(self.span)
 
     @property
     def adapter(self) -> str:
@@ -163,8 +202,8 @@ class Tunnel:
 
     @property
     def context(self) -> dict[str, str]:
-        """What each log line about this tunnel adds (the request's id)."""
-        return log_context(self.request_id)
+        """What each log line about this tunnel adds (the request's id; traced, the span's)."""
+        return log_context(self.request_id, self._trace_ids)
 
     def start(self) -> None:
         self._arm()
@@ -190,6 +229,11 @@ class Tunnel:
         provider = self.provider
         headers = self._headers
         secret: bytearray | None = None
+        if self.span is not None:
+            self._client_span = client_span(
+                self._context.tracing, self.span, self.method, provider.base_url + self.path
+            )
+            headers = traced_header_object(self._client_span, headers)
         request = self._request
         if request is not None:
             context = self._context
@@ -278,6 +322,8 @@ class Tunnel:
         usage = observer.finish() if observer is not None else None
         if usage is not None:
             self.frames.usage(usage)
+            if self.span is not None:
+                self._usage_attributes = semconv.usage_attributes(usage)
         self._end(None)
 
     # -- body frames -------------------------------------------------------------------------
@@ -387,7 +433,36 @@ class Tunnel:
             self.frames.end(metadata)
         else:
             self.frames.error(self.provider.redact(error), metadata)
+        if self.span is not None:
+            self._end_spans(error, metadata)
         self._ended(error)
+
+    def _end_spans(self, error: str | None, metadata: Mapping[str, str] | None) -> None:
+        """The upstream call's span and the tunnel's, with how it ended."""
+        status = self.frames.status_code if self.frames.started else None
+        client, self._client_span = self._client_span, None
+        if client is not None:
+            failure = None if error is None or status is not None else _Failed(error)
+            end_client_span(client, status, failure)
+        span, self.span = self.span, None
+        attributes: dict[str, str | int] = {
+            semconv.IOP_OUTCOME: _outcome(error),
+            semconv.IOP_BODY_BYTES: self.frames.body_bytes,
+            **self._usage_attributes,
+        }
+        if status is not None:
+            attributes[semconv.HTTP_RESPONSE_STATUS_CODE] = status
+        code = (metadata or {}).get(ERROR_CODE_KEY, "")
+        if code:
+            attributes[semconv.IOP_ERROR_CODE] = code
+        set_attributes(span, attributes)
+        if _outcome(error) == "error":
+            end_span(span, code or "_OTHER", self.provider.redact(error or ""))
+        elif status is not None and status >= 400:
+            # An upstream's non-2xx answer is relayed, not an IOP error; the span says it failed.
+            end_span(span, str(status), f"upstream answered {status}")
+        else:
+            end_span(span)
 
     def _forget_secret(self) -> int:
         """Zero the lease secret's copies; how many echoes of it were removed (logged once)."""
@@ -412,12 +487,7 @@ class Tunnel:
     def _ended(self, error: str | None) -> None:
         """Its outcome to the manager, and the tunnel's one log line: what it was, how it ended,
         how much and how long."""
-        if error is None:
-            outcome = "completed"
-        elif error.startswith(CANCELLED) or error == CONNECTION_LOST_REASON:
-            outcome = "cancelled"
-        else:
-            outcome = "error"
+        outcome = _outcome(error)
         self._context.ended(outcome)
         frames = self.frames
         self.log.info(
@@ -442,3 +512,16 @@ class Tunnel:
             dropped_headers=self.dropped_headers or None,
             node_id=self._context.node_id,
         )
+
+
+def _outcome(error: str | None) -> str:
+    """``completed``, ``cancelled`` or ``error``: how a tunnel that ended with ``error`` ended."""
+    if error is None:
+        return "completed"
+    if error.startswith(CANCELLED) or error == CONNECTION_LOST_REASON:
+        return "cancelled"
+    return "error"
+
+
+class _Failed(Exception):
+    """The upstream exchange failed before a response (the client span's ``error.type``)."""

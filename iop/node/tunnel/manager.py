@@ -28,10 +28,12 @@ from twisted.logger import Logger
 from iop.node.adapters.registry import AdapterInstance, AdapterRegistry
 from iop.node.admission import CONNECTION_LOST_REASON, Admission, Nouns, Refusal, WorkGate
 from iop.node.tunnel.credentials import check_lease_presence
-from iop.node.tunnel.exchange import CANCELLED, Tunnel, TunnelContext
+from iop.node.tunnel.exchange import CANCELLED, Tunnel, TunnelContext, tunnel_span
 from iop.node.tunnel.frames import BODY_FRAME_BYTES, TunnelFrames
 from iop.node.tunnel.plan import TunnelPlan, plan_request, tunnel_provider
+from iop.runtime.codes import ERROR_CODE_KEY
 from iop.security.lease import LeaseVerifier
+from iop.telemetry.tracing import TRACING_OFF, Tracing, end_span
 from iop.wire import runtime_pb2 as pb
 
 __all__ = ["TunnelManager"]
@@ -52,6 +54,7 @@ class TunnelManager:
     :param leases: managed mode: the verifier of this node's credential leases (None: legacy,
         leases refused).
     :param work_gate: the node's drain for this session (:class:`~iop.node.admission.WorkGate`).
+    :param tracing: the node's tracing: a span per tunnel and its upstream call.
     """
 
     log = Logger()
@@ -65,6 +68,7 @@ class TunnelManager:
         body_frame_bytes: int = BODY_FRAME_BYTES,
         leases: LeaseVerifier | None = None,
         work_gate: WorkGate | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         if body_frame_bytes < 1:
             raise ValueError("body_frame_bytes must be at least 1")
@@ -82,6 +86,7 @@ class TunnelManager:
             body_frame_bytes=body_frame_bytes,
             leases=leases,
             node_id=node_id,
+            tracing=tracing,
         )
         self._counts = {"completed": 0, "error": 0, "cancelled": 0, "rejected": 0}
 
@@ -191,6 +196,9 @@ class TunnelManager:
 
     def _refused(self, request: pb.ProviderTunnelRequest, refusal: Refusal) -> None:
         self._counts["rejected"] += 1
+        if self._context.tracing.tracer is not None:
+            span = tunnel_span(self._context, request, "", refusal.adapter or request.adapter)
+            end_span(span, refusal.metadata.get(ERROR_CODE_KEY) or "refused", refusal.reason)
         TunnelFrames(request.run_id, self._send_frame).error(refusal.reason, refusal.metadata)
 
     def _send_frame(self, frame: pb.ProviderTunnelFrame) -> None:

@@ -18,7 +18,14 @@ from treq.testing import StubTreq
 from twisted.internet.testing import MemoryReactorClock
 from twisted.trial.unittest import SynchronousTestCase
 
-from iop.config.model import Budget, ClientAPIConfig, ClientKey, ClusterConfig, NodeToken
+from iop.config.model import (
+    Budget,
+    ClientAPIConfig,
+    ClientKey,
+    ClusterConfig,
+    NodeToken,
+    TelemetryConfig,
+)
 from iop.edge.admin import AdminApp
 from iop.edge.events import EventBus, NodeEvent, NodeEventKind, RequestFinished
 from iop.edge.metrics import NODE_STATES, PROVIDER_GAUGES, EdgeMetrics
@@ -30,6 +37,14 @@ from iop.test.edge.fixtures import TOKENS, FakeConnection, edge_config
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
+# The GenAI conventions' labels beside IOP's own (each a function of IOP's labels): these tests
+# read IOP's; iop.test.edge.test_metrics_genai reads the conventions'.
+CONVENTION_LABELS = frozenset(
+    {"gen_ai_operation_name", "gen_ai_provider_name", "gen_ai_request_model", "error_type"}
+    | {"gen_ai_token_type"}
+)
+
+
 def parse(text: str) -> tuple[dict[str, str], Samples]:
     """Metric family types by name, and every sample by (name, sorted labels)."""
     types: dict[str, str] = {}
@@ -37,7 +52,8 @@ def parse(text: str) -> tuple[dict[str, str], Samples]:
     for family in text_string_to_metric_families(text):
         types[family.name] = family.type
         for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+            labels = {k: v for k, v in sample.labels.items() if k not in CONVENTION_LABELS}
+            samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
     return types, samples
 
 
@@ -364,12 +380,19 @@ class DocumentedTests(SynchronousTestCase):
         section = section[: section.index("\n### ", 1)]
         documented = set(re.findall(r"^\| `([a-z_]+)` \|", section, re.MULTILINE))
         exposed = set()
-        # An Edge alone, and one in a cluster (its cluster families only there).
+        # An Edge alone, one in a cluster (its cluster families only there) and one tracing.
         cluster = ClusterConfig(redis="unix:///nonexistent/redis.sock", edge_id="e1")
-        for config in (edge_config(), dataclasses.replace(edge_config(), cluster=cluster)):
+        telemetry = TelemetryConfig("http://127.0.0.1:9/v1/traces")
+        for config in (
+            edge_config(),
+            dataclasses.replace(edge_config(), cluster=cluster),
+            dataclasses.replace(edge_config(), telemetry=telemetry),
+        ):
             edge = EdgeService(config, MemoryReactorClock())
             for family in edge.metrics.registry.collect():
                 exposed.add(family.name + "_total" if family.type == "counter" else family.name)
+            if edge.telemetry.processor is not None:
+                edge.telemetry.processor.shutdown()
         self.assertEqual(exposed - documented, set(), "exposed but not in the README")
         self.assertEqual(documented - exposed, set(), "in the README but not exposed")
 

@@ -3,6 +3,12 @@
 The ``cli`` adapter's provider (:class:`CLIProvider`) and factory (:func:`build`): one
 :class:`~iop.node.adapters.cli.process.CLIRun` per run, and the logical sessions it remembers
 per target (for resume baselines, ``list_sessions`` and ``terminate_session``).
+
+Traces: with the node's tracing on, each agent process is a span ``invoke_agent {agent}``
+(the GenAI conventions' agent invocation; ``agent`` is the command's file name), the child of
+the run's span named in ``spec.metadata``, from spawn to the process's end, with
+``process.executable.name`` and ``process.pid``; the prompt and the agent's output are never
+on it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from iop.runtime.interfaces import (
     ISessionTerminator,
 )
 from iop.runtime.spec import AdapterSpec
+from iop.telemetry import semconv
+from iop.telemetry.tracing import TRACING_OFF, SpanKind, Tracing, end_span, set_attributes
 
 # Inactive sessions remembered per adapter instance (oldest forgotten first).
 MAX_SESSIONS = 1024
@@ -64,6 +72,7 @@ class CLIProvider:
         signal_group: SignalGroup = signal_process_group,
         which: Which = which,
         environ: Mapping[str, str] | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         """
         ``reactor`` runs the timers and, adapted to ``IReactorProcess``, spawns the agents;
@@ -82,6 +91,7 @@ class CLIProvider:
         self._environ = environ
         self._sessions: dict[tuple[str, str], _Session] = {}
         self._runs: set[CLIRun] = set()
+        self._tracing = tracing
 
     def __repr__(self) -> str:
         return f"<CLIProvider {self.name!r}>"
@@ -109,11 +119,43 @@ class CLIProvider:
             known = self._sessions.get((spec.target, spec.session_id))
             baseline = known.cumulative_usage if known is not None else None
         run = CLIRun(self, spec, emit, plan, baseline)
+        span = None
+        if self._tracing.tracer is not None:
+            agent = os.path.basename(plan.executable)
+            span = self._tracing.start_remote(
+                f"invoke_agent {agent}",
+                spec.metadata,
+                SpanKind.INTERNAL,
+                {
+                    semconv.GEN_AI_OPERATION_NAME: "invoke_agent",
+                    semconv.GEN_AI_AGENT_NAME: agent,
+                    semconv.GEN_AI_REQUEST_MODEL: spec.target,
+                    semconv.PROCESS_EXECUTABLE_NAME: agent,
+                    semconv.IOP_ADAPTER: self.name,
+                },
+            )
         try:
             run.spawn()
         except OSError as e:
             emit(RuntimeEvent.failed(f"cannot start {self.settings.command!r}: {e.strerror or e}"))
+            end_span(span, type(e).__name__, "the agent could not be started")
             return
+        if span is not None and run.pid is not None:
+            set_attributes(span, {semconv.PROCESS_PID: run.pid})
+        try:
+            await self._wait(run)
+        except CancelledError:
+            set_attributes(span, {semconv.IOP_OUTCOME: "cancelled"})
+            end_span(span)
+            raise
+        except BaseException as e:
+            end_span(span, type(e).__name__, "the agent run failed")
+            raise
+        end_span(span)
+
+    async def _wait(self, run: CLIRun) -> None:
+        """The spawned ``run`` noted, begun and awaited to its end (cancel: the process too)."""
+        spec = run.spec
         if not run.finished:  # (Twisted may report an instant exit from within spawnProcess)
             self._runs.add(run)
             self.log.info(
@@ -201,4 +243,4 @@ class CLIProvider:
 
 def build(spec: AdapterSpec, ctx: AdapterContext) -> IProvider:
     """The ``cli`` adapter factory; raises ValueError for an unusable configuration."""
-    return CLIProvider(spec, ctx.reactor)
+    return CLIProvider(spec, ctx.reactor, tracing=ctx.tracing)

@@ -46,6 +46,7 @@ from iop.config.model import (
     Secret,
     ServerTLS,
     Team,
+    TelemetryConfig,
     UsageConfig,
 )
 from iop.edge.refresh.classify import RULES, candidate_result, classify, markdown_table
@@ -76,6 +77,7 @@ SECRETS = [
     CLIENT_KEY,
     NodeToken.from_plaintext(CLIENT_KEY).sha256.hex(),
     CREDENTIAL_SECRET,
+    "otlp-header-value-0007",
     HEADER_SECRET,
     ENV_SECRET,
     OTHER_SECRET,
@@ -184,6 +186,10 @@ def base_config() -> EdgeConfig:
             password=Secret("redis-password-value-0006"),
         ),
         usage=UsageConfig(ledger=LedgerConfig("/var/lib/iop/usage.sqlite3")),
+        telemetry=TelemetryConfig(
+            "http://collector:4318/v1/traces",
+            headers=(("authorization", Secret("otlp-header-value-0007")),),
+        ),
         source_path="edge.yaml",
     )
 
@@ -270,6 +276,7 @@ LOCATORS: dict[type, Locator] = {
     AdminConfig: lambda c, f: dataclasses.replace(c, admin=f(c.admin)),
     LoggingConfig: lambda c, f: dataclasses.replace(c, logging=f(c.logging)),
     ClusterConfig: lambda c, f: dataclasses.replace(c, cluster=f(c.cluster)),
+    TelemetryConfig: lambda c, f: dataclasses.replace(c, telemetry=f(c.telemetry)),
     Price: lambda c, f: dataclasses.replace(
         c, models=_nth(c.models, 1, lambda m: dataclasses.replace(m, price=f(m.price)))
     ),
@@ -416,6 +423,20 @@ TABLE: dict[tuple[type, str], list[tuple[str, str]]] = {
     (ClusterConfig, "password"): [("cluster.password", RESTART)],
     (ClusterConfig, "lease_ttl_sec"): [("cluster.lease_ttl_sec", RESTART)],
     (ClusterConfig, "key_prefix"): [("cluster.key_prefix", RESTART)],
+    # The trace exporter (thread, queue, credentials) is built at start.
+    **{
+        (TelemetryConfig, name): [(f"telemetry.{name}", RESTART)]
+        for name in (
+            "endpoint",
+            "headers",
+            "sampling_ratio",
+            "service_name",
+            "capture_content",
+            "queue_size",
+            "export_timeout_sec",
+            "shutdown_timeout_sec",
+        )
+    },
     # Prices are read when a finished request is priced: live.
     **{(Price, f.name): [(f"{M}.price.{f.name}", LIVE)] for f in dataclasses.fields(Price)},
     # The currency labels the ledger's rows and the budgets' totals; the ledger opens at start.
@@ -440,6 +461,7 @@ CONTAINERS = {
         "credentials",
         "admin",
         "logging",
+        "telemetry",
         "cluster",
         "usage",
     )
