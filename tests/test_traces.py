@@ -147,7 +147,7 @@ def test_a_client_request_traced_from_the_edge_to_the_upstream(cluster: Cluster)
     def accessed() -> list[dict[str, Any]]:
         return [e for e in json_events(edge.output()) if e.get("namespace") == "iop.edge.access"]
 
-    wait_until(accessed, 10, "the access log line")
+    wait_until(lambda: bool(accessed()), 10, "the access log line")
     line = accessed()[-1]
     assert (line["trace_id"], line["span_id"]) == (TRACE_ID, server["span_id"])
     assert line["request_id"] == attributes["iop.request_id"]
