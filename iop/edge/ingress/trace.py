@@ -39,12 +39,13 @@ open (a client gone mid-wait), so no span is left unended.
 Attributes: ``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.request.stream``,
 ``gen_ai.provider.name`` (from the placed provider's kind), ``gen_ai.response.model`` (the model
 name the provider was asked for: the placement's target), ``gen_ai.usage.*`` (as the provider
-reported them), ``gen_ai.response.finish_reasons`` (a run's reported reason; a tunnel's body is
-not parsed for it), ``server.address``/``server.port`` (the listener as the client addressed
-it), ``http.request.method``, ``http.response.status_code``, ``error.type`` (the error's
-machine code, e.g. ``rate_limit_exceeded``; ``cancelled`` is an outcome, not an error),
+reported them), ``server.address``/``server.port`` (the listener as the client addressed it),
+``http.request.method``, ``http.response.status_code``, ``error.type`` (the error's machine
+code, e.g. ``rate_limit_exceeded``; ``cancelled`` is an outcome, not an error),
 ``iop.request_id`` (the request's id, :mod:`.requestid`), ``iop.client_key`` and
 ``iop.client_team`` (the key's configured **name** and team, never the key), ``iop.outcome``.
+``gen_ai.response.finish_reasons`` is the node's run span's (the Edge passes a tunnel's body
+through unparsed, and a run's ending reaches the record as an outcome and usage only).
 
 Message contents: with ``telemetry.capture_content`` the server span carries the client's
 input as ``gen_ai.input.messages`` (the surface's ``messages`` or ``input`` as JSON, and the
