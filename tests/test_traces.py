@@ -3,13 +3,14 @@ Traces end to end: a real Edge and Node (twistd, TLS) with ``telemetry:`` pointe
 OTLP/HTTP receiver of the tests' own (:mod:`iop.testing.otlp_sink`, decoding with the official
 ``opentelemetry-proto`` messages), and the fake upstream reporting the ``traceparent`` it got.
 
-What this covers today: the Node's side. A run submitted through the admin API with a
-``traceparent`` in its metadata (the Edge hands run metadata to the Node as it is) is traced on
-the Node as the child of that context — ``iop.node.run`` and its upstream ``POST`` client span
-in the caller's trace — and the upstream receives the client span's ``traceparent``. A client
-request through the tunnel gives the Node's ``iop.node.tunnel`` and ``POST`` spans, one trace,
-which the upstream joins. (The Edge's own spans, and a client's ``traceparent`` carried into the
-tunnel's metadata, come with the Edge's part; then the tunnel test sees the client's trace id.)
+The Node's side: a run submitted through the admin API with a ``traceparent`` in its metadata
+(the Edge hands run metadata to the Node as it is) is traced on the Node as the child of that
+context — ``iop.node.run`` and its upstream ``POST`` client span in the caller's trace — and
+the upstream receives the client span's ``traceparent``. End to end: an OpenAI SDK request
+with a ``traceparent`` header gives the Edge's server span (its child) with its admission,
+placement and dispatch children, the Node's ``iop.node.tunnel`` under the dispatch span, its
+``POST`` under that, and the upstream's received ``traceparent`` under the ``POST``: one trace,
+the client's; the Edge's access log line carries the trace and span ids.
 With the receiver down, both daemons keep serving.
 """
 
@@ -20,10 +21,12 @@ import time
 import urllib.request
 from typing import Any
 
+import openai
 import yaml
 
 from iop.testing.ports import free_port
 from tests.harness import CLIENT_KEY, Cluster, wait_until
+from tests.test_request_ids import json_events
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
@@ -93,44 +96,61 @@ def test_run_joins_the_callers_trace(cluster: Cluster) -> None:
     assert cluster.token not in text and "hello" not in text
 
 
-def test_tunnel_spans_and_upstream(cluster: Cluster) -> None:
+def test_a_client_request_traced_from_the_edge_to_the_upstream(cluster: Cluster) -> None:
     sink = cluster.start_fake("otlp_sink")
     upstream = cluster.start_fake("fake_openai", "--delay-ms", "1", "--tokens", "4")
-    cluster.write_chat_edge_config(upstream)
+    cluster.write_chat_edge_config(upstream, logging={"format": "json"})
     with_telemetry(cluster, f"http://127.0.0.1:{sink}/v1/traces")
-    cluster.start_edge()
+    edge = cluster.start_edge()
     cluster.start_node()
     wait_until(cluster.node_connected, 20, "node-a connected")
-    request = urllib.request.Request(
-        cluster.client_url + "/v1/chat/completions",
-        data=json.dumps(
-            {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-        ).encode(),
-        headers={
-            "authorization": f"Bearer {CLIENT_KEY}",
-            "content-type": "application/json",
-            "traceparent": TRACEPARENT,
-        },
+    client = openai.OpenAI(
+        base_url=cluster.client_url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=15
     )
-    with urllib.request.urlopen(request, timeout=15) as response:
-        assert response.status == 200
-        assert b"[DONE]" in response.read()
+    stream = client.chat.completions.create(
+        model="chat",
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        extra_headers={"traceparent": TRACEPARENT},
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    names = {"chat chat", "iop.edge.place", "iop.edge.dispatch", "iop.node.tunnel", "POST"}
 
     def exported() -> bool:
-        return {"iop.node.tunnel", "POST"} <= {s["name"] for s in sink_spans(sink)}
+        return names <= {s["name"] for s in sink_spans(sink) if s["trace_id"] == TRACE_ID}
 
-    wait_until(exported, 15, "the node's tunnel spans at the receiver")
-    spans = sink_spans(sink)
-    tunnel = next(s for s in spans if s["name"] == "iop.node.tunnel")
-    client = next(s for s in spans if s["name"] == "POST")
-    assert client["trace_id"] == tunnel["trace_id"]
-    assert client["parent_span_id"] == tunnel["span_id"]
+    wait_until(exported, 15, "the Edge's and the node's spans at the receiver")
+    spans = {s["name"]: s for s in sink_spans(sink) if s["trace_id"] == TRACE_ID}
+    server, place = spans["chat chat"], spans["iop.edge.place"]
+    dispatch, tunnel, post = spans["iop.edge.dispatch"], spans["iop.node.tunnel"], spans["POST"]
+    assert server["parent_span_id"] == PARENT_ID
+    assert (server["kind"], server["service"]) == ("SERVER", "iop-edge")
+    assert place["parent_span_id"] == server["span_id"]
+    assert (dispatch["parent_span_id"], dispatch["kind"]) == (server["span_id"], "CLIENT")
+    assert (tunnel["parent_span_id"], tunnel["service"]) == (dispatch["span_id"], "iop-node")
+    assert post["parent_span_id"] == tunnel["span_id"]
+    attributes = server["attributes"]
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == "chat"
+    assert attributes["gen_ai.provider.name"] == "openai"
+    assert attributes["gen_ai.usage.output_tokens"] > 0
+    assert attributes["http.response.status_code"] == 200
+    assert place["attributes"]["iop.queue.outcome"] == "placed"
     assert tunnel["attributes"]["gen_ai.request.model"] == "demo-model"
-    assert tunnel["attributes"]["gen_ai.usage.output_tokens"] > 0
-    assert tunnel["attributes"]["http.response.status_code"] == 200
     traceparent = cluster.fake_stats(upstream)["last_traceparent"]
-    # (flags 01 or 03: a root the node started also sets W3C's "random trace id" bit)
-    assert traceparent.startswith(f"00-{tunnel['trace_id']}-{client['span_id']}-0")
+    assert traceparent == f"00-{TRACE_ID}-{post['span_id']}-01"
+    # No key and no content on any span.
+    text = json.dumps(list(spans.values()))
+    assert CLIENT_KEY not in text and '"hi"' not in text
+
+    def accessed() -> list[dict[str, Any]]:
+        return [e for e in json_events(edge.output()) if e.get("namespace") == "iop.edge.access"]
+
+    wait_until(lambda: bool(accessed()), 10, "the access log line")
+    line = accessed()[-1]
+    assert (line["trace_id"], line["span_id"]) == (TRACE_ID, server["span_id"])
+    assert line["request_id"] == attributes["iop.request_id"]
 
 
 def test_receiver_down_changes_nothing(cluster: Cluster) -> None:

@@ -10,9 +10,11 @@ answer's ``x-request-id`` carried; nothing when it had none); the event also car
 as its own key (``request_id``, ``surface``, ``operation``, ``model``, ``provider_id``,
 ``node_id``, ``status``, ``outcome``, ``error_code``, ``stream``, ``duration_ms``, ``ttft_ms``,
 ``queue_ms``, ``input_tokens``, ``output_tokens``, ``reasoning_tokens``,
-``cached_input_tokens``) for a structured (JSON) log observer. It holds nothing a client sent
-but the configured model name it was matched to and a request id the gateway judged sane
-(:mod:`iop.runtime.requestid`): never a key, principal, prompt or other header.
+``cached_input_tokens``; and, when the Edge traced the request, ``trace_id`` and ``span_id``
+of its server span, so a line leads to its trace) for a structured (JSON) log observer. It
+holds nothing a client sent but the configured model name it was matched to and a request id
+the gateway judged sane (:mod:`iop.runtime.requestid`): never a key, principal, prompt or
+other header.
 
 Connections the client listener refuses before any request (past its connection caps, or
 timed out before a whole request head: :data:`FLOOD_CODES`) come in floods when someone
@@ -102,7 +104,7 @@ class AccessLog:
             details.append(event.error_code)
         if event.node_id:
             details.append(f"{event.provider_id or '-'}@{event.node_id}")
-        return {
+        fields = {
             "request_id": event.request_id,
             "surface": event.surface,
             "operation": event.operation,
@@ -125,3 +127,7 @@ class AccessLog:
             "details": ", ".join(details) if details else "-",
             "request_id_text": f" {event.request_id}" if event.request_id else "",
         }
+        if event.trace_id:
+            fields["trace_id"] = event.trace_id
+            fields["span_id"] = event.span_id
+        return fields

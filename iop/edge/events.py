@@ -114,10 +114,12 @@ class RequestFinished:
     # The request's id (iop.runtime.requestid): unbounded, so never a metric label.
     request_id: str = ""
     # Traces (iop.telemetry): the request's trace id (32 hex digits; "" when not traced), for
-    # the metrics' exemplars; and the Edge→provider leg, dispatch to the end of the work on the
-    # node (None when not measured), for gen_ai.client.operation.duration.
+    # the metrics' exemplars and the access log, and its Edge server span's id (16 hex digits)
+    # for the access log; and the Edge→provider leg, dispatch to the end of the work on the
+    # node (None when not dispatched, or it never ended), for gen_ai.client.operation.duration.
     trace_id: str = ""
     provider_duration: float | None = None
+    span_id: str = ""
     kind: str = "request.finished"
 
 

@@ -164,7 +164,7 @@ class EdgeService(MultiService):
         self.admin, self.metrics = self.admin_surface.app, self.admin_surface.metrics
         self.metrics.use_config(config)
         self.client_api = ingress.build(
-            self.gateway, config.client_api, self.bus, reactor, self.quota
+            self.gateway, config.client_api, self.bus, reactor, self.quota, self.telemetry.tracing
         )
         self.applier.add_listener(self.client_api.use_config)
         self.clients = self.client_api.app

@@ -32,7 +32,7 @@ from typing import Any
 from klein import Klein
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 from twisted.web.resource import IResource, Resource
@@ -51,6 +51,7 @@ from iop.edge.ingress.relay import Exchange
 from iop.edge.ingress.requestid import RequestIdResource
 from iop.edge.ingress.sources import Gateway
 from iop.edge.quota import QuotaGate
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 
 __all__ = ["ApiRoute", "ClientApp"]
 
@@ -94,6 +95,7 @@ class ClientApp:
         clock: IReactorTime,
         publish: Publish | None = None,
         gate: QuotaGate | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._config = config
         self._clock = clock
@@ -101,7 +103,8 @@ class ClientApp:
         self.active = 0
         # Each finished request's record goes here (the Edge's event bus); None: not recorded.
         self._publish = publish
-        self.pipeline = Pipeline(gateway, config, clock, gate)
+        # The Edge's tracing (telemetry:): the pipeline makes each generation request's spans.
+        self.pipeline = Pipeline(gateway, config, clock, gate, tracing)
         self.chat = ChatCodec(gateway, clock)
         self.responses = ResponsesCodec(gateway, clock)
         self.messages = MessagesCodec()
@@ -114,15 +117,29 @@ class ClientApp:
         self.routes: tuple[ApiRoute, ...] = (
             ApiRoute("GET", "/v1/models", None, "models", self._models),
             ApiRoute("GET", "/v1/models/<path:model_id>", None, "models", self._models),
-            ApiRoute("POST", "/v1/chat/completions", OPENAI, "chat", self._generate(self.chat)),
-            ApiRoute("POST", "/v1/responses", OPENAI, "responses", self._generate(self.responses)),
-            ApiRoute("POST", "/v1/messages", ANTHROPIC, "messages", self._generate(self.messages)),
+            ApiRoute(
+                "POST", "/v1/chat/completions", OPENAI, "chat", self._generate(self.chat, "chat")
+            ),
+            ApiRoute(
+                "POST",
+                "/v1/responses",
+                OPENAI,
+                "responses",
+                self._generate(self.responses, "responses"),
+            ),
+            ApiRoute(
+                "POST",
+                "/v1/messages",
+                ANTHROPIC,
+                "messages",
+                self._generate(self.messages, "messages"),
+            ),
             ApiRoute(
                 "POST",
                 "/v1/messages/count_tokens",
                 ANTHROPIC,
                 "count_tokens",
-                self._generate(self.count_tokens),
+                self._generate(self.count_tokens, "count_tokens"),
             ),
         )
         self.app = Klein()
@@ -138,9 +155,9 @@ class ClientApp:
 
     # The serving functions return the pipeline's coroutine itself: no coroutine of their own.
 
-    def _generate(self, codec: Codec) -> Serve:
+    def _generate(self, codec: Codec, operation: str) -> Serve:
         def serve(exchange: Exchange, arguments: dict[str, str]) -> Awaitable[bytes]:
-            return self.pipeline.generate(exchange, codec)
+            return self.pipeline.generate(exchange, codec, operation)
 
         return serve
 
@@ -184,6 +201,7 @@ class ClientApp:
                     "client request failed after its response started: {error}",
                     error=e.message,
                     status=e.status,
+                    **exchange.log_context(),
                 )
                 exchange.abort()
                 return b""
@@ -191,7 +209,9 @@ class ClientApp:
         except CancelledError:
             raise
         except Exception:
-            self.log.failure("client request failed")
+            self.log.failure(
+                "client request failed", None, LogLevel.critical, **exchange.log_context()
+            )
             if exchange.started:
                 exchange.abort()
                 return b""

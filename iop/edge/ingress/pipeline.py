@@ -31,6 +31,13 @@ Generation routes (:meth:`Pipeline.generate`)::
 The catalog routes (:meth:`Pipeline.models`) run authenticate, then admit for one model.
 Which codec serves which path is the route table in :mod:`.app`, declared once.
 
+Traces (``telemetry:``, :mod:`.trace`): a generation route's server span and its children. The
+one check of whether the Edge traces is :meth:`Pipeline.generate`'s: off, the stages run as
+they would without any tracing code (no span, no context, not even a coroutine frame more);
+on, the server span starts before authenticate and is ended by the one ``finally`` around the
+stages, however they end (an answer, an error, a refusal before the model is known, the client
+gone).
+
 The client keys, and their limits and budgets, are the running config's
 (:meth:`Pipeline.use_config`, a refresh listener): a key added, disabled or rotated by a
 refresh is honoured from the next request on.
@@ -38,11 +45,11 @@ refresh is honoured from the next request on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
@@ -55,8 +62,10 @@ from iop.edge.ingress.limits import charge_of, demand_of, refusal, unavailable
 from iop.edge.ingress.profiles import Unsupported
 from iop.edge.ingress.relay import Exchange, Work, with_placement
 from iop.edge.ingress.sources import Gateway
+from iop.edge.ingress.trace import ADMIT, RequestTrace
 from iop.edge.placement import Placement
 from iop.edge.quota import QuotaGate, QuotaUnavailable, Refused, Reservation
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 
 __all__ = ["Call", "Catalog", "Codec", "Pipeline"]
 
@@ -119,8 +128,10 @@ class Pipeline:
         config: ClientAPIConfig,
         clock: IReactorTime,
         gate: QuotaGate | None = None,
+        tracing: Tracing = TRACING_OFF,
     ) -> None:
         self._gateway = gateway
+        self._tracing = tracing
         self._config = config
         # The client keys (auth), switched by a refresh; the listener's settings stay.
         self._keys = config
@@ -184,14 +195,61 @@ class Pipeline:
 
     # -- the routes ------------------------------------------------------------------------------
 
-    async def generate(self, exchange: Exchange, codec: Codec) -> bytes:
-        """A generation route: authenticate → decode → admit → place → answer."""
+    def generate(
+        self, exchange: Exchange, codec: Codec, operation: str = "chat"
+    ) -> Coroutine[Any, Any, bytes]:
+        """A generation route (``operation``: the route's): authenticate → decode → admit →
+        place → answer; traced when the Edge traces (the one check: module docstring)."""
+        if self._tracing.tracer is None:
+            return self._generate(exchange, codec, None)
+        return self._traced(exchange, codec, operation)
+
+    async def _traced(self, exchange: Exchange, codec: Codec, operation: str) -> bytes:
+        """:meth:`_generate` inside its server span, which is ended here, once."""
+        request = exchange.request
+        trace = RequestTrace(self._tracing, request, operation, self._clock)
+        exchange.trace = trace
+        record = exchange.record
+        if record is not None:
+            record.traced(trace.trace_id, trace.log_ids().get("span_id", ""))
+        status: int | None = None
+        error_type: str | None = None
+        description = ""
+        try:
+            body = await self._generate(exchange, codec, trace)
+        except ApiError as e:
+            status, error_type, description = e.status, e.code or str(e.status), e.message
+            raise
+        except (CancelledError, GeneratorExit):
+            error_type = "cancelled"
+            raise
+        except BaseException as e:
+            status, error_type = 500, type(e).__qualname__
+            raise
+        else:
+            status = int(getattr(request, "code", 200) or 200)
+            if status >= 400:
+                # An answer in the provider's error status (a passthrough): an error all the same.
+                error_type = str(status)
+            return body
+        finally:
+            if exchange.gone and error_type is None:
+                error_type = "cancelled"
+            trace.end(status, error_type, description)
+
+    async def _generate(
+        self, exchange: Exchange, codec: Codec, trace: RequestTrace | None
+    ) -> bytes:
         request = exchange.request
         principal = self.authenticate(request)
         record = exchange.record
         if record is not None and principal is not None:
             record.authenticated(principal.name, principal.team)
+        if trace is not None and principal is not None:
+            trace.authenticated(principal.name, principal.team)
         call = self.decode(request, codec)
+        if trace is not None:
+            trace.decoded(call.model, call.stream, call.body)
         if record is not None and call.model in self._gateway.model_ids():
             # Whatever refuses it from here on, the request counts under the model it named.
             record.model = call.model
@@ -204,9 +262,19 @@ class Pipeline:
             return render_json(request, local)
         self.check_candidates(codec, call)
         gateway = self._gateway
-        reservation = (
-            await self.reserve(exchange, principal, call, policy) if codec.metered else None
-        )
+        reservation: Reservation | None = None
+        if codec.metered:
+            if trace is None or self._gate is None or principal is None:
+                reservation = await self.reserve(exchange, principal, call, policy)
+            else:
+                admitting = trace.child(ADMIT)
+                try:
+                    reservation = await self.reserve(exchange, principal, call, policy)
+                except ApiError as e:
+                    trace.end_child(admitting, e.code or str(e.status), e.message)
+                    raise
+                finally:
+                    trace.end_child(admitting)
         works: list[Work] = []
 
         async def answer(placement: Placement) -> bytes:

@@ -77,6 +77,13 @@ class RequestRecord:
         self.error_code = ""
         # The id the request was stamped with on arrival ("" when it was not: tests' requests).
         self.request_id = request_id_of(request)
+        # Its trace's ids when the Edge traces it ("": not traced), for exemplars and log lines.
+        self.trace_id = ""
+        self.span_id = ""
+        # When the work was dispatched to its node, and how long it took there (the Edge→
+        # provider leg, gen_ai.client.operation.duration; None: not dispatched or not ended).
+        self.dispatched_at: float | None = None
+        self.provider_duration: float | None = None
         self._ended_at: float | None = None
         self._status = 0
         self._handler_done = False
@@ -106,12 +113,22 @@ class RequestRecord:
         self.model = placement.model
         self.queue_wait = waited
 
+    def traced(self, trace_id: str, span_id: str) -> None:
+        """The request is traced: its server span's ids."""
+        self.trace_id, self.span_id = trace_id, span_id
+
+    def dispatched(self) -> None:
+        """The placed work was sent to its node now."""
+        self.dispatched_at = self.clock.seconds()
+
     def ended(self, outcome: str, usage: Usage | None) -> None:
         """The placed work ended: how (complete, error, cancelled), and what it used (the
         first report wins)."""
         if not self.outcome:
             self.outcome = outcome
             self.usage = usage
+            if self.dispatched_at is not None:
+                self.provider_duration = self.clock.seconds() - self.dispatched_at
 
     def streaming(self, content_type: str | None) -> None:
         """The response started with ``content_type``: an SSE answer is a stream."""
@@ -183,4 +200,7 @@ class RequestRecord:
             team=self.team,
             cost_micros=self.cost_micros,
             request_id=self.request_id,
+            trace_id=self.trace_id,
+            span_id=self.span_id,
+            provider_duration=self.provider_duration,
         )

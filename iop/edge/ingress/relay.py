@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from twisted.internet.defer import CancelledError
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 from twisted.web.iweb import IRequest
 
@@ -50,6 +50,7 @@ from iop.edge.ingress.errors import ApiError, run_error, upstream_error
 from iop.edge.ingress.record import RequestRecord
 from iop.edge.ingress.requestid import request_id_of
 from iop.edge.ingress.sources import (
+    Ended,
     Gateway,
     HeaderList,
     RunSource,
@@ -59,11 +60,12 @@ from iop.edge.ingress.sources import (
     open_run,
     open_tunnel,
 )
+from iop.edge.ingress.trace import PLACE, RequestTrace
 from iop.edge.placement import Placement
 from iop.edge.tunnel import TunnelOutcome
 from iop.formats.sse import SSEError, SSEEvent, SSEParser
 from iop.runtime.events import EventType, RuntimeEvent, Usage
-from iop.runtime.requestid import HEADER, REQUEST_ID_KEY
+from iop.runtime.requestid import HEADER, REQUEST_ID_KEY, log_context
 from iop.security.redact import redact_secrets
 
 __all__ = [
@@ -130,6 +132,8 @@ class Exchange:
         self.request = request
         # What this request did, for its metrics and access line (None: not recorded).
         self.record = record
+        # Its spans when the Edge traces (:mod:`.trace`; None: not traced).
+        self.trace: RequestTrace | None = None
         self.gone = False
         self.started = False
         self._on_gone: list[Callable[[], object]] = []
@@ -178,9 +182,20 @@ class Exchange:
             self.request.write(data)
 
     def work_ended(self, outcome: str, usage: Usage | None) -> None:
-        """The work this request placed has ended (a source tells): noted on its record."""
+        """The work this request placed has ended (a source tells): noted on its record (and
+        its trace)."""
         if self.record is not None:
             self.record.ended(outcome, usage)
+        if self.trace is not None:
+            self.trace.work_ended(outcome, usage)
+
+    def log_context(self) -> dict[str, str]:
+        """What a log line about this request's work carries: its id and, traced, the server
+        span's ``trace_id`` and ``span_id``."""
+        trace = self.trace
+        return log_context(
+            request_id_of(self.request), trace.log_ids() if trace is not None else None
+        )
 
     def abort(self) -> None:
         """Cut the connection: a client must see a truncated body, not a clean end."""
@@ -225,8 +240,11 @@ async def with_placement(
     opened is relayed by :func:`relay`, which returns only once that work has ended on its node.
     """
     record = exchange.record
+    trace = exchange.trace
     name = principal.name if principal is not None else ""
-    if record is None:
+    if trace is not None:
+        placement = await _traced_placement(trace, gateway, model, prompt_tokens, name, record)
+    elif record is None:
         placement = await await_placement(gateway, model, prompt_tokens, name)
     else:
         if gateway.model(model) is not None:
@@ -252,6 +270,37 @@ async def with_placement(
     finally:
         if not closing:
             placement.release()
+
+
+async def _traced_placement(
+    trace: RequestTrace,
+    gateway: Gateway,
+    model: str,
+    prompt_tokens: int,
+    principal: str,
+    record: RequestRecord | None,
+) -> Placement:
+    """:func:`await_placement` inside the request's ``iop.edge.place`` span (the queue wait,
+    its outcome, where it was placed), noted on ``record`` as :func:`with_placement` does."""
+    if record is not None and gateway.model(model) is not None:
+        record.model = model
+    clock = trace.clock
+    span = trace.child(PLACE)
+    asked = clock.seconds()
+    try:
+        placement = await await_placement(gateway, model, prompt_tokens, principal)
+    except ApiError as e:
+        waited = clock.seconds() - asked
+        trace.place_ended(span, waited, None, "refused", e.code or str(e.status))
+        raise
+    except BaseException:
+        trace.place_ended(span, clock.seconds() - asked, None, "cancelled")
+        raise
+    waited = clock.seconds() - asked
+    trace.place_ended(span, waited, placement, "placed")
+    if record is not None:
+        record.placed(placement, waited if placement.lease is not None else None)
+    return placement
 
 
 # -- the relay ---------------------------------------------------------------------------------
@@ -319,7 +368,12 @@ class _Feed(Generic[I]):
             return
         except Exception as e:
             self.log.failure(
-                "relaying {run_id} failed", run_id=self._source.run_id, node_id=self._source.node_id
+                "relaying {run_id} failed",
+                None,
+                LogLevel.critical,
+                run_id=self._source.run_id,
+                node_id=self._source.node_id,
+                **self._exchange.log_context(),
             )
             self.stopped = True
             self.failure = e
@@ -373,6 +427,7 @@ async def relay(
                     run_id=source.run_id,
                     node_id=source.node_id,
                     error=redact_secrets(e.error),
+                    **exchange.log_context(),
                 )
                 exchange.abort()
             return b""
@@ -437,10 +492,32 @@ class Work:
             return []
         return [(HEADER, request_id)]
 
+    def dispatched(self, metadata: dict[str, str]) -> Ended:
+        """
+        The work is dispatched now: the record notes when (the Edge→provider leg's start) and,
+        traced, the ``iop.edge.dispatch`` span starts, its context written into ``metadata``
+        (the node's span joins it). Returns what the source tells when the work ends.
+        """
+        self.opened = True
+        exchange = self.exchange
+        if exchange.record is not None:
+            exchange.record.dispatched()
+        trace = exchange.trace
+        if trace is None:
+            return exchange.work_ended
+        span = trace.dispatch(self.placement, metadata)
+
+        def ended(outcome: str, usage: Usage | None) -> None:
+            exchange.work_ended(outcome, usage)
+            trace.dispatch_ended(span, outcome, usage)
+
+        return ended
+
     def tunnel(
         self, operation: str, payload: dict[str, Any], stream: bool, headers: list[tuple[str, str]]
     ) -> TunnelSource:
-        self.opened = True
+        metadata = self.metadata()
+        ended = self.dispatched(metadata)
         return open_tunnel(
             self.gateway,
             self.placement,
@@ -448,19 +525,20 @@ class Work:
             payload,
             stream,
             [*headers, *self.upstream_headers()],
-            self.exchange.work_ended,
-            self.metadata(),
+            ended,
+            metadata,
         )
 
     def run(self, *, input: str, collect: bool = False, **options: int) -> RunSource:
-        self.opened = True
+        metadata = self.metadata()
+        ended = self.dispatched(metadata)
         return open_run(
             self.gateway,
             self.placement,
             input=input,
             collect=collect,
-            ended=self.exchange.work_ended,
-            metadata=self.metadata(),
+            ended=ended,
+            metadata=metadata,
             **options,
         )
 

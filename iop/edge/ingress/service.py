@@ -28,6 +28,7 @@ from iop.edge.ingress.drain import Drain
 from iop.edge.ingress.listen import ObservedEndpoint, ReusePortUnavailable, client_endpoint
 from iop.edge.ingress.sources import Gateway
 from iop.edge.quota import InProcessQuotaTable, QuotaGate
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 
 __all__ = ["ClientApi", "build"]
 
@@ -84,13 +85,14 @@ def build(
     bus: EventBus,
     reactor: Any,
     gate: QuotaGate | None = None,
+    tracing: Tracing = TRACING_OFF,
 ) -> ClientApi:
     """The client API over ``gateway``; its access log subscribes to ``bus`` at once. The keys'
     limits and budgets are counted through ``gate`` (None: a gate over an in-process table)."""
     if gate is None:
         gate = QuotaGate(config, InProcessQuotaTable(reactor))
     # Every finished client request is published on the bus (metrics, access log, console).
-    app = ClientApp(gateway, config, reactor, bus.publish, gate)
+    app = ClientApp(gateway, config, reactor, bus.publish, gate, tracing)
     # One access log line per finished client request.
     access_log = AccessLog(clock=reactor)
     bus.subscribe(access_log.observe)

@@ -49,6 +49,7 @@ from iop.edge.runs import RunDispatcher
 from iop.edge.tunnel import TunnelDispatcher
 from iop.runtime.codes import ERROR_CODE_KEY, ErrorCode
 from iop.runtime.events import RuntimeEvent, Usage
+from iop.telemetry.tracing import TRACING_OFF, Tracing
 from iop.test.edge.fixtures import FakeConnection
 from iop.wire import runtime_pb2 as pb
 from iop.wire.convert import event_to_proto
@@ -194,7 +195,9 @@ class Recording(Resource):
 class Ingress:
     """The client app over a real gateway and one ready, scripted node."""
 
-    def __init__(self, auth: bool = True, cors: CorsConfig | None = None) -> None:
+    def __init__(
+        self, auth: bool = True, cors: CorsConfig | None = None, tracing: Tracing = TRACING_OFF
+    ) -> None:
         self.clock = Clock()
         self.config = ingress_config(auth, cors)
         self.pool = ProviderPool(self.config, self.clock)
@@ -219,7 +222,12 @@ class Ingress:
         self.quota = InProcessQuotaTable(self.clock)
         self.gate = QuotaGate(self.config.client_api, self.quota)
         self.app = ClientApp(
-            self.gateway, self.config.client_api, self.clock, self.records.append, self.gate
+            self.gateway,
+            self.config.client_api,
+            self.clock,
+            self.records.append,
+            self.gate,
+            tracing,
         )
         self.resource = Recording(self.app.resource())
         self.http: Any = StubTreq(self.resource)
