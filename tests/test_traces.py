@@ -17,6 +17,7 @@ With the receiver down, both daemons keep serving.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -162,4 +163,66 @@ def test_receiver_down_changes_nothing(cluster: Cluster) -> None:
         events = cluster.submit_run({"model": "demo-openai", "input": "hello"}).events()
         assert events[-1]["type"] == "complete", events
     assert time.monotonic() - started < 10
+    assert cluster.node_connected()
+
+
+def test_a_slow_receiver_costs_the_clients_nothing(cluster: Cluster) -> None:
+    """
+    The receiver answers each export only after 5 s (longer than the 2 s export timeout) and
+    the queue holds 8 spans: 60 requests from 6 concurrent SDK clients are all served, none
+    waits for the export (each answer well under the export timeout), and the spans that found
+    the queue full are dropped and counted in ``iop_telemetry_spans_dropped_total``.
+    """
+    sink = cluster.start_fake("otlp_sink", "--delay-ms", "5000")
+    upstream = cluster.start_fake("fake_openai", "--delay-ms", "1", "--tokens", "4")
+    cluster.write_chat_edge_config(upstream, capacity=8)
+    section = {
+        "endpoint": f"http://127.0.0.1:{sink}/v1/traces",
+        "sampling_ratio": 1.0,
+        "export_timeout_sec": 2,
+        "queue_size": 8,
+    }
+    edge = cluster.root / "edge.yaml"
+    config = yaml.safe_load(edge.read_text())
+    config["telemetry"] = section
+    edge.write_text(yaml.safe_dump(config))
+    cluster.write_node_config(telemetry=section)
+    cluster.start_edge()
+    cluster.start_node()
+    wait_until(cluster.node_connected, 20, "node-a connected")
+    client = openai.OpenAI(
+        base_url=cluster.client_url + "/v1", api_key=CLIENT_KEY, max_retries=0, timeout=15
+    )
+    latencies: list[float] = []
+    errors: list[BaseException] = []
+
+    def ask(count: int) -> None:
+        for _ in range(count):
+            started = time.monotonic()
+            try:
+                answer = client.chat.completions.create(
+                    model="chat", messages=[{"role": "user", "content": "hi"}]
+                )
+                assert answer.choices[0].message.content
+            except BaseException as e:  # collected for the assertion below
+                errors.append(e)
+            latencies.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=ask, args=(10,)) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert len(latencies) == 60
+    assert max(latencies) < 2.0, sorted(latencies)[-5:]
+
+    def dropped() -> float:
+        with urllib.request.urlopen(cluster.admin + "/metrics", timeout=5) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith("iop_telemetry_spans_dropped_total "):
+                    return float(line.split()[1])
+        return 0.0
+
+    wait_until(lambda: dropped() > 0, 10, "spans dropped and counted")
     assert cluster.node_connected()
