@@ -32,14 +32,14 @@ run-cluster: $(STAMP)
 
 test: $(STAMP) $(AGENTS)
 	$(BIN)/trial iop
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=15 tests
 	IOP_TEST_CLUSTER=1 $(BIN)/pytest -q $(CLUSTER_TESTS)
 
 unit: $(STAMP)
 	$(BIN)/trial iop
 
 system: $(STAMP) $(AGENTS)
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest -q --durations=15 tests
 
 # Single-Edge system tests again, every Edge in a cluster (a `cluster:` section on one shared
 # redis-server): the lease table on Redis must change nothing a client sees. By default the
