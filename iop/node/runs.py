@@ -361,6 +361,9 @@ class RunManager:
             attributes[semconv.GEN_AI_PROVIDER_NAME] = semconv.provider_name(kind)
         if request.session_id:
             attributes[semconv.GEN_AI_CONVERSATION_ID] = request.session_id
+        request_id = carried(request.metadata)
+        if request_id:
+            attributes[semconv.IOP_REQUEST_ID] = request_id
         return self._tracing.start_remote(
             "iop.node.run", request.metadata, SpanKind.SERVER, attributes
         )

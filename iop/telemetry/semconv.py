@@ -68,6 +68,8 @@ ERROR_TYPE = "error.type"
 
 # IOP's own (namespaced as the conventions ask for attributes of one product).
 IOP_RUN_ID = "iop.run_id"
+#: The client request's id (``x-request-id``), on the Edge's and the node's spans alike.
+IOP_REQUEST_ID = "iop.request_id"
 IOP_NODE_ID = "iop.node.id"
 IOP_ADAPTER = "iop.adapter"
 IOP_OUTCOME = "iop.outcome"

@@ -75,7 +75,7 @@ ADMIT = "iop.edge.admit"
 PLACE = "iop.edge.place"
 DISPATCH = "iop.edge.dispatch"
 
-IOP_REQUEST_ID = "iop.request_id"
+IOP_REQUEST_ID = semconv.IOP_REQUEST_ID
 IOP_CLIENT_KEY = "iop.client_key"
 IOP_CLIENT_TEAM = "iop.client_team"
 IOP_PROVIDER_ID = "iop.provider.id"

@@ -120,6 +120,9 @@ def tunnel_span(
     }
     if kind:
         attributes[semconv.GEN_AI_PROVIDER_NAME] = semconv.provider_name(kind)
+    request_id = carried(request.metadata)
+    if request_id:
+        attributes[semconv.IOP_REQUEST_ID] = request_id
     return context.tracing.start_remote(
         "iop.node.tunnel", request.metadata, SpanKind.SERVER, attributes
     )

@@ -107,6 +107,7 @@ class RunSpanTests(TracedRunCase):
         self.assertEqual(ended[0]["trace_id"], TRACE_ID)
         self.assertEqual(ended[0]["span_id"], hex_span(span))
         self.assertEqual(ended[0]["request_id"], "req_abc")
+        self.assertEqual((span.attributes or {})[semconv.IOP_REQUEST_ID], "req_abc")
 
     def test_collected_is_not_a_stream(self) -> None:
         self.submit(run_request(metadata=EDGE, collect=True))

@@ -129,6 +129,15 @@ class TunnelSpanTests(TracedTunnelCase):
         self.assertEqual(len(ended), 1)
         self.assertEqual((ended[0]["trace_id"], ended[0]["span_id"]), (TRACE_ID, hex_span(tunnel)))
 
+    def test_request_id_attribute(self) -> None:
+        """The client request's id the metadata carries is on the tunnel span; a hostile one
+        is not."""
+        self.use_fake(tokens=1)
+        self.open(chat(), metadata={**EDGE, "request_id": "req_abc"})
+        self.open(chat(), run_id="t2", metadata={**EDGE, "request_id": "bad id\n"})
+        attributes = [dict(s.attributes or {}) for s in self.spans() if s.name == "iop.node.tunnel"]
+        self.assertEqual([a.get(semconv.IOP_REQUEST_ID) for a in attributes], ["req_abc", None])
+
     def test_not_streamed(self) -> None:
         self.use_fake(tokens=2)
         self.open(chat(stream=False), metadata=EDGE)
