@@ -8,7 +8,9 @@ Traces: with the node's tracing on, each agent process is a span ``invoke_agent 
 (the GenAI conventions' agent invocation; ``agent`` is the command's file name), the child of
 the run's span named in ``spec.metadata``, from spawn to the process's end, with
 ``process.executable.name`` and ``process.pid``; the prompt and the agent's output are never
-on it.
+on it. The agent gets the span's context as ``TRACEPARENT`` (and ``TRACESTATE``) in its
+environment — OpenTelemetry's environment-variable carrier — so an agent or tool that traces
+joins the same trace; without tracing its environment is untouched.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from iop.runtime.interfaces import (
 )
 from iop.runtime.spec import AdapterSpec
 from iop.telemetry import semconv
+from iop.telemetry.propagation import inject
 from iop.telemetry.tracing import TRACING_OFF, SpanKind, Tracing, end_span, set_attributes
 
 # Inactive sessions remembered per adapter instance (oldest forgotten first).
@@ -134,6 +137,12 @@ class CLIProvider:
                     semconv.IOP_ADAPTER: self.name,
                 },
             )
+        if span is not None:
+            # The agent's own traces (an agent or tool that reads the OpenTelemetry
+            # environment-carrier variables) join this span's trace.
+            carrier: dict[str, str] = {}
+            inject(span, carrier)
+            plan.env.update({key.upper(): value for key, value in carrier.items()})
         try:
             run.spawn()
         except OSError as e:

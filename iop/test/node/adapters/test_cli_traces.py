@@ -72,6 +72,9 @@ class CLISpanTests(SynchronousTestCase):
         self.assertEqual(attributes[semconv.PROCESS_PID], pid)
         self.assertNotIn("secret prompt", repr(attributes))
         self.assertNotIn("Hello", repr(attributes))
+        # The agent's environment carries the span's context.
+        env = self.h.last["env"]
+        self.assertEqual(env["TRACEPARENT"], f"00-{TRACE_ID}-{span.context.span_id:016x}-01")
 
     def test_cancelled(self) -> None:
         d = self.execute()
@@ -81,3 +84,11 @@ class CLISpanTests(SynchronousTestCase):
         _, attributes = self.span()
         self.assertEqual(attributes[semconv.IOP_OUTCOME], "cancelled")
         self.assertNotIn(semconv.ERROR_TYPE, attributes)
+
+
+class CLIUntracedTests(SynchronousTestCase):
+    def test_environment_untouched(self) -> None:
+        """Tracing off: no TRACEPARENT is added, whatever the run's metadata carries."""
+        h = Harness(self)
+        h.execute(metadata={"traceparent": TRACEPARENT})
+        self.assertNotIn("TRACEPARENT", h.last["env"])
