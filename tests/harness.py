@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
 
@@ -474,3 +476,47 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> floa
             return time.monotonic() - start
         time.sleep(0.05)
     pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class ChatStreams:
+    """
+    ``count`` streamed chats of ``model`` through the official ``openai`` SDK (the client key,
+    no retries), a thread each: :meth:`start` begins them, ``gap`` seconds apart;
+    :meth:`join` gives each stream's (text, error) once they ended or ``timeout`` passed.
+    """
+
+    def __init__(self, cluster: Cluster, count: int, model: str = "chat") -> None:
+        self.client = openai.OpenAI(
+            base_url=f"{cluster.client_url}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120
+        )
+        self.model = model
+        self.results: list[tuple[str, BaseException | None]] = []
+        self._lock = threading.Lock()
+        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(count)]
+
+    def start(self, gap: float = 0.0) -> ChatStreams:
+        for thread in self.threads:
+            thread.start()
+            if gap:
+                time.sleep(gap)
+        return self
+
+    def _chat(self) -> None:
+        text, error = "", None
+        try:
+            stream = self.client.chat.completions.create(
+                model=self.model, messages=[{"role": "user", "content": "hello"}], stream=True
+            )
+            for chunk in stream:
+                for choice in chunk.choices:
+                    text += choice.delta.content or ""
+        except BaseException as e:  # the caller's assertion shows it
+            error = e
+        with self._lock:
+            self.results.append((text, error))
+
+    def join(self, timeout: float) -> list[tuple[str, BaseException | None]]:
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return list(self.results)

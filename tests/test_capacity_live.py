@@ -23,11 +23,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-import openai
 import yaml
 
 from iop.testing.fake_openai import fake_text
-from tests.harness import CLIENT_KEY, Cluster, wait_until
+from tests.harness import ChatStreams, Cluster, wait_until
 
 STREAMS = 20
 TOKENS = 16
@@ -97,40 +96,6 @@ class Sampler:
         return [active for p, active in self.samples if p == phase]
 
 
-class Streams:
-    def __init__(self, cluster: Cluster) -> None:
-        self.client = openai.OpenAI(
-            base_url=f"{cluster.client_url}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120
-        )
-        self.results: list[tuple[str, BaseException | None]] = []
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(STREAMS)]
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-
-    def _chat(self) -> None:
-        text, error = "", None
-        try:
-            stream = self.client.chat.completions.create(
-                model="chat", messages=[{"role": "user", "content": "hello"}], stream=True
-            )
-            for chunk in stream:
-                for choice in chunk.choices:
-                    text += choice.delta.content or ""
-        except BaseException as e:  # the assertion shows it
-            error = e
-        with self._lock:
-            self.results.append((text, error))
-
-    def join(self, timeout: float) -> list[tuple[str, BaseException | None]]:
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return list(self.results)
-
-
 def test_capacity_raised_and_lowered_under_load(cluster: Cluster) -> None:
     upstream = cluster.start_fake(
         "fake_openai", "--delay-ms", str(DELAY_MS), "--tokens", str(TOKENS)
@@ -145,8 +110,7 @@ def test_capacity_raised_and_lowered_under_load(cluster: Cluster) -> None:
 
     sampler = Sampler(cluster, upstream)
     sampler.start()
-    streams = Streams(cluster)
-    streams.start()
+    streams = ChatStreams(cluster, STREAMS).start()
     wait_until(lambda: cluster.provider("p-chat")["queued"] >= 10, 20, "streams queueing")
     time.sleep(0.5)
 

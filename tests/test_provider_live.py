@@ -19,18 +19,15 @@ lists the new provider and drops the removed one.
 from __future__ import annotations
 
 import json
-import threading
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-import openai
 import yaml
 
 from iop.testing.fake_openai import fake_text
 from tests.conftest import WITH_CLUSTER
-from tests.harness import CLIENT_KEY, Cluster, wait_until
+from tests.harness import ChatStreams, Cluster, wait_until
 
 TOKENS = 30
 DELAY_MS = 60
@@ -66,41 +63,7 @@ def write(path: Path, data: dict[str, Any]) -> None:
     path.write_text(yaml.safe_dump(data))
 
 
-class Streams:
-    """``count`` chat streams, each in its own thread, collecting text and errors."""
-
-    def __init__(self, cluster: Cluster, count: int) -> None:
-        self.client = openai.OpenAI(
-            base_url=f"{cluster.client_url}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120
-        )
-        self.results: list[tuple[str, BaseException | None]] = []
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(count)]
-        for thread in self.threads:
-            thread.start()
-
-    def _chat(self) -> None:
-        text, error = "", None
-        try:
-            stream = self.client.chat.completions.create(
-                model="chat", messages=[{"role": "user", "content": "hello"}], stream=True
-            )
-            for chunk in stream:
-                for choice in chunk.choices:
-                    text += choice.delta.content or ""
-        except BaseException as e:  # the assertion shows it
-            error = e
-        with self._lock:
-            self.results.append((text, error))
-
-    def join(self, timeout: float) -> list[tuple[str, BaseException | None]]:
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return list(self.results)
-
-
-def complete(streams: Streams) -> None:
+def complete(streams: ChatStreams) -> None:
     results = streams.join(120)
     assert len(results) == len(streams.threads), results
     assert [error for _, error in results if error is not None] == []
@@ -132,7 +95,7 @@ def test_provider_added_then_removed_under_load(cluster: Cluster) -> None:
     wait_until(cluster.node_connected, 20, "node-a connected")
 
     # 1. Added while streams run on p-chat.
-    running = Streams(cluster, STREAMS)
+    running = ChatStreams(cluster, STREAMS).start()
     wait_until(lambda: cluster.provider("p-chat")["in_flight"] == STREAMS, 20, "p-chat busy")
     node["providers"].append(provider("p-two", "second"))
     data["models"][0]["providers"] = ["p-chat", "p-two"]
@@ -148,7 +111,7 @@ def test_provider_added_then_removed_under_load(cluster: Cluster) -> None:
     ], added
     assert providers(cluster)["p-two"]["status"] == "available"
     assert [n["providers"] for n in cluster.status()["nodes"]] == [["p-chat", "p-spare", "p-two"]]
-    spread = Streams(cluster, STREAMS)
+    spread = ChatStreams(cluster, STREAMS).start()
     wait_until(lambda: cluster.provider("p-two")["in_flight"] == STREAMS, 20, "p-two busy")
     complete(running)
     complete(spread)
@@ -157,7 +120,7 @@ def test_provider_added_then_removed_under_load(cluster: Cluster) -> None:
         wait_until(lambda: "p-two" in cluster.status()["cluster"]["providers"], 10, "cluster view")
 
     # 2. Removed while streams run on it.
-    both = Streams(cluster, 2 * STREAMS)
+    both = ChatStreams(cluster, 2 * STREAMS).start()
     # Both providers' leases held *and* every request arrived upstream (a lease is granted
     # before its request has crossed the node to the upstream).
     wait_until(
@@ -182,7 +145,7 @@ def test_provider_added_then_removed_under_load(cluster: Cluster) -> None:
     draining = providers(cluster)["p-chat"]
     assert (draining["status"], draining["health"]) == ("removed", "draining"), draining
     assert draining["in_flight"] > 0, draining
-    after = Streams(cluster, STREAMS)
+    after = ChatStreams(cluster, STREAMS).start()
     complete(both)
     complete(after)
     assert cluster.fake_stats(first)["total_requests"] == served_first

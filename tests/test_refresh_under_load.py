@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import secrets
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import openai
 import yaml
 
 from iop.testing.fake_openai import fake_text
-from tests.harness import CLIENT_KEY, Cluster, wait_until
+from tests.harness import ChatStreams, Cluster, wait_until
 
 TOKENS = 10
 REQUESTS = 24
@@ -87,41 +85,6 @@ def model_on(*pids: str) -> Callable[[dict[str, Any]], None]:
     return lambda data: data["models"][0].update(providers=list(pids))
 
 
-class Chats:
-    def __init__(self, cluster: Cluster) -> None:
-        self.client = openai.OpenAI(
-            base_url=f"{cluster.client_url}/v1", api_key=CLIENT_KEY, max_retries=0, timeout=120
-        )
-        self.results: list[tuple[str, BaseException | None]] = []
-        self._lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._chat, daemon=True) for _ in range(REQUESTS)]
-
-    def start(self) -> None:
-        for thread in self.threads:
-            thread.start()
-            time.sleep(0.02)
-
-    def _chat(self) -> None:
-        text, error = "", None
-        try:
-            stream = self.client.chat.completions.create(
-                model="m", messages=[{"role": "user", "content": "hello"}], stream=True
-            )
-            for chunk in stream:
-                for choice in chunk.choices:
-                    text += choice.delta.content or ""
-        except BaseException as e:  # the assertion shows it
-            error = e
-        with self._lock:
-            self.results.append((text, error))
-
-    def join(self, timeout: float) -> list[tuple[str, BaseException | None]]:
-        deadline = time.monotonic() + timeout
-        for thread in self.threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-        return list(self.results)
-
-
 def test_applies_under_load_lose_and_duplicate_nothing(cluster: Cluster) -> None:
     cluster.env["IOP_TEST_NODE_B_TOKEN"] = secrets.token_urlsafe(24)
     upstream = cluster.start_fake("fake_openai", "--delay-ms", "60", "--tokens", str(TOKENS))
@@ -140,8 +103,7 @@ def test_applies_under_load_lose_and_duplicate_nothing(cluster: Cluster) -> None
     cluster.start_node("node-b")
     wait_until(lambda: cluster.node_connected("a") and cluster.node_connected("b"), 20, "nodes")
 
-    chats = Chats(cluster)
-    chats.start()
+    chats = ChatStreams(cluster, REQUESTS, "m").start(gap=0.02)
     wait_until(lambda: cluster.provider("a-chat")["queued"] > 0, 20, "requests queueing")
     for change in (
         capacity("a-chat", 1),  # below in_flight: drains
